@@ -1,0 +1,44 @@
+// The compiler's entry point: specs in, plan bytes out.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "compiler/program.h"
+#include "compiler/spec.h"
+
+namespace reshard {
+
+struct CompileInputs {
+  ModelSpec model;
+  LayoutSpec src, dst;
+  ClusterSpec cluster;
+  std::string digest;  // of the canonicalized inputs
+};
+
+struct CompileOptions {
+  std::string strategy = "direct";
+  uint64_t staging_mb = 512;
+};
+
+/// Pass 1: reads and validates the four spec files.
+CompileInputs LoadInputs(const std::string& model, const std::string& from, const std::string& to,
+                         const std::string& cluster);
+/// The same from JSON already in memory (tests, random layouts).
+CompileInputs ParseInputs(const nlohmann::json& model, const nlohmann::json& from, const nlohmann::json& to,
+                          const nlohmann::json& cluster, const std::string& model_file = "model.json",
+                          const std::string& from_file = "train.json", const std::string& to_file = "infer.json",
+                          const std::string& cluster_file = "cluster.json");
+
+/// Passes 2-4. Throws reshard::Error.
+PlanIR BuildPlan(const CompileInputs& in, const CompileOptions& opt);
+
+/// Pass 5: the FlatBuffers plan. Same inputs give the same bytes.
+std::vector<uint8_t> EmitPlan(const CompileInputs& in, const PlanIR& ir);
+
+/// Writes `bytes` to `path` through a temporary file and a rename, so a failed
+/// write never leaves a partial plan behind.
+void WriteFileAtomic(const std::string& path, const std::vector<uint8_t>& bytes);
+
+}  // namespace reshard

@@ -1,0 +1,159 @@
+// Pass 5: write the plan as FlatBuffers. The only compiler file that includes
+// the generated header.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
+
+#include "compiler/compile.h"
+#include "plan_generated.h"
+#include "runtime/error.h"
+
+namespace reshard {
+namespace {
+
+fb::Dtype ToFb(Dtype d) { return static_cast<fb::Dtype>(static_cast<uint8_t>(d)); }
+
+fb::Region ToFb(const StridedRegion& r) {
+  std::array<uint32_t, 4> shape{1, 1, 1, 1}, stride{0, 0, 0, 0};
+  for (int k = 0; k < r.ndim; ++k) shape[k] = static_cast<uint32_t>(r.shape[k]), stride[k] = static_cast<uint32_t>(r.stride[k]);
+  return fb::Region(r.offset, flatbuffers::span<const uint32_t, 4>(shape), flatbuffers::span<const uint32_t, 4>(stride),
+                    r.buffer, static_cast<uint8_t>(r.ndim), static_cast<uint8_t>(r.buffer_modes), 0);
+}
+
+fb::Fragment ToFb(const Fragment& f, uint8_t role) {
+  std::array<uint64_t, 6> stride{};
+  std::array<uint32_t, 6> lo{}, hi{};
+  for (int d = 0; d < f.box.ndim; ++d) {
+    stride[d] = static_cast<uint64_t>(f.stride[d]);
+    lo[d] = static_cast<uint32_t>(f.box.lo[d]);
+    hi[d] = static_cast<uint32_t>(f.box.hi[d]);
+  }
+  fb::Fragment out(f.offset, flatbuffers::span<const uint64_t, 6>(stride), flatbuffers::span<const uint32_t, 6>(lo),
+                   flatbuffers::span<const uint32_t, 6>(hi), static_cast<uint32_t>(f.tensor), f.buffer,
+                   static_cast<uint8_t>(f.box.ndim), static_cast<uint8_t>(f.buffer_dims), role, 0);
+  return out;
+}
+
+fb::Step ToFb(const Step& s) {
+  return fb::Step(s.staging, s.bytes, s.peer, s.src, s.dst, 0xFFFFFFFFu, static_cast<fb::StepKind>(s.kind),
+                  static_cast<fb::Channel>(s.channel), ToFb(s.wire), 0, 0);
+}
+
+std::vector<uint8_t> EmitProgram(uint32_t rank, const RankProgram& p) {
+  flatbuffers::FlatBufferBuilder b(1 << 16);
+  std::vector<flatbuffers::Offset<fb::Buffer>> bufs;
+  bufs.reserve(p.buffers.size());
+  for (const BufferDesc& d : p.buffers) {
+    std::vector<uint64_t> shape(d.shape.begin(), d.shape.end());
+    bufs.push_back(fb::CreateBuffer(b, b.CreateString(d.name), ToFb(d.dtype), b.CreateVector(shape)));
+  }
+  auto buffers = b.CreateVector(bufs);
+  std::vector<fb::Fragment> frags;
+  frags.reserve(p.fragments.size());
+  for (size_t i = 0; i < p.fragments.size(); ++i) frags.push_back(ToFb(p.fragments[i], p.roles[i]));
+  auto fragments = b.CreateVectorOfStructs(frags);
+  std::vector<fb::Region> regs;
+  regs.reserve(p.regions.size());
+  for (const auto& r : p.regions) regs.push_back(ToFb(r));
+  auto regions = b.CreateVectorOfStructs(regs);
+  std::vector<fb::Step> steps;
+  std::vector<uint32_t> begin;
+  for (const Round& r : p.rounds) {
+    begin.push_back(static_cast<uint32_t>(steps.size()));
+    for (const auto* list : {&r.local, &r.comm, &r.unpack})
+      for (const Step& s : *list) steps.push_back(ToFb(s));
+  }
+  begin.push_back(static_cast<uint32_t>(steps.size()));
+  auto stepv = b.CreateVectorOfStructs(steps);
+  auto beginv = b.CreateVector(begin);
+  fb::ProgramBuilder pb(b);
+  pb.add_rank(rank);
+  pb.add_src_rank(p.src_rank);
+  pb.add_dst_rank(p.dst_rank);
+  pb.add_buffers(buffers);
+  pb.add_fragments(fragments);
+  pb.add_staging_bytes(p.staging_bytes);
+  pb.add_regions(regions);
+  pb.add_steps(stepv);
+  pb.add_round_begin(beginv);
+  b.Finish(pb.Finish());
+  return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
+}
+
+}  // namespace
+
+std::vector<uint8_t> EmitPlan(const CompileInputs& in, const PlanIR& ir) {
+  flatbuffers::FlatBufferBuilder b(1 << 20);
+  std::vector<flatbuffers::Offset<fb::Tensor>> tensors;
+  for (const TensorSpec& t : in.model.tensors) {
+    std::vector<std::string> stack;
+    for (int d : t.stack) stack.push_back(in.model.dims[d].first);
+    std::vector<uint64_t> lo(t.lo.begin(), t.lo.end()), hi(t.hi.begin(), t.hi.end());
+    tensors.push_back(fb::CreateTensor(b, b.CreateString(t.name), ToFb(t.dtype), b.CreateVectorOfStrings(stack),
+                                       b.CreateVector(lo), b.CreateVector(hi)));
+  }
+  auto tensorv = b.CreateVector(tensors);
+  std::vector<flatbuffers::Offset<fb::ProgramBlob>> blobs;
+  for (uint32_t g = 0; g < ir.ranks.size(); ++g) {
+    std::vector<uint8_t> bytes = EmitProgram(g, ir.ranks[g]);
+    b.ForceVectorAlignment(bytes.size(), sizeof(uint8_t), 16);
+    auto data = b.CreateVector(bytes);
+    blobs.push_back(fb::CreateProgramBlob(b, data));
+  }
+  auto blobv = b.CreateVector(blobs);
+  auto version = b.CreateString(RESHARD_VERSION);
+  auto digest = b.CreateString(in.digest);
+  auto model = b.CreateString(in.model.name);
+  auto src = b.CreateString(in.src.name);
+  auto dst = b.CreateString(in.dst.name);
+  auto cluster = b.CreateString(in.cluster.name);
+  auto srcg = b.CreateVector(ir.src_global);
+  auto dstg = b.CreateVector(ir.dst_global);
+  auto domain = b.CreateVector(ir.domain);
+  fb::PlanBuilder pb(b);
+  pb.add_schema_version(1);
+  pb.add_compiler_version(version);
+  pb.add_digest(digest);
+  pb.add_strategy(ir.strategy == "gather" ? fb::Strategy::gather : fb::Strategy::direct);
+  pb.add_model(model);
+  pb.add_source_layout(src);
+  pb.add_dest_layout(dst);
+  pb.add_cluster(cluster);
+  pb.add_staging_limit(ir.staging_limit);
+  pb.add_num_ranks(static_cast<uint32_t>(ir.ranks.size()));
+  pb.add_src_global(srcg);
+  pb.add_dst_global(dstg);
+  pb.add_domain(domain);
+  pb.add_tensors(tensorv);
+  pb.add_programs(blobv);
+  pb.add_total_net_bytes(ir.net_bytes);
+  pb.add_total_nvlink_bytes(ir.nvlink_bytes);
+  pb.add_num_rounds(static_cast<uint32_t>(ir.num_rounds));
+  b.Finish(pb.Finish(), fb::PlanIdentifier());
+  if (b.GetSize() >= (size_t{2} << 30))
+    throw Error("the plan is " + std::to_string(b.GetSize() >> 20) +
+                " MiB, over the 2 GiB FlatBuffers limit; raise --staging-mb to make fewer, larger steps");
+  return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
+}
+
+void WriteFileAtomic(const std::string& path, const std::vector<uint8_t>& bytes) {
+  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw Error(path + ": cannot write the plan: " + std::strerror(errno));
+    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    out.close();
+    if (!out) {
+      std::remove(tmp.c_str());
+      throw Error(path + ": cannot write the plan: " + std::strerror(errno));
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    std::remove(tmp.c_str());
+    throw Error(path + ": cannot write the plan: " + std::strerror(err));
+  }
+}
+
+}  // namespace reshard

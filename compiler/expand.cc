@@ -1,0 +1,491 @@
+#include "compiler/expand.h"
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <unordered_map>
+
+#include "runtime/error.h"
+
+namespace reshard {
+
+int64_t BufferDesc::elements() const {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+StridedRegion Fragment::RegionOf(const Box& sub) const {
+  StridedRegion r;
+  r.ndim = sub.ndim;
+  int64_t buf = buffer;
+  int64_t off = static_cast<int64_t>(offset);
+  for (int d = 0; d < sub.ndim; ++d) {
+    int64_t delta = (sub.lo[d] - box.lo[d]) * stride[d];
+    if (buffer_dims >> d & 1) buf += delta, r.buffer_modes |= 1u << d;
+    else off += delta;
+    r.shape[d] = sub.extent(d);
+    r.stride[d] = stride[d];
+  }
+  r.buffer = static_cast<uint32_t>(buf);
+  r.offset = static_cast<uint64_t>(off);
+  return r;
+}
+
+std::vector<int64_t> MeshCoords(const Mesh& mesh, int64_t rank) {
+  std::vector<int64_t> c(mesh.axes.size());
+  for (int k = static_cast<int>(mesh.axes.size()) - 1; k >= 0; --k) {
+    c[k] = rank % mesh.axes[k].second;
+    rank /= mesh.axes[k].second;
+  }
+  return c;
+}
+
+namespace {
+
+// One interval of a rank's share of one dim: global [lo, hi), its offset in the
+// rank's share of the whole dim (`pre`, names {x.local}) and in the share
+// clipped to the tensor's range (`local`, indexes memory).
+struct Piece {
+  int64_t lo, hi, pre, local;
+  int64_t size() const { return hi - lo; }
+};
+using Pieces = std::vector<Piece>;
+using Holding = std::vector<Pieces>;  // per logical dim
+
+std::string Quote(const std::string& s) { return "'" + s + "'"; }
+
+class Expander {
+ public:
+  Expander(const ModelSpec& m, const LayoutSpec& l) : model_(m), layout_(l) {}
+
+  Expansion Run();
+
+ private:
+  [[noreturn]] void Fail(const std::string& path, const std::string& msg) const {
+    throw Error(layout_.file + ": " + path + ": " + msg);
+  }
+  std::string DimName(const TensorSpec& t, int d) const {
+    int ns = static_cast<int>(t.stack.size());
+    return d < ns ? Quote(model_.dims[t.stack[d]].first) : std::to_string(d - ns);
+  }
+  int LogicalDim(const TensorSpec& t, const AxisSpec& a) const;
+  std::vector<Interval> AxisSelection(const TensorSpec& t, int d, const AxisSpec& a, const std::string& axis,
+                                      int64_t L, int64_t n, int64_t pos) const;
+  std::optional<Holding> Hold(int tensor, int64_t rank);
+  void ExpandRule(const BufferRule& rule, const std::vector<int>& parts);
+
+  const ModelSpec& model_;
+  const LayoutSpec& layout_;
+  std::vector<int> placement_;  // per tensor
+  Expansion e_;
+  std::vector<std::unordered_map<std::string, std::string>> names_;  // per rank: buffer name -> rule path
+};
+
+int Expander::LogicalDim(const TensorSpec& t, const AxisSpec& a) const {
+  if (a.stack_dim >= 0) {
+    auto it = std::find(t.stack.begin(), t.stack.end(), a.stack_dim);
+    if (it == t.stack.end())
+      Fail(a.path, "tensor " + Quote(t.name) + " has no dim " + Quote(a.dim_name) + " (use \"at\" or replicate)");
+    return static_cast<int>(it - t.stack.begin());
+  }
+  if (a.shape_dim >= static_cast<int>(t.shape.size()))
+    Fail(a.path, "tensor " + Quote(t.name) + " has " + std::to_string(t.shape.size()) +
+                     " dims in its shape, dim " + std::to_string(a.shape_dim) + " does not exist");
+  return static_cast<int>(t.stack.size()) + a.shape_dim;
+}
+
+std::vector<Interval> Expander::AxisSelection(const TensorSpec& t, int d, const AxisSpec& a, const std::string& axis,
+                                              int64_t L, int64_t n, int64_t pos) const {
+  std::string what = "dim " + DimName(t, d) + " of tensor " + Quote(t.name) + " (size " + std::to_string(L) + ")";
+  std::vector<Interval> out;
+  if (!a.sizes.empty()) {
+    int64_t sum = 0, start = 0;
+    for (size_t i = 0; i < a.sizes.size(); ++i) {
+      if (static_cast<int64_t>(i) == pos) start = sum;
+      sum += a.sizes[i];
+    }
+    if (sum != L) Fail(a.path + "/sizes", "sizes sum to " + std::to_string(sum) + ", " + what + " needs " + std::to_string(L));
+    out.push_back({start, start + a.sizes[pos]});
+  } else if (a.blocks) {
+    if (L % a.blocks != 0 || (L / a.blocks) % n != 0)
+      Fail(a.path + "/blocks", what + " is not " + std::to_string(a.blocks) + " blocks each divisible by " +
+                                   std::to_string(n) + " positions of axis " + Quote(axis));
+    int64_t bs = L / a.blocks, cs = bs / n;
+    for (int64_t b = 0; b < a.blocks; ++b) out.push_back({b * bs + pos * cs, b * bs + (pos + 1) * cs});
+  } else if (a.parts) {
+    if (L % a.parts != 0)
+      Fail(a.path + "/parts", what + " cannot be cut into " + std::to_string(a.parts) + " equal parts");
+    int64_t ps = L / a.parts, part = pos / (n / a.parts);
+    out.push_back({part * ps, (part + 1) * ps});
+  } else if (a.cyclic) {
+    for (int64_t j = pos; j * a.cyclic < L; j += n) out.push_back({j * a.cyclic, std::min(L, (j + 1) * a.cyclic)});
+  } else if (!a.assign.empty()) {
+    for (int64_t idx : a.assign[pos]) {
+      if (idx >= L)
+        Fail(a.path + "/assign/" + std::to_string(pos), "index " + std::to_string(idx) + " is outside " + what);
+      if (!out.empty() && out.back().hi == idx) out.back().hi = idx + 1;
+      else out.push_back({idx, idx + 1});
+    }
+  } else {
+    if (L % n != 0)
+      Fail(a.path, what + " does not divide evenly over " + std::to_string(n) + " positions of axis " + Quote(axis) +
+                       "; give \"sizes\" for an uneven split");
+    out.push_back({pos * (L / n), (pos + 1) * (L / n)});
+  }
+  return out;
+}
+
+std::optional<Holding> Expander::Hold(int ti, int64_t rank) {
+  const TensorSpec& t = model_.tensors[ti];
+  const Placement& p = layout_.placements[placement_[ti]];
+  const Mesh& mesh = layout_.meshes[p.mesh];
+  std::vector<int64_t> coord = MeshCoords(mesh, rank);
+  int nd = t.ndim();
+  int ns = static_cast<int>(t.stack.size());
+  std::vector<std::vector<Interval>> lists(nd);
+  for (int d = 0; d < nd; ++d) {
+    int64_t full = d < ns ? model_.dims[t.stack[d]].second : t.shape[d - ns];
+    lists[d].push_back({0, full});
+  }
+  for (size_t k = 0; k < p.axes.size(); ++k) {
+    const AxisSpec& a = p.axes[k];
+    if (a.kind == AxisKind::replicate) continue;
+    if (a.kind == AxisKind::at) {
+      if (coord[k] != a.at) return std::nullopt;
+      continue;
+    }
+    int d = LogicalDim(t, a);
+    int64_t L = 0;
+    for (auto& iv : lists[d]) L += iv.size();
+    std::vector<Interval> sel = AxisSelection(t, d, a, mesh.axes[k].first, L, mesh.axes[k].second, coord[k]);
+    // Map local intervals back through the current list.
+    std::vector<Interval> next;
+    for (const Interval& s : sel) {
+      int64_t pos = 0;
+      for (const Interval& iv : lists[d]) {
+        int64_t a0 = std::max(s.lo, pos), a1 = std::min(s.hi, pos + iv.size());
+        if (a0 < a1) {
+          Interval g{iv.lo + (a0 - pos), iv.lo + (a1 - pos)};
+          if (!next.empty() && next.back().hi == g.lo) next.back().hi = g.hi;
+          else next.push_back(g);
+        }
+        pos += iv.size();
+      }
+    }
+    lists[d] = std::move(next);
+  }
+  Holding h(nd);
+  for (int d = 0; d < nd; ++d) {
+    int64_t pre = 0, local = 0;
+    for (const Interval& iv : lists[d]) {
+      int64_t lo = std::max(iv.lo, t.lo[d]), hi = std::min(iv.hi, t.hi[d]);
+      if (lo < hi) {
+        h[d].push_back({lo, hi, pre + (lo - iv.lo), local});
+        local += hi - lo;
+      }
+      pre += iv.size();
+    }
+    if (h[d].empty()) return std::nullopt;
+  }
+  return h;
+}
+
+// Placeholders of a buffer name: (dim name, is_local) in order.
+std::vector<std::pair<std::string, bool>> NamePlaceholders(const std::string& name) {
+  std::vector<std::pair<std::string, bool>> out;
+  size_t pos = 0;
+  while ((pos = name.find('{', pos)) != std::string::npos) {
+    size_t end = name.find('}', pos);
+    if (end == std::string::npos) break;
+    std::string p = name.substr(pos + 1, end - pos - 1);
+    bool local = p.size() > 6 && p.compare(p.size() - 6, 6, ".local") == 0;
+    if (local) p.resize(p.size() - 6);
+    out.emplace_back(p, local);
+    pos = end + 1;
+  }
+  return out;
+}
+
+std::string ShapeStr(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+void Expander::ExpandRule(const BufferRule& rule, const std::vector<int>& parts) {
+  const TensorSpec& t0 = model_.tensors[parts[0]];
+  int ns = static_cast<int>(t0.stack.size());
+  int nshape = static_cast<int>(t0.shape.size());
+  for (size_t j = 1; j < parts.size(); ++j) {
+    const TensorSpec& tj = model_.tensors[parts[j]];
+    if (tj.stack != t0.stack || tj.shape.size() != t0.shape.size())
+      Fail(rule.path, "parts " + Quote(t0.name) + " and " + Quote(tj.name) + " have different stack dims or ranks");
+    if (tj.dtype != t0.dtype && !rule.dtype)
+      Fail(rule.path, "parts " + Quote(t0.name) + " (" + DtypeString(t0.dtype) + ") and " + Quote(tj.name) + " (" +
+                          DtypeString(tj.dtype) + ") have different dtypes");
+  }
+  if (rule.fuse != Fuse::none && rule.fuse_dim >= nshape)
+    Fail(rule.path, "fused dim " + std::to_string(rule.fuse_dim) + " is outside the shape of " + Quote(t0.name));
+  if (rule.shape && static_cast<int>(rule.shape->size()) != nshape)
+    Fail(rule.path + "/shape", "has " + std::to_string(rule.shape->size()) + " dims, tensor " + Quote(t0.name) +
+                                   " has " + std::to_string(nshape));
+  // Which stack dims are named (one buffer per index) and which are kept as leading physical dims.
+  auto ph = NamePlaceholders(rule.name);
+  std::vector<bool> instanced(ns, false);
+  for (auto& [n, local] : ph) {
+    int md = model_.dim_index(n);
+    for (int d = 0; d < ns; ++d)
+      if (t0.stack[d] == md) instanced[d] = true;
+  }
+  int nkept = 0;
+  for (int d = 0; d < ns; ++d) nkept += !instanced[d];
+  std::vector<int64_t> gs(parts.size(), 0);
+  if (rule.fuse == Fuse::interleave) {
+    for (size_t j = 0; j < parts.size(); ++j) {
+      const TensorSpec& tj = model_.tensors[parts[j]];
+      if (tj.shape[rule.fuse_dim] % rule.groups != 0)
+        Fail(rule.path + "/interleave", "dim " + std::to_string(rule.fuse_dim) + " of " + Quote(tj.name) + " (size " +
+                                            std::to_string(tj.shape[rule.fuse_dim]) + ") is not " +
+                                            std::to_string(rule.groups) + " equal groups");
+      gs[j] = tj.shape[rule.fuse_dim] / rule.groups;
+    }
+  }
+  int64_t G = 0;
+  for (int64_t g : gs) G += g;
+
+  for (int64_t r = 0; r < layout_.ranks; ++r) {
+    std::vector<std::optional<Holding>> hs;
+    int held = 0;
+    for (int pi : parts) {
+      hs.push_back(Hold(pi, r));
+      held += hs.back().has_value();
+    }
+    if (held == 0) continue;
+    if (held != static_cast<int>(parts.size())) {
+      size_t has = 0, lacks = 0;
+      for (size_t j = 0; j < parts.size(); ++j) (hs[j] ? has : lacks) = j;
+      Fail(rule.path, "rank " + std::to_string(r) + " holds " + Quote(model_.tensors[parts[has]].name) + " but not " +
+                          Quote(model_.tensors[parts[lacks]].name) + "; all parts of a buffer must live on the same ranks");
+    }
+    const Holding& h0 = *hs[0];
+    auto extent = [](const Pieces& p) {
+      int64_t n = 0;
+      for (auto& x : p) n += x.size();
+      return n;
+    };
+    // Stack dims must agree across parts, shape dims too except the fused one.
+    std::vector<int64_t> content(nshape, 0);
+    for (size_t j = 0; j < parts.size(); ++j) {
+      const Holding& hj = *hs[j];
+      for (int d = 0; d < ns; ++d) {
+        bool same = hj[d].size() == h0[d].size();
+        for (size_t k = 0; same && k < hj[d].size(); ++k) same = hj[d][k].lo == h0[d][k].lo && hj[d][k].hi == h0[d][k].hi;
+        if (!same)
+          Fail(rule.path, "on rank " + std::to_string(r) + ", parts " + Quote(t0.name) + " and " +
+                              Quote(model_.tensors[parts[j]].name) + " hold different " +
+                              Quote(model_.dims[t0.stack[d]].first) + " indices");
+      }
+      for (int s = 0; s < nshape; ++s) {
+        int64_t e = extent(hj[ns + s]);
+        bool fused = rule.fuse != Fuse::none && s == rule.fuse_dim;
+        if (fused) {
+          content[s] += e;
+        } else if (j == 0) {
+          content[s] = e;
+        } else if (content[s] != e) {
+          Fail(rule.path, "on rank " + std::to_string(r) + ", parts " + Quote(t0.name) + " and " +
+                              Quote(model_.tensors[parts[j]].name) + " have local extents " + std::to_string(content[s]) +
+                              " and " + std::to_string(e) + " on dim " + std::to_string(s) + ", which is not fused");
+        }
+      }
+      if (rule.fuse == Fuse::interleave) {
+        for (const Piece& p : hj[ns + rule.fuse_dim])
+          if (p.lo % gs[j] != 0 || p.size() % gs[j] != 0)
+            Fail(rule.path + "/interleave",
+                 "rank " + std::to_string(r) + " holds rows " + std::to_string(p.lo) + ":" + std::to_string(p.hi) + " of " +
+                     Quote(model_.tensors[parts[j]].name) + ", not whole groups of " + std::to_string(gs[j]));
+        if (extent(hj[ns + rule.fuse_dim]) / gs[j] != extent(h0[ns + rule.fuse_dim]) / gs[0])
+          Fail(rule.path + "/interleave", "on rank " + std::to_string(r) + ", parts hold different numbers of groups");
+      }
+    }
+    std::vector<int64_t> trailing = content;
+    if (rule.shape) {
+      for (int s = 0; s < nshape; ++s)
+        if ((*rule.shape)[s] < content[s])
+          Fail(rule.path + "/shape", "buffer content on rank " + std::to_string(r) + " is " + ShapeStr(content) +
+                                         ", larger than the declared shape " + ShapeStr(*rule.shape));
+      trailing = *rule.shape;
+    }
+    // Physical shape: kept stack dims, then trailing dims; row-major strides.
+    std::vector<int64_t> phys;
+    std::vector<int> phys_of(ns + nshape, -1);
+    for (int d = 0; d < ns; ++d)
+      if (!instanced[d]) phys_of[d] = static_cast<int>(phys.size()), phys.push_back(extent(h0[d]));
+    for (int s = 0; s < nshape; ++s) phys_of[ns + s] = static_cast<int>(phys.size()), phys.push_back(trailing[s]);
+    std::vector<int64_t> pstride(phys.size(), 1);
+    for (int k = static_cast<int>(phys.size()) - 2; k >= 0; --k) pstride[k] = pstride[k + 1] * phys[k + 1];
+    // Buffer instances: row-major over instanced dims (clipped local indices).
+    std::vector<int64_t> count(ns, 1), bstride(ns, 0);
+    int64_t ninst = 1;
+    for (int d = ns - 1; d >= 0; --d)
+      if (instanced[d]) bstride[d] = ninst, count[d] = extent(h0[d]), ninst *= count[d];
+    RankLayout& rl = e_.ranks[r];
+    uint32_t base = static_cast<uint32_t>(rl.buffers.size());
+    Dtype dtype = rule.dtype ? *rule.dtype : t0.dtype;
+    std::vector<int64_t> idx(ns, 0);
+    for (int64_t i = 0; i < ninst; ++i) {
+      int64_t rem = i;
+      for (int d = ns - 1; d >= 0; --d)
+        if (instanced[d]) idx[d] = rem % count[d], rem /= count[d];
+      std::string name;
+      size_t pos = 0;
+      while (pos < rule.name.size()) {
+        size_t open = rule.name.find('{', pos);
+        if (open == std::string::npos) {
+          name += rule.name.substr(pos);
+          break;
+        }
+        size_t close = rule.name.find('}', open);
+        name += rule.name.substr(pos, open - pos);
+        std::string p = rule.name.substr(open + 1, close - open - 1);
+        bool local = p.size() > 6 && p.compare(p.size() - 6, 6, ".local") == 0;
+        if (local) p.resize(p.size() - 6);
+        int md = model_.dim_index(p);
+        int d = static_cast<int>(std::find(t0.stack.begin(), t0.stack.end(), md) - t0.stack.begin());
+        for (const Piece& pc : h0[d]) {
+          if (idx[d] >= pc.local && idx[d] < pc.local + pc.size()) {
+            name += std::to_string(local ? pc.pre + (idx[d] - pc.local) : pc.lo + (idx[d] - pc.local));
+            break;
+          }
+        }
+        pos = close + 1;
+      }
+      auto [it, fresh] = names_[r].emplace(name, rule.path);
+      if (!fresh)
+        Fail(rule.path + "/name", "buffer name " + Quote(name) + " is produced twice on rank " + std::to_string(r) +
+                                      " (also by " + it->second + "); buffer rules overlap");
+      rl.buffers.push_back({name, dtype, phys});
+    }
+    // Fragments: one per combination of pieces (and per interleave group).
+    for (size_t j = 0; j < parts.size(); ++j) {
+      const Holding& hj = *hs[j];
+      int nd = ns + nshape;
+      int64_t concat_off = 0;
+      if (rule.fuse == Fuse::concat)
+        for (size_t i = 0; i < j; ++i) concat_off += extent((*hs[i])[ns + rule.fuse_dim]);
+      int64_t group_off = 0;
+      for (size_t i = 0; i < j; ++i) group_off += gs[i];
+      // Per dim, the list of (global lo, global hi, memory position) segments.
+      struct Seg {
+        int64_t lo, hi, pos;
+      };
+      std::vector<std::vector<Seg>> segs(nd);
+      for (int d = 0; d < nd; ++d) {
+        bool il = rule.fuse == Fuse::interleave && d == ns + rule.fuse_dim;
+        for (const Piece& p : hj[d]) {
+          if (il) {
+            for (int64_t g = p.lo; g < p.hi; g += gs[j]) {
+              int64_t u = p.local + (g - p.lo);
+              segs[d].push_back({g, g + gs[j], (u / gs[j]) * G + group_off});
+            }
+          } else {
+            int64_t pos = p.local + ((rule.fuse == Fuse::concat && d == ns + rule.fuse_dim) ? concat_off : 0);
+            segs[d].push_back({p.lo, p.hi, pos});
+          }
+        }
+      }
+      std::vector<size_t> k(nd, 0);
+      while (true) {
+        Fragment f;
+        f.tensor = parts[j];
+        f.box.ndim = nd;
+        int64_t buf = base, off = 0;
+        for (int d = 0; d < nd; ++d) {
+          const Seg& s = segs[d][k[d]];
+          f.box.lo[d] = s.lo;
+          f.box.hi[d] = s.hi;
+          if (d < ns && instanced[d]) {
+            buf += s.pos * bstride[d];
+            f.stride[d] = bstride[d];
+            f.buffer_dims |= 1u << d;
+          } else {
+            off += s.pos * pstride[phys_of[d]];
+            f.stride[d] = pstride[phys_of[d]];
+          }
+        }
+        f.buffer = static_cast<uint32_t>(buf);
+        f.offset = static_cast<uint64_t>(off);
+        e_.by_tensor[parts[j]].push_back({static_cast<int>(r), static_cast<int>(rl.fragments.size())});
+        rl.fragments.push_back(f);
+        int d = nd - 1;
+        while (d >= 0 && ++k[d] == segs[d].size()) k[d--] = 0;
+        if (d < 0) break;
+      }
+    }
+  }
+}
+
+Expansion Expander::Run() {
+  int nt = static_cast<int>(model_.tensors.size());
+  e_.ranks.resize(layout_.ranks);
+  e_.by_tensor.resize(nt);
+  names_.resize(layout_.ranks);
+  placement_.assign(nt, -1);
+  for (int ti = 0; ti < nt; ++ti) {
+    for (size_t p = 0; p < layout_.placements.size(); ++p)
+      if (GlobMatch(layout_.placements[p].match, model_.tensors[ti].name)) {
+        placement_[ti] = static_cast<int>(p);
+        break;
+      }
+    if (placement_[ti] < 0) Fail("/placements", "no placement matches tensor " + Quote(model_.tensors[ti].name));
+  }
+  // Which rule claims each tensor.
+  std::vector<int> owner(nt, -1);
+  for (size_t ri = 0; ri < layout_.buffers.size(); ++ri) {
+    const BufferRule& rule = layout_.buffers[ri];
+    for (size_t k = 0; k < rule.parts.size(); ++k) {
+      int ti = -1;
+      for (int i = 0; i < nt; ++i)
+        if (model_.tensors[i].name == rule.parts[k]) ti = i;
+      if (owner[ti] >= 0)
+        Fail(rule.path + "/parts/" + std::to_string(k), "tensor " + Quote(rule.parts[k]) + " is already part of " +
+                                                            layout_.buffers[owner[ti]].path + "; buffer rules overlap");
+      owner[ti] = static_cast<int>(ri);
+    }
+  }
+  for (size_t ri = 0; ri < layout_.buffers.size(); ++ri) {
+    std::vector<int> parts;
+    for (const auto& pn : layout_.buffers[ri].parts)
+      for (int i = 0; i < nt; ++i)
+        if (model_.tensors[i].name == pn) parts.push_back(i);
+    ExpandRule(layout_.buffers[ri], parts);
+  }
+  for (int ti = 0; ti < nt; ++ti) {
+    if (owner[ti] >= 0) continue;
+    BufferRule def;
+    def.name = model_.tensors[ti].name;
+    def.parts = {def.name};
+    def.path = "default buffer of " + Quote(def.name);
+    ExpandRule(def, {ti});
+  }
+  for (int ti = 0; ti < nt; ++ti) {
+    // Every element of every tensor must live somewhere on this side.
+    int64_t covered = 0;
+    std::vector<Box> boxes;
+    for (const FragmentRef& fr : e_.by_tensor[ti]) boxes.push_back(e_.ranks[fr.rank].fragments[fr.index].box);
+    std::sort(boxes.begin(), boxes.end());
+    boxes.erase(std::unique(boxes.begin(), boxes.end()), boxes.end());
+    for (const Box& b : boxes) covered += b.volume();
+    if (boxes.empty())
+      Fail(layout_.placements[placement_[ti]].path, "tensor " + Quote(model_.tensors[ti].name) + " lives on no rank");
+    (void)covered;
+  }
+  return std::move(e_);
+}
+
+}  // namespace
+
+Expansion Expand(const ModelSpec& model, const LayoutSpec& layout) { return Expander(model, layout).Run(); }
+
+}  // namespace reshard

@@ -1,0 +1,75 @@
+// The compiler's in-memory form of a plan: per global rank, its buffers,
+// fragments, regions and rounds of steps. route.cc builds it, emit.cc writes
+// it as FlatBuffers (the only file that includes the generated header).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "compiler/expand.h"
+#include "compiler/spec.h"
+
+namespace reshard {
+
+enum class StepKind : uint8_t { pack = 0, send = 1, recv = 2, unpack = 3, copy = 4, forward = 5 };
+enum class Channel : uint8_t { net = 0, nvlink = 1 };
+constexpr uint32_t kNoRegion = 0xFFFFFFFFu;
+constexpr uint32_t kStaging = 0xFFFFFFFFu;  // StridedRegion::buffer naming the staging area
+
+struct Step {
+  StepKind kind = StepKind::pack;
+  Channel channel = Channel::net;
+  Dtype wire = Dtype::bf16;
+  uint32_t peer = 0;
+  uint64_t staging = 0, bytes = 0;
+  uint32_t src = kNoRegion, dst = kNoRegion;
+};
+
+/// One round of a rank: local steps (pack, copy), then communication posted
+/// together, then unpacks.
+struct Round {
+  std::vector<Step> local, comm, unpack;
+  bool empty() const { return local.empty() && comm.empty() && unpack.empty(); }
+};
+
+struct RankProgram {
+  int src_rank = -1, dst_rank = -1;
+  uint32_t dst_buffer_base = 0;  // first inference-side buffer in `buffers`
+  std::vector<BufferDesc> buffers;
+  std::vector<Fragment> fragments;
+  std::vector<uint8_t> roles;    // per fragment: 0 source content, 1 destination need
+  std::vector<StridedRegion> regions;
+  std::vector<Round> rounds;
+  uint64_t staging_bytes = 0;
+
+  uint32_t AddRegion(const StridedRegion& r) {
+    regions.push_back(r);
+    return static_cast<uint32_t>(regions.size() - 1);
+  }
+  Round& round(size_t r) {
+    if (rounds.size() <= r) rounds.resize(r + 1);
+    return rounds[r];
+  }
+};
+
+struct PlanIR {
+  std::string strategy;
+  uint64_t staging_limit = 0;
+  std::vector<uint32_t> src_global, dst_global, domain;
+  std::vector<RankProgram> ranks;  // by global rank
+  uint64_t net_bytes = 0, nvlink_bytes = 0;
+  size_t num_rounds = 0;
+};
+
+struct RouteOptions {
+  std::string strategy = "direct";  // or "gather"
+  uint64_t staging_bytes = 512ull << 20;
+};
+
+/// Passes 3 and 4: route every destination need to its sources and schedule
+/// the transfers into rounds under the staging budget.
+PlanIR Route(const ModelSpec& model, const ClusterSpec& cluster, const LayoutSpec& src_layout,
+             const Expansion& src, const LayoutSpec& dst_layout, const Expansion& dst, const RouteOptions& opt);
+
+}  // namespace reshard

@@ -1,0 +1,515 @@
+#include "compiler/spec.h"
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "runtime/error.h"
+
+namespace reshard {
+
+using nlohmann::json;
+
+size_t DtypeBytes(Dtype d) {
+  switch (d) {
+    case Dtype::bf16: case Dtype::fp16: return 2;
+    case Dtype::fp32: return 4;
+    case Dtype::fp8_e4m3: case Dtype::e8m0: return 1;
+  }
+  return 0;
+}
+
+const char* DtypeString(Dtype d) {
+  switch (d) {
+    case Dtype::bf16: return "bf16";
+    case Dtype::fp16: return "fp16";
+    case Dtype::fp32: return "fp32";
+    case Dtype::fp8_e4m3: return "fp8_e4m3";
+    case Dtype::e8m0: return "e8m0";
+  }
+  return "?";
+}
+
+int64_t TensorSpec::elements() const {
+  int64_t n = 1;
+  for (int d = 0; d < ndim(); ++d) n *= hi[d] - lo[d];
+  return n;
+}
+
+int ModelSpec::dim_index(const std::string& n) const {
+  for (size_t i = 0; i < dims.size(); ++i)
+    if (dims[i].first == n) return static_cast<int>(i);
+  return -1;
+}
+
+int64_t ModelSpec::total_bytes() const {
+  int64_t b = 0;
+  for (const auto& t : tensors) b += t.elements() * static_cast<int64_t>(DtypeBytes(t.dtype));
+  return b;
+}
+
+namespace {
+
+size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+// "; did you mean 'x'?" when a candidate is close enough, else "".
+std::string DidYouMean(const std::string& word, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_d = std::max<size_t>(3, word.size() / 3) + 1;
+  for (const auto& c : candidates) {
+    size_t d = EditDistance(word, c);
+    if (d < best_d) best_d = d, best = c;
+  }
+  return best.empty() ? "" : "; did you mean '" + best + "'?";
+}
+
+// Reads one spec file: every accessor reports "file: /json/path: what".
+class Reader {
+ public:
+  explicit Reader(std::string file) : file_(std::move(file)) {}
+  [[noreturn]] void Fail(const std::string& path, const std::string& msg) const {
+    throw Error(file_ + ": " + (path.empty() ? "/" : path) + ": " + msg);
+  }
+  const json& Get(const json& obj, const std::string& path, const char* key) const {
+    auto it = obj.find(key);
+    if (it == obj.end()) Fail(path, std::string("missing required field '") + key + "'");
+    return *it;
+  }
+  std::string String(const json& v, const std::string& path) const {
+    if (!v.is_string()) Fail(path, "expected a string, got " + Kind(v));
+    return v.get<std::string>();
+  }
+  int64_t Int(const json& v, const std::string& path, int64_t min_value) const {
+    if (!v.is_number_integer()) Fail(path, "expected an integer, got " + Kind(v));
+    int64_t x = v.get<int64_t>();
+    if (x < min_value) Fail(path, "expected an integer >= " + std::to_string(min_value) + ", got " + std::to_string(x));
+    return x;
+  }
+  double Number(const json& v, const std::string& path) const {
+    if (!v.is_number()) Fail(path, "expected a number, got " + Kind(v));
+    double x = v.get<double>();
+    if (!(x > 0)) Fail(path, "expected a positive number, got " + v.dump());
+    return x;
+  }
+  const json& Object(const json& v, const std::string& path) const {
+    if (!v.is_object()) Fail(path, "expected an object, got " + Kind(v));
+    return v;
+  }
+  const json& Array(const json& v, const std::string& path) const {
+    if (!v.is_array()) Fail(path, "expected an array, got " + Kind(v));
+    return v;
+  }
+  std::vector<int64_t> IntList(const json& v, const std::string& path, int64_t min_value) const {
+    Array(v, path);
+    std::vector<int64_t> out;
+    for (size_t i = 0; i < v.size(); ++i) out.push_back(Int(v[i], path + "/" + std::to_string(i), min_value));
+    return out;
+  }
+  void Format(const json& root, const std::string& expected) const {
+    Object(root, "");
+    std::string f = String(Get(root, "", "format"), "/format");
+    if (f != expected) Fail("/format", "unknown format '" + f + "', expected '" + expected + "'");
+  }
+  void Keys(const json& obj, const std::string& path, const std::vector<std::string>& allowed) const {
+    for (auto it = obj.begin(); it != obj.end(); ++it) {
+      if (std::find(allowed.begin(), allowed.end(), it.key()) == allowed.end())
+        Fail(path + "/" + it.key(), "unknown field '" + it.key() + "'" + DidYouMean(it.key(), allowed));
+    }
+  }
+  Dtype ParseDtype(const json& v, const std::string& path) const {
+    std::string s = String(v, path);
+    static const std::vector<std::string> names = {"bf16", "fp16", "fp32", "fp8_e4m3"};
+    for (size_t i = 0; i < names.size(); ++i)
+      if (s == names[i]) return static_cast<Dtype>(i);
+    Fail(path, "unknown dtype '" + s + "', expected one of bf16, fp16, fp32, fp8_e4m3" + DidYouMean(s, names));
+  }
+  static std::string Kind(const json& v) {
+    switch (v.type()) {
+      case json::value_t::null: return "null";
+      case json::value_t::boolean: return "a boolean";
+      case json::value_t::string: return "a string";
+      case json::value_t::array: return "an array";
+      case json::value_t::object: return "an object";
+      case json::value_t::number_float: return "a number with a fraction";
+      default: return "a number";
+    }
+  }
+  const std::string& file() const { return file_; }
+
+ private:
+  std::string file_;
+};
+
+// Placeholders of a tensor name template: "a.{layer}.b.{expert}" -> {layer, expert}.
+std::vector<std::string> Placeholders(const std::string& name, bool strip_local) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while ((pos = name.find('{', pos)) != std::string::npos) {
+    size_t end = name.find('}', pos);
+    if (end == std::string::npos) break;
+    std::string p = name.substr(pos + 1, end - pos - 1);
+    if (strip_local && p.size() > 6 && p.compare(p.size() - 6, 6, ".local") == 0) p.resize(p.size() - 6);
+    out.push_back(p);
+    pos = end + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+bool GlobMatch(const std::string& p, const std::string& s) {
+  size_t pi = 0, si = 0, star = std::string::npos, mark = 0;
+  auto class_match = [&](size_t& i, char c) {
+    // p[i] == '['; on return i points past ']'.
+    size_t j = i + 1;
+    bool neg = j < p.size() && (p[j] == '!' || p[j] == '^');
+    if (neg) ++j;
+    bool hit = false;
+    for (; j < p.size() && p[j] != ']'; ++j) {
+      if (j + 2 < p.size() && p[j + 1] == '-' && p[j + 2] != ']') {
+        if (c >= p[j] && c <= p[j + 2]) hit = true;
+        j += 2;
+      } else if (p[j] == c) {
+        hit = true;
+      }
+    }
+    i = j + 1;
+    return hit != neg;
+  };
+  while (si < s.size()) {
+    if (pi < p.size() && p[pi] == '*') {
+      star = pi++;
+      mark = si;
+      continue;
+    }
+    if (pi < p.size() && p[pi] == '[' && p.find(']', pi) != std::string::npos) {
+      size_t np = pi;
+      if (class_match(np, s[si])) {
+        pi = np;
+        ++si;
+        continue;
+      }
+    } else if (pi < p.size() && (p[pi] == '?' || p[pi] == s[si])) {
+      ++pi;
+      ++si;
+      continue;
+    }
+    if (star == std::string::npos) return false;
+    pi = star + 1;
+    si = ++mark;
+  }
+  while (pi < p.size() && p[pi] == '*') ++pi;
+  return pi == p.size();
+}
+
+json ParseJson(const std::string& text, const std::string& file) {
+  try {
+    return json::parse(text);
+  } catch (const json::parse_error& e) {
+    // Turn the byte position into line:col and show the line with a caret.
+    size_t byte = e.byte == 0 ? 0 : e.byte - 1;
+    if (byte > text.size()) byte = text.size();
+    size_t line = 1, line_start = 0;
+    for (size_t i = 0; i < byte && i < text.size(); ++i)
+      if (text[i] == '\n') ++line, line_start = i + 1;
+    size_t col = byte - line_start + 1;
+    size_t line_end = text.find('\n', line_start);
+    std::string src = text.substr(line_start, line_end == std::string::npos ? std::string::npos : line_end - line_start);
+    std::string what = e.what();
+    // nlohmann: "[json.exception.parse_error.101] parse error at line 1, column 2: syntax error ..."
+    size_t colon = what.find(": ", what.find("column"));
+    std::string msg = colon == std::string::npos ? what : what.substr(colon + 2);
+    if (text.find_first_not_of(" \t\r\n") == std::string::npos) msg = "the file is empty, expected a JSON object";
+    throw Error(file + ":" + std::to_string(line) + ":" + std::to_string(col) + ": " + msg + "\n" + src + "\n" +
+                std::string(col > 0 ? col - 1 : 0, ' ') + "^");
+  }
+}
+
+json LoadJson(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot open file: " + std::strerror(errno));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ParseJson(ss.str(), path);
+}
+
+ModelSpec ParseModel(const json& root, const std::string& file) {
+  Reader r(file);
+  r.Format(root, "reshard.model/1");
+  r.Keys(root, "", {"format", "name", "dtype", "dims", "tensors", "notes"});
+  ModelSpec m;
+  m.file = file;
+  m.name = r.String(r.Get(root, "", "name"), "/name");
+  if (root.contains("dtype")) m.dtype = r.ParseDtype(root["dtype"], "/dtype");
+  if (root.contains("dims")) {
+    const json& dims = r.Object(root["dims"], "/dims");
+    for (auto it = dims.begin(); it != dims.end(); ++it)
+      m.dims.emplace_back(it.key(), r.Int(it.value(), "/dims/" + it.key(), 1));
+  }
+  std::vector<std::string> dim_names;
+  for (auto& d : m.dims) dim_names.push_back(d.first);
+  const json& tensors = r.Array(r.Get(root, "", "tensors"), "/tensors");
+  if (tensors.empty()) r.Fail("/tensors", "the model has no tensors");
+  std::set<std::string> seen;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    std::string path = "/tensors/" + std::to_string(i);
+    const json& t = r.Object(tensors[i], path);
+    r.Keys(t, path, {"name", "shape", "dtype", "range"});
+    TensorSpec ts;
+    ts.path = path;
+    ts.name = r.String(r.Get(t, path, "name"), path + "/name");
+    if (!seen.insert(ts.name).second) r.Fail(path + "/name", "tensor '" + ts.name + "' is declared twice");
+    ts.shape = r.IntList(r.Get(t, path, "shape"), path + "/shape", 1);
+    ts.dtype = t.contains("dtype") ? r.ParseDtype(t["dtype"], path + "/dtype") : m.dtype;
+    for (const auto& p : Placeholders(ts.name, false)) {
+      int d = m.dim_index(p);
+      if (d < 0) r.Fail(path + "/name", "placeholder '{" + p + "}' is not a dim declared in /dims" + DidYouMean(p, dim_names));
+      if (std::find(ts.stack.begin(), ts.stack.end(), d) != ts.stack.end())
+        r.Fail(path + "/name", "placeholder '{" + p + "}' appears twice");
+      ts.stack.push_back(d);
+    }
+    if (ts.stack.size() + ts.shape.size() > static_cast<size_t>(kMaxDims))
+      r.Fail(path, "tensor has " + std::to_string(ts.stack.size() + ts.shape.size()) +
+                       " dims (stack dims and shape), at most " + std::to_string(kMaxDims) + " are supported");
+    for (int d : ts.stack) ts.lo.push_back(0), ts.hi.push_back(m.dims[d].second);
+    if (t.contains("range")) {
+      const json& range = r.Object(t["range"], path + "/range");
+      for (auto it = range.begin(); it != range.end(); ++it) {
+        std::string rp = path + "/range/" + it.key();
+        int d = m.dim_index(it.key());
+        auto pos = std::find(ts.stack.begin(), ts.stack.end(), d);
+        if (d < 0 || pos == ts.stack.end()) r.Fail(rp, "tensor '" + ts.name + "' has no stack dim '" + it.key() + "'");
+        auto lohi = r.IntList(it.value(), rp, 0);
+        size_t k = pos - ts.stack.begin();
+        if (lohi.size() != 2 || lohi[0] >= lohi[1] || lohi[1] > m.dims[d].second)
+          r.Fail(rp, "expected [lo, hi] with 0 <= lo < hi <= " + std::to_string(m.dims[d].second));
+        ts.lo[k] = lohi[0];
+        ts.hi[k] = lohi[1];
+      }
+    }
+    for (int64_t s : ts.shape) ts.lo.push_back(0), ts.hi.push_back(s);
+    m.tensors.push_back(std::move(ts));
+  }
+  return m;
+}
+
+namespace {
+
+AxisSpec ParseAxis(const Reader& r, const json& v, const std::string& path, const ModelSpec& model, int64_t axis_size) {
+  AxisSpec a;
+  a.path = path;
+  if (v.is_string()) {
+    std::string s = v.get<std::string>();
+    if (s != "replicate") r.Fail(path, "expected \"replicate\", {\"shard\": DIM} or {\"at\": I}, got '" + s + "'");
+    return a;
+  }
+  r.Object(v, path);
+  r.Keys(v, path, {"shard", "sizes", "blocks", "parts", "cyclic", "assign", "at"});
+  if (v.contains("at")) {
+    if (v.size() != 1) r.Fail(path, "\"at\" takes no other fields");
+    a.kind = AxisKind::at;
+    a.at = v["at"].is_number_integer() ? v["at"].get<int64_t>() : r.Int(v["at"], path + "/at", -1);
+    if (a.at < 0) a.at += axis_size;
+    if (a.at < 0 || a.at >= axis_size)
+      r.Fail(path + "/at", "position " + v["at"].dump() + " is outside the axis of size " + std::to_string(axis_size));
+    return a;
+  }
+  if (!v.contains("shard")) r.Fail(path, "expected \"shard\" or \"at\"");
+  a.kind = AxisKind::shard;
+  const json& d = v["shard"];
+  if (d.is_string()) {
+    a.dim_name = d.get<std::string>();
+    a.stack_dim = model.dim_index(a.dim_name);
+    if (a.stack_dim < 0) {
+      std::vector<std::string> names;
+      for (auto& x : model.dims) names.push_back(x.first);
+      r.Fail(path + "/shard", "unknown dim '" + a.dim_name + "': the model's stack dims are " +
+                                  (names.empty() ? std::string("none") : "'" + [&] {
+                                    std::string s;
+                                    for (size_t i = 0; i < names.size(); ++i) s += (i ? "', '" : "") + names[i];
+                                    return s;
+                                  }() + "'") + ", or give an index into the tensor's shape" + DidYouMean(a.dim_name, names));
+    }
+  } else {
+    a.shape_dim = static_cast<int>(r.Int(d, path + "/shard", 0));
+    a.dim_name = std::to_string(a.shape_dim);
+  }
+  int extras = 0;
+  if (v.contains("sizes")) ++extras, a.sizes = r.IntList(v["sizes"], path + "/sizes", 0);
+  if (v.contains("blocks")) ++extras, a.blocks = r.Int(v["blocks"], path + "/blocks", 1);
+  if (v.contains("parts")) ++extras, a.parts = r.Int(v["parts"], path + "/parts", 1);
+  if (v.contains("cyclic")) ++extras, a.cyclic = r.Int(v["cyclic"], path + "/cyclic", 1);
+  if (v.contains("assign")) {
+    ++extras;
+    const json& as = r.Array(v["assign"], path + "/assign");
+    for (size_t i = 0; i < as.size(); ++i) a.assign.push_back(r.IntList(as[i], path + "/assign/" + std::to_string(i), 0));
+  }
+  if (extras > 1) r.Fail(path, "use at most one of \"sizes\", \"blocks\", \"parts\", \"cyclic\", \"assign\"");
+  if (!a.sizes.empty() && static_cast<int64_t>(a.sizes.size()) != axis_size)
+    r.Fail(path + "/sizes", "has " + std::to_string(a.sizes.size()) + " entries, the axis has size " + std::to_string(axis_size));
+  if (!a.assign.empty() && static_cast<int64_t>(a.assign.size()) != axis_size)
+    r.Fail(path + "/assign", "has " + std::to_string(a.assign.size()) + " entries, the axis has size " + std::to_string(axis_size));
+  if (a.parts && axis_size % a.parts != 0)
+    r.Fail(path + "/parts", std::to_string(a.parts) + " parts do not divide the axis size " + std::to_string(axis_size));
+  return a;
+}
+
+}  // namespace
+
+LayoutSpec ParseLayout(const json& root, const std::string& file, const ModelSpec& model) {
+  Reader r(file);
+  r.Format(root, "reshard.layout/1");
+  r.Keys(root, "", {"format", "name", "model", "ranks", "meshes", "placements", "buffers", "notes"});
+  LayoutSpec l;
+  l.file = file;
+  l.name = r.String(r.Get(root, "", "name"), "/name");
+  if (root.contains("model")) {
+    l.model = r.String(root["model"], "/model");
+    if (l.model != model.name)
+      r.Fail("/model", "layout is written for model '" + l.model + "', the model spec is '" + model.name + "'");
+  }
+  l.ranks = r.Int(r.Get(root, "", "ranks"), "/ranks", 1);
+  const json& meshes = r.Object(r.Get(root, "", "meshes"), "/meshes");
+  if (meshes.empty()) r.Fail("/meshes", "declare at least one mesh");
+  for (auto it = meshes.begin(); it != meshes.end(); ++it) {
+    std::string path = "/meshes/" + it.key();
+    Mesh mesh;
+    mesh.name = it.key();
+    const json& axes = r.Array(it.value(), path);
+    int64_t product = 1;
+    std::set<std::string> names;
+    for (size_t i = 0; i < axes.size(); ++i) {
+      std::string ap = path + "/" + std::to_string(i);
+      const json& ax = r.Array(axes[i], ap);
+      if (ax.size() != 2) r.Fail(ap, "expected [axis name, size]");
+      std::string n = r.String(ax[0], ap + "/0");
+      if (!names.insert(n).second) r.Fail(ap, "axis '" + n + "' appears twice");
+      int64_t s = r.Int(ax[1], ap + "/1", 1);
+      mesh.axes.emplace_back(n, s);
+      product *= s;
+    }
+    if (product != l.ranks)
+      r.Fail(path, "mesh axes multiply to " + std::to_string(product) + " ranks, the layout has " + std::to_string(l.ranks));
+    l.meshes.push_back(std::move(mesh));
+  }
+  std::vector<std::string> mesh_names;
+  for (auto& m : l.meshes) mesh_names.push_back(m.name);
+  const json& placements = r.Array(r.Get(root, "", "placements"), "/placements");
+  for (size_t i = 0; i < placements.size(); ++i) {
+    std::string path = "/placements/" + std::to_string(i);
+    const json& pj = r.Object(placements[i], path);
+    Placement p;
+    p.path = path;
+    p.match = r.String(r.Get(pj, path, "match"), path + "/match");
+    std::string mesh = pj.contains("mesh") ? r.String(pj["mesh"], path + "/mesh")
+                                           : (l.meshes.size() == 1 ? l.meshes[0].name : "");
+    if (mesh.empty()) r.Fail(path, "missing required field 'mesh' (the layout has several meshes)");
+    auto mit = std::find(mesh_names.begin(), mesh_names.end(), mesh);
+    if (mit == mesh_names.end()) r.Fail(path + "/mesh", "unknown mesh '" + mesh + "'" + DidYouMean(mesh, mesh_names));
+    p.mesh = static_cast<int>(mit - mesh_names.begin());
+    const Mesh& m = l.meshes[p.mesh];
+    std::vector<std::string> allowed = {"match", "mesh"};
+    for (auto& ax : m.axes) allowed.push_back(ax.first);
+    for (auto it = pj.begin(); it != pj.end(); ++it) {
+      if (std::find(allowed.begin(), allowed.end(), it.key()) == allowed.end())
+        r.Fail(path + "/" + it.key(), "'" + it.key() + "' is not an axis of mesh '" + m.name + "'" + DidYouMean(it.key(), allowed));
+    }
+    for (auto& ax : m.axes) {
+      if (pj.contains(ax.first)) {
+        p.axes.push_back(ParseAxis(r, pj[ax.first], path + "/" + ax.first, model, ax.second));
+      } else {
+        AxisSpec rep;
+        rep.path = path + "/" + ax.first;
+        p.axes.push_back(rep);
+      }
+    }
+    l.placements.push_back(std::move(p));
+  }
+  std::vector<std::string> tensor_names;
+  for (auto& t : model.tensors) tensor_names.push_back(t.name);
+  if (root.contains("buffers")) {
+    const json& bufs = r.Array(root["buffers"], "/buffers");
+    for (size_t i = 0; i < bufs.size(); ++i) {
+      std::string path = "/buffers/" + std::to_string(i);
+      const json& bj = r.Object(bufs[i], path);
+      r.Keys(bj, path, {"name", "parts", "tensor", "concat", "interleave", "shape", "dtype", "quant"});
+      BufferRule b;
+      b.path = path;
+      b.name = r.String(r.Get(bj, path, "name"), path + "/name");
+      if (bj.contains("tensor")) {
+        b.parts.push_back(r.String(bj["tensor"], path + "/tensor"));
+      } else {
+        const json& parts = r.Array(r.Get(bj, path, "parts"), path + "/parts");
+        if (parts.empty()) r.Fail(path + "/parts", "list at least one tensor");
+        for (size_t k = 0; k < parts.size(); ++k) b.parts.push_back(r.String(parts[k], path + "/parts/" + std::to_string(k)));
+      }
+      for (size_t k = 0; k < b.parts.size(); ++k) {
+        if (std::find(tensor_names.begin(), tensor_names.end(), b.parts[k]) == tensor_names.end())
+          r.Fail(path + "/parts/" + std::to_string(k),
+                 "no tensor '" + b.parts[k] + "' in model '" + model.name + "'" + DidYouMean(b.parts[k], tensor_names));
+      }
+      if (bj.contains("concat") && bj.contains("interleave")) r.Fail(path, "use either \"concat\" or \"interleave\"");
+      if (bj.contains("concat")) {
+        b.fuse = Fuse::concat;
+        b.fuse_dim = static_cast<int>(r.Int(bj["concat"], path + "/concat", 0));
+      } else if (bj.contains("interleave")) {
+        const json& il = r.Object(bj["interleave"], path + "/interleave");
+        b.fuse = Fuse::interleave;
+        b.fuse_dim = static_cast<int>(r.Int(r.Get(il, path + "/interleave", "dim"), path + "/interleave/dim", 0));
+        b.groups = r.Int(r.Get(il, path + "/interleave", "groups"), path + "/interleave/groups", 1);
+      }
+      if (b.parts.size() > 1 && b.fuse == Fuse::none)
+        r.Fail(path, "a buffer of " + std::to_string(b.parts.size()) + " parts needs \"concat\" or \"interleave\"");
+      if (bj.contains("shape")) b.shape = r.IntList(bj["shape"], path + "/shape", 1);
+      if (bj.contains("dtype")) b.dtype = r.ParseDtype(bj["dtype"], path + "/dtype");
+      if (bj.contains("quant")) r.Fail(path + "/quant", "quantized buffers are not supported yet");
+      // Every placeholder of the name must be a stack dim of the parts.
+      for (const auto& p : Placeholders(b.name, true)) {
+        int d = model.dim_index(p);
+        const TensorSpec* t0 = nullptr;
+        for (auto& t : model.tensors)
+          if (t.name == b.parts[0]) t0 = &t;
+        if (d < 0 || std::find(t0->stack.begin(), t0->stack.end(), d) == t0->stack.end())
+          r.Fail(path + "/name", "placeholder '{" + p + "}' is not a stack dim of '" + b.parts[0] + "'");
+      }
+      l.buffers.push_back(std::move(b));
+    }
+  }
+  return l;
+}
+
+ClusterSpec ParseCluster(const json& root, const std::string& file) {
+  Reader r(file);
+  r.Format(root, "reshard.cluster/1");
+  r.Keys(root, "", {"format", "name", "gpus_per_domain", "nic_gbps", "nvlink_GBps", "hbm_GBps", "nic_latency_us",
+                    "nvlink_latency_us", "placement", "sources", "notes"});
+  ClusterSpec c;
+  c.file = file;
+  c.name = r.String(r.Get(root, "", "name"), "/name");
+  c.gpus_per_domain = r.Int(r.Get(root, "", "gpus_per_domain"), "/gpus_per_domain", 1);
+  c.nic_gbps = r.Number(r.Get(root, "", "nic_gbps"), "/nic_gbps");
+  c.nvlink_GBps = r.Number(r.Get(root, "", "nvlink_GBps"), "/nvlink_GBps");
+  if (root.contains("hbm_GBps")) c.hbm_GBps = r.Number(root["hbm_GBps"], "/hbm_GBps");
+  if (root.contains("nic_latency_us")) c.nic_latency_us = r.Number(root["nic_latency_us"], "/nic_latency_us");
+  if (root.contains("nvlink_latency_us")) c.nvlink_latency_us = r.Number(root["nvlink_latency_us"], "/nvlink_latency_us");
+  if (root.contains("placement")) {
+    std::string p = r.String(root["placement"], "/placement");
+    if (p == "colocated") c.colocated = true;
+    else if (p != "disjoint") r.Fail("/placement", "unknown placement '" + p + "', expected 'disjoint' or 'colocated'");
+  }
+  return c;
+}
+
+}  // namespace reshard

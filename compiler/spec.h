@@ -1,0 +1,109 @@
+// The validated inputs of the compiler: model, layouts and cluster, parsed from
+// their JSON specs (DESIGN.md, "Specs"). Parsing is the only pass that reads
+// files; every later pass works on these structs.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace reshard {
+
+enum class Dtype : uint8_t { bf16 = 0, fp16 = 1, fp32 = 2, fp8_e4m3 = 3, e8m0 = 4 };
+size_t DtypeBytes(Dtype d);
+const char* DtypeString(Dtype d);
+
+constexpr int kMaxDims = 6;  // logical dims of a tensor: stack dims then shape
+
+/// A family of logical tensors: `name` with `{dim}` placeholders for its stack dims.
+struct TensorSpec {
+  std::string name;
+  std::vector<int> stack;          // indices into Model::dims, in order of appearance
+  std::vector<int64_t> shape;
+  Dtype dtype = Dtype::bf16;
+  std::vector<int64_t> lo, hi;     // logical box: stack ranges, then [0, shape)
+  std::string path;                // JSON path, for messages
+  int ndim() const { return static_cast<int>(lo.size()); }
+  int64_t elements() const;
+};
+
+struct ModelSpec {
+  std::string file, name;
+  Dtype dtype = Dtype::bf16;
+  std::vector<std::pair<std::string, int64_t>> dims;
+  std::vector<TensorSpec> tensors;
+  int dim_index(const std::string& name) const;  // -1 if unknown
+  int64_t total_bytes() const;
+};
+
+enum class AxisKind { replicate, shard, at };
+
+/// How one mesh axis places a tensor.
+struct AxisSpec {
+  AxisKind kind = AxisKind::replicate;
+  std::string dim_name;          // as written: a stack-dim name or a shape index
+  int stack_dim = -1;            // model dim index when sharding a stack dim
+  int shape_dim = -1;            // index into shape otherwise
+  std::vector<int64_t> sizes;    // uneven shard
+  int64_t blocks = 0, parts = 0, cyclic = 0;
+  std::vector<std::vector<int64_t>> assign;
+  int64_t at = 0;
+  std::string path;
+};
+
+struct Placement {
+  std::string match;
+  int mesh = 0;
+  std::vector<AxisSpec> axes;    // one per axis of the mesh
+  std::string path;
+};
+
+struct Mesh {
+  std::string name;
+  std::vector<std::pair<std::string, int64_t>> axes;
+};
+
+enum class Fuse { none, concat, interleave };
+
+struct BufferRule {
+  std::string name;              // template with {dim} / {dim.local}
+  std::vector<std::string> parts;
+  Fuse fuse = Fuse::none;
+  int fuse_dim = 0;
+  int64_t groups = 0;
+  std::optional<std::vector<int64_t>> shape;  // padded physical trailing dims
+  std::optional<Dtype> dtype;
+  std::string path;
+};
+
+struct LayoutSpec {
+  std::string file, name, model;
+  int64_t ranks = 0;
+  std::vector<Mesh> meshes;
+  std::vector<Placement> placements;
+  std::vector<BufferRule> buffers;
+};
+
+struct ClusterSpec {
+  std::string file, name;
+  int64_t gpus_per_domain = 8;
+  double nic_gbps = 400, nvlink_GBps = 450, hbm_GBps = 3350;
+  double nic_latency_us = 5, nvlink_latency_us = 1;
+  bool colocated = false;
+};
+
+/// Parsers: `text` is the file's contents, `file` its name for messages.
+/// Throw reshard::Error ("train.json: /placements/3/tp: ...").
+nlohmann::json ParseJson(const std::string& text, const std::string& file);
+nlohmann::json LoadJson(const std::string& path);
+ModelSpec ParseModel(const nlohmann::json& j, const std::string& file);
+LayoutSpec ParseLayout(const nlohmann::json& j, const std::string& file, const ModelSpec& model);
+ClusterSpec ParseCluster(const nlohmann::json& j, const std::string& file);
+
+/// Glob match on tensor names: `*` any run of characters, `?` one, `[abc]` a class.
+bool GlobMatch(const std::string& pattern, const std::string& text);
+
+}  // namespace reshard

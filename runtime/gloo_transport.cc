@@ -1,0 +1,116 @@
+#include "runtime/gloo_transport.h"
+
+#include <csignal>
+#include <cstdio>
+
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include "runtime/error.h"
+
+namespace reshard {
+namespace {
+
+// Gloo prefixes messages with "[file:line] "; a person wants the rest.
+std::string Clean(const std::string& what) {
+  std::string s = what;
+  if (!s.empty() && s[0] == '[') {
+    size_t end = s.find("] ");
+    if (end != std::string::npos) s = s.substr(end + 2);
+  }
+  return s;
+}
+
+std::string SecondsString(std::chrono::milliseconds ms) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f s", ms.count() / 1000.0);
+  return buf;
+}
+
+}  // namespace
+
+GlooTransport::GlooTransport(uint32_t rank, uint32_t size, const GlooOptions& options)
+    : rank_(rank), size_(size), timeout_(options.timeout) {
+  struct sigaction old {};
+  if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) std::signal(SIGPIPE, SIG_IGN);
+  if (rank >= size) throw Error("gloo: rank " + std::to_string(rank) + " out of range for " + std::to_string(size) + " ranks");
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = options.hostname;
+    auto device = gloo::transport::tcp::CreateDevice(attr);
+    gloo::rendezvous::FileStore file_store(options.store_dir);
+    gloo::rendezvous::PrefixStore store(options.prefix, file_store);
+    auto context = std::make_shared<gloo::rendezvous::Context>(static_cast<int>(rank), static_cast<int>(size));
+    context->setTimeout(options.timeout);
+    context->connectFullMesh(store, device);
+    context_ = std::move(context);
+  } catch (const std::exception& e) {
+    throw Error("rank " + std::to_string(rank) + ": gloo: cannot connect " + std::to_string(size) +
+                " ranks through '" + options.store_dir + "' within " + SecondsString(options.timeout) + ": " +
+                Clean(e.what()));
+  }
+}
+
+GlooTransport::~GlooTransport() {
+  ops_.clear();
+  if (context_) context_->closeConnections();
+}
+
+size_t GlooTransport::post_send(uint32_t peer, uint64_t seq, const void* data, size_t bytes) {
+  Op op{nullptr, true, peer, bytes};
+  // Both sides skip empty messages alike (they agree on the byte count), and
+  // Gloo needs a non-empty buffer.
+  if (bytes > 0) {
+    try {
+      op.buffer = context_->createUnboundBuffer(const_cast<void*>(data), bytes);
+      op.buffer->send(static_cast<int>(peer), seq);
+    } catch (const gloo::Exception& e) {
+      throw Error(Clean(e.what()) + " (sending " + std::to_string(bytes) + " bytes)");
+    }
+  }
+  ops_.push_back(std::move(op));
+  return ops_.size() - 1;
+}
+
+size_t GlooTransport::post_recv(uint32_t peer, uint64_t seq, void* data, size_t bytes) {
+  Op op{nullptr, false, peer, bytes};
+  if (bytes > 0) {
+    try {
+      op.buffer = context_->createUnboundBuffer(data, bytes);
+      op.buffer->recv(static_cast<int>(peer), seq);
+    } catch (const gloo::Exception& e) {
+      throw Error(Clean(e.what()) + " (receiving " + std::to_string(bytes) + " bytes)");
+    }
+  }
+  ops_.push_back(std::move(op));
+  return ops_.size() - 1;
+}
+
+void GlooTransport::wait(size_t handle, Clock::time_point deadline) {
+  Op& op = ops_.at(handle);
+  if (!op.buffer) return;
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  // Gloo reads a zero timeout as "wait forever".
+  if (left < std::chrono::milliseconds(1)) left = std::chrono::milliseconds(1);
+  const std::string what = std::to_string(op.bytes) + " bytes";
+  try {
+    bool ok = op.send ? op.buffer->waitSend(nullptr, left) : op.buffer->waitRecv(nullptr, left);
+    if (!ok) throw Error("aborted while " + std::string(op.send ? "sending " : "receiving ") + what);
+  } catch (const gloo::IoException& e) {
+    std::string msg = Clean(e.what());
+    if (msg.find("Timed out") != std::string::npos || msg.find("timed out") != std::string::npos) {
+      throw Error("timed out after " + SecondsString(timeout_) + (op.send ? " sending " : " receiving ") + what);
+    }
+    throw Error(msg + (op.send ? " (sending " : " (receiving ") + what + ")");
+  } catch (const gloo::Exception& e) {
+    throw Error(Clean(e.what()) + (op.send ? " (sending " : " (receiving ") + what + ")");
+  }
+}
+
+void GlooTransport::reset() { ops_.clear(); }
+
+}  // namespace reshard

@@ -1,0 +1,191 @@
+#include "runtime/kernels.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "runtime/dtype.h"
+#include "runtime/error.h"
+
+namespace reshard {
+namespace {
+
+// Converts n elements from `s` (stride ss elements) to `d` (stride ds elements).
+using InnerFn = void (*)(const char* s, int64_t ss, char* d, int64_t ds, uint64_t n);
+
+template <typename T>
+void SameCopy(const char* s, int64_t ss, char* d, int64_t ds, uint64_t n) {
+  if (ss == 1 && ds == 1) {
+    std::memcpy(d, s, n * sizeof(T));
+    return;
+  }
+  const T* sp = reinterpret_cast<const T*>(s);
+  T* dp = reinterpret_cast<T*>(d);
+  for (uint64_t i = 0; i < n; ++i) dp[i * ds] = sp[i * ss];
+}
+
+template <fb::Dtype S, fb::Dtype D>
+void Convert(const char* s, int64_t ss, char* d, int64_t ds, uint64_t n) {
+  constexpr size_t kS = S == fb::Dtype::fp32 ? 4 : 2;
+  constexpr size_t kD = D == fb::Dtype::fp32 ? 4 : 2;
+  for (uint64_t i = 0; i < n; ++i) {
+    StoreFromFloat(d + i * ds * kD, D, LoadAsFloat(s + i * ss * kS, S));
+  }
+}
+
+InnerFn Pick(fb::Dtype s, fb::Dtype d) {
+  using fb::Dtype;
+  if (s == d) return DtypeSize(s) == 4 ? SameCopy<uint32_t> : SameCopy<uint16_t>;
+  if (s == Dtype::bf16 && d == Dtype::fp16) return Convert<Dtype::bf16, Dtype::fp16>;
+  if (s == Dtype::bf16 && d == Dtype::fp32) return Convert<Dtype::bf16, Dtype::fp32>;
+  if (s == Dtype::fp16 && d == Dtype::bf16) return Convert<Dtype::fp16, Dtype::bf16>;
+  if (s == Dtype::fp16 && d == Dtype::fp32) return Convert<Dtype::fp16, Dtype::fp32>;
+  if (s == Dtype::fp32 && d == Dtype::bf16) return Convert<Dtype::fp32, Dtype::bf16>;
+  if (s == Dtype::fp32 && d == Dtype::fp16) return Convert<Dtype::fp32, Dtype::fp16>;
+  throw Error(std::string("no CPU kernel converts ") + DtypeName(s) + " to " + DtypeName(d));
+}
+
+// Walks a simplified view in runs of its innermost mode.
+struct Cursor {
+  const RegionView& v;
+  size_t esize;
+  int inner;            // index of the innermost mode
+  uint64_t idx[4] = {0, 0, 0, 0};
+  uint64_t pos = 0;     // position within the innermost mode
+  uint64_t len;         // its extent
+  int64_t step;         // its stride (0 when it selects buffers: runs are 1 element)
+  char* base = nullptr; // address of (idx..., 0)
+
+  explicit Cursor(const RegionView& view) : v(view), esize(DtypeSize(view.dtype)), inner(view.ndim - 1) {
+    bool inner_is_buffer = view.buffer_modes & (1u << inner);
+    len = inner_is_buffer ? 1 : v.shape[inner];
+    step = inner_is_buffer ? 0 : static_cast<int64_t>(v.stride[inner]);
+    Locate();
+  }
+
+  // Outer modes advance per run; when the innermost mode selects buffers,
+  // every element is a run of its own and mode `inner` counts like an outer one.
+  int last_outer() const { return (v.buffer_modes & (1u << inner)) ? inner : inner - 1; }
+
+  void Locate() {
+    uint64_t buf = v.buffer, off = v.offset;
+    for (int k = 0; k <= last_outer(); ++k) {
+      if (v.buffer_modes & (1u << k)) {
+        buf += idx[k] * v.stride[k];
+      } else {
+        off += idx[k] * v.stride[k];
+      }
+    }
+    base = v.buffers[buf] + off * esize;
+  }
+
+  char* ptr() const { return base + static_cast<int64_t>(pos) * step * static_cast<int64_t>(esize); }
+  uint64_t remaining() const { return len - pos; }
+
+  void Advance(uint64_t n) {
+    pos += n;
+    if (pos < len) return;
+    pos = 0;
+    for (int k = last_outer(); k >= 0; --k) {
+      if (++idx[k] < v.shape[k]) break;
+      idx[k] = 0;
+    }
+    Locate();
+  }
+};
+
+}  // namespace
+
+RegionView ViewOf(const fb::Region& r, char* const* buffers, fb::Dtype dtype) {
+  RegionView v;
+  v.buffers = buffers;
+  v.buffer = r.buffer() == kNone ? 0 : r.buffer();
+  v.offset = r.offset();
+  v.ndim = std::min<int>(r.ndim(), 4);
+  for (int k = 0; k < v.ndim; ++k) {
+    v.shape[k] = r.shape()->Get(k);
+    v.stride[k] = r.stride()->Get(k);
+  }
+  v.buffer_modes = r.buffer() == kNone ? 0 : r.buffer_modes();
+  v.dtype = dtype;
+  return v;
+}
+
+RegionView ContiguousView(char* const* base, uint64_t offset, uint64_t elements, fb::Dtype dtype) {
+  RegionView v;
+  v.buffers = base;
+  v.offset = offset;
+  v.ndim = 1;
+  v.shape[0] = elements;
+  v.stride[0] = 1;
+  v.dtype = dtype;
+  return v;
+}
+
+uint64_t ViewElements(const RegionView& v) {
+  uint64_t n = 1;
+  for (int k = 0; k < v.ndim; ++k) n *= v.shape[k];
+  return n;
+}
+
+RegionView Simplify(const RegionView& v) {
+  RegionView out = v;
+  out.ndim = 0;
+  out.buffer_modes = 0;
+  // From the innermost mode outwards: drop extent 1, merge mode k into the
+  // current innermost-so-far mode when it continues its progression.
+  uint64_t shape[4], stride[4];
+  bool buf[4];
+  int n = 0;  // modes collected, innermost first
+  for (int k = v.ndim - 1; k >= 0; --k) {
+    if (v.shape[k] == 1) continue;
+    bool b = v.buffer_modes & (1u << k);
+    if (n > 0 && buf[n - 1] == b && v.stride[k] == shape[n - 1] * stride[n - 1]) {
+      shape[n - 1] *= v.shape[k];
+      continue;
+    }
+    shape[n] = v.shape[k];
+    stride[n] = v.stride[k];
+    buf[n] = b;
+    ++n;
+  }
+  if (n == 0) {
+    out.ndim = 1;
+    out.shape[0] = 1;
+    out.stride[0] = 1;
+    return out;
+  }
+  out.ndim = n;
+  for (int i = 0; i < n; ++i) {
+    out.shape[n - 1 - i] = shape[i];
+    out.stride[n - 1 - i] = stride[i];
+    if (buf[i]) out.buffer_modes |= 1u << (n - 1 - i);
+  }
+  for (int k = n; k < 4; ++k) {
+    out.shape[k] = 1;
+    out.stride[k] = 0;
+  }
+  return out;
+}
+
+void CopyRegion(const RegionView& src_in, const RegionView& dst_in) {
+  const uint64_t total = ViewElements(src_in);
+  if (total != ViewElements(dst_in)) {
+    throw Error("region copy of " + std::to_string(total) + " elements into " +
+                std::to_string(ViewElements(dst_in)) + " elements");
+  }
+  if (total == 0) return;
+  InnerFn fn = Pick(src_in.dtype, dst_in.dtype);
+  RegionView src = Simplify(src_in), dst = Simplify(dst_in);
+  Cursor s(src), d(dst);
+  for (uint64_t done = 0; done < total;) {
+    uint64_t n = std::min(s.remaining(), d.remaining());
+    fn(s.ptr(), s.step, d.ptr(), d.step, n);
+    done += n;
+    if (done == total) break;
+    s.Advance(n);
+    d.Advance(n);
+  }
+}
+
+}  // namespace reshard

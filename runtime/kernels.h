@@ -1,0 +1,45 @@
+// CPU kernels: copy a strided region into another, converting dtypes. These are
+// the reference the GPU kernels are tested against, and the Gloo path's kernels.
+#pragma once
+
+#include <cstdint>
+
+#include "runtime/plan.h"
+
+namespace reshard {
+
+/// A region (see Region in schema/plan.fbs) resolved against memory: element
+/// (i0..i3) lives in `buffers[buffer + sum i_k*stride_k over buffer modes]` at
+/// element offset `offset + sum i_k*stride_k over the other modes`. For
+/// staging, `buffers` points at the single staging base and `buffer` is 0.
+struct RegionView {
+  char* const* buffers = nullptr;
+  uint64_t buffer = 0;
+  uint64_t offset = 0;
+  int ndim = 0;
+  uint64_t shape[4] = {1, 1, 1, 1};
+  uint64_t stride[4] = {0, 0, 0, 0};
+  uint8_t buffer_modes = 0;
+  fb::Dtype dtype = fb::Dtype::fp32;
+};
+
+/// The view of `r` over `buffers` (staging: pass the staging base address
+/// array and any buffer index; Region.buffer == kNone maps to index 0).
+RegionView ViewOf(const fb::Region& r, char* const* buffers, fb::Dtype dtype);
+/// A contiguous run of `elements` elements at `*base`.
+RegionView ContiguousView(char* const* base, uint64_t offset, uint64_t elements, fb::Dtype dtype);
+
+/// The same view with extent-1 modes dropped and adjacent modes that form one
+/// arithmetic progression merged (so contiguous runs become one mode); visits
+/// the same addresses in the same order.
+RegionView Simplify(const RegionView& v);
+
+uint64_t ViewElements(const RegionView& v);
+
+/// Copies the elements of `src` into `dst`, pairing them by their row-major
+/// index (mode 0 outermost) and converting src.dtype -> dst.dtype (bf16, fp16,
+/// fp32). Both views must have the same element count. Contiguous runs of
+/// equal dtype are memcpy'ed.
+void CopyRegion(const RegionView& src, const RegionView& dst);
+
+}  // namespace reshard

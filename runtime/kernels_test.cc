@@ -1,0 +1,212 @@
+#include "runtime/kernels.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "runtime/dtype.h"
+#include "runtime/test.h"
+
+namespace reshard {
+namespace {
+
+using D = fb::Dtype;
+
+// The element address of row-major index i of a (not simplified) view.
+char* Address(const RegionView& v, uint64_t i) {
+  uint64_t buf = v.buffer, off = v.offset;
+  for (int k = v.ndim - 1; k >= 0; --k) {
+    uint64_t c = i % v.shape[k];
+    i /= v.shape[k];
+    if (v.buffer_modes & (1u << k)) {
+      buf += c * v.stride[k];
+    } else {
+      off += c * v.stride[k];
+    }
+  }
+  return v.buffers[buf] + off * DtypeSize(v.dtype);
+}
+
+void NaiveCopy(const RegionView& src, const RegionView& dst) {
+  for (uint64_t i = 0; i < ViewElements(src); ++i) {
+    StoreFromFloat(Address(dst, i), dst.dtype, LoadAsFloat(Address(src, i), src.dtype));
+  }
+}
+
+TEST(DtypeTest, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(FloatToBf16(BitsFloat(0x3f808000u)), 0x3f80);  // tie, even stays
+  EXPECT_EQ(FloatToBf16(BitsFloat(0x3f818000u)), 0x3f82);  // tie, odd rounds up
+  EXPECT_EQ(FloatToBf16(BitsFloat(0x3f808001u)), 0x3f81);  // above the tie
+  EXPECT_EQ(FloatToBf16(BitsFloat(0x3f807fffu)), 0x3f80);  // below the tie
+  EXPECT_EQ(FloatToBf16(BitsFloat(0x7f7fffffu)), 0x7f80);  // FLT_MAX rounds to infinity
+  EXPECT_EQ(FloatToBf16(BitsFloat(0xff800000u)), 0xff80);  // -inf
+  EXPECT_EQ(FloatToBf16(BitsFloat(0x80000000u)), 0x8000);  // -0
+  EXPECT_EQ(FloatToBf16(BitsFloat(0x00018000u)), 0x0002);  // subnormal tie, odd rounds up
+  uint16_t nan = FloatToBf16(BitsFloat(0x7f800001u));      // a NaN whose payload would round away
+  EXPECT_TRUE(std::isnan(Bf16ToFloat(nan)));
+}
+
+TEST(DtypeTest, Fp16RoundsToNearestEven) {
+  EXPECT_EQ(FloatToFp16(65504.0f), 0x7bff);
+  EXPECT_EQ(FloatToFp16(65519.0f), 0x7bff);
+  EXPECT_EQ(FloatToFp16(65520.0f), 0x7c00);                // tie with odd max: infinity
+  EXPECT_EQ(FloatToFp16(1e10f), 0x7c00);
+  EXPECT_EQ(FloatToFp16(-1e10f), 0xfc00);
+  EXPECT_EQ(FloatToFp16(std::ldexp(1.0f, -24)), 0x0001);   // smallest subnormal
+  EXPECT_EQ(FloatToFp16(std::ldexp(1.0f, -25)), 0x0000);   // tie: rounds to even zero
+  EXPECT_EQ(FloatToFp16(std::ldexp(3.0f, -26)), 0x0001);   // above the tie
+  EXPECT_EQ(FloatToFp16(std::ldexp(3.0f, -25)), 0x0002);   // 1.5 ulp tie: odd rounds up
+  EXPECT_EQ(FloatToFp16(std::ldexp(1.0f, -14)), 0x0400);   // smallest normal
+  EXPECT_EQ(FloatToFp16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);
+  EXPECT_EQ(FloatToFp16(1.0f + std::ldexp(3.0f, -11)), 0x3c02);
+  EXPECT_EQ(FloatToFp16(-0.0f), 0x8000);
+  EXPECT_EQ(FloatToFp16(NAN) & 0x7c00, 0x7c00);
+  EXPECT_NE(FloatToFp16(NAN) & 0x03ff, 0);
+}
+
+TEST(DtypeTest, EveryHalfValueRoundTrips) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    float f = Fp16ToFloat(static_cast<uint16_t>(h));
+    if (std::isnan(f)) {
+      EXPECT_TRUE((h & 0x7c00) == 0x7c00 && (h & 0x3ff)) << h;
+      continue;
+    }
+    ASSERT_EQ(FloatToFp16(f), h) << h;
+    float b = Bf16ToFloat(static_cast<uint16_t>(h));
+    if (!std::isnan(b)) {
+      ASSERT_EQ(FloatToBf16(b), h) << h;
+    }
+  }
+}
+
+#ifdef __FLT16_MAX__
+TEST(DtypeTest, Fp16MatchesTheCompilersConversion) {
+  std::mt19937 rng(7);
+  for (int i = 0; i < 200000; ++i) {
+    // Exponents around the fp16 range, random mantissas and signs.
+    uint32_t bits = (rng() & 0x807fffffu) | ((100u + rng() % 50) << 23);
+    float f = BitsFloat(bits);
+    _Float16 h = static_cast<_Float16>(f);
+    uint16_t want;
+    std::memcpy(&want, &h, 2);
+    ASSERT_EQ(FloatToFp16(f), want) << std::hex << bits;
+  }
+}
+#endif
+
+TEST(KernelsTest, SimplifyMergesContiguousModes) {
+  char* base[1] = {nullptr};
+  RegionView v = ViewOf(testing::MakeRegion(0, 3, {4, 1, 8}, {8, 77, 1}), base, D::fp32);
+  RegionView s = Simplify(v);
+  EXPECT_EQ(s.ndim, 1);
+  EXPECT_EQ(s.shape[0], 32u);
+  EXPECT_EQ(s.stride[0], 1u);
+  EXPECT_EQ(s.offset, 3u);
+  RegionView b = Simplify(ViewOf(testing::MakeRegion(0, 0, {2, 4, 8}, {1, 16, 1}, 0b001), base, D::fp32));
+  EXPECT_EQ(b.ndim, 3);
+  EXPECT_EQ(b.buffer_modes, 0b001);
+}
+
+struct Arena {
+  std::vector<std::vector<char>> memory;
+  std::vector<char*> ptrs;
+  Arena(int n, size_t bytes, std::mt19937& rng) {
+    for (int i = 0; i < n; ++i) {
+      memory.emplace_back(bytes);
+      for (char& c : memory.back()) c = static_cast<char>(rng());
+      ptrs.push_back(memory.back().data());
+    }
+  }
+};
+
+// A random view of `n` elements laid out as a permuted, padded dense box in
+// one of `nbuf` buffers, some outer mode possibly selecting the buffer.
+RegionView RandomView(std::mt19937& rng, const std::vector<uint64_t>& shape, int nbuf, char* const* buffers, D dtype,
+                      uint64_t* footprint) {
+  RegionView v;
+  v.buffers = buffers;
+  v.ndim = static_cast<int>(shape.size());
+  std::vector<int> order(shape.size());
+  for (size_t k = 0; k < order.size(); ++k) order[k] = static_cast<int>(k);
+  std::shuffle(order.begin(), order.end(), rng);
+  uint64_t stride = 1;
+  int buffer_mode = -1;
+  if (nbuf > 1) {
+    for (int k = 0; k < v.ndim; ++k) {
+      if (shape[k] <= static_cast<uint64_t>(nbuf)) buffer_mode = k;
+    }
+  }
+  for (int k : order) {
+    v.shape[k] = shape[k];
+    if (k == buffer_mode) {
+      v.stride[k] = 1;
+      v.buffer_modes |= 1u << k;
+      continue;
+    }
+    v.stride[k] = stride;
+    stride *= shape[k] + (rng() % 3 == 0 ? rng() % 3 : 0);  // padding
+  }
+  v.offset = rng() % 5;
+  v.dtype = dtype;
+  *footprint = (v.offset + stride + 8) * 4;
+  return v;
+}
+
+TEST(KernelsTest, MatchesNaiveCopyOnRandomRegions) {
+  std::mt19937 rng(1234);
+  const D dtypes[] = {D::bf16, D::fp16, D::fp32};
+  for (int iter = 0; iter < 600; ++iter) {
+    int ndim = 1 + static_cast<int>(rng() % 4);
+    std::vector<uint64_t> shape(ndim);
+    for (auto& s : shape) s = 1 + rng() % 7;
+    if (rng() % 4 == 0) shape.back() = 1 + rng() % 200;
+    D sd = dtypes[rng() % 3], dd = dtypes[rng() % 3];
+    int snb = 1 + static_cast<int>(rng() % 3), dnb = 1 + static_cast<int>(rng() % 3);
+    std::vector<char*> sp(snb), dp(dnb);
+    uint64_t sfoot, dfoot;
+    RegionView src = RandomView(rng, shape, snb, sp.data(), sd, &sfoot);
+    // The destination may see the same elements in another shape: flatten it sometimes.
+    std::vector<uint64_t> dshape = shape;
+    if (rng() % 3 == 0) {
+      uint64_t n = 1;
+      for (auto s : shape) n *= s;
+      dshape = {n};
+    }
+    RegionView dst = RandomView(rng, dshape, dnb, dp.data(), dd, &dfoot);
+    Arena sa(snb, sfoot, rng), da(dnb, dfoot, rng), na(dnb, dfoot, rng);
+    // Source values: finite, so that conversions compare bit for bit.
+    for (auto& m : sa.memory) {
+      for (size_t i = 0; i + 4 <= m.size(); i += 2) {
+        float f = std::ldexp(static_cast<float>(static_cast<int32_t>(rng() % 2000001) - 1000000), -12);
+        if (sd == D::fp32) {
+          if (i % 4 == 0) std::memcpy(&m[i], &f, 4);
+        } else {
+          StoreFromFloat(&m[i], sd, f);
+        }
+      }
+    }
+    na.memory = da.memory;
+    for (int b = 0; b < dnb; ++b) na.ptrs[b] = na.memory[b].data();
+    for (int b = 0; b < snb; ++b) sp[b] = sa.ptrs[b];
+    for (int b = 0; b < dnb; ++b) dp[b] = da.ptrs[b];
+    CopyRegion(src, dst);
+    RegionView ndst = dst;
+    ndst.buffers = na.ptrs.data();
+    NaiveCopy(src, ndst);
+    for (int b = 0; b < dnb; ++b) ASSERT_EQ(da.memory[b], na.memory[b]) << "iteration " << iter;
+  }
+}
+
+TEST(KernelsTest, RejectsMismatchedCounts) {
+  char* base[1] = {nullptr};
+  try {
+    CopyRegion(ContiguousView(base, 0, 4, D::fp32), ContiguousView(base, 0, 5, D::fp32));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "region copy of 4 elements into 5 elements");
+  }
+}
+
+}  // namespace
+}  // namespace reshard

@@ -1,0 +1,65 @@
+// A compiled plan file: memory-mapped, verified on open, one program per global
+// rank read (and checked) on demand.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "plan_generated.h"
+
+namespace reshard {
+
+/// The schema version this reader understands (Plan.schema_version).
+constexpr uint32_t kSchemaVersion = 1;
+/// "No region" in Step.src/dst, "staging" in Region.buffer, "no dependency" in Step.dep.
+constexpr uint32_t kNone = 0xFFFFFFFFu;
+
+/// A read-only plan. Opening checks the file size, the identifier "RSPL", the
+/// schema version and runs the flatbuffers verifier; `program(r)` additionally
+/// checks rank r's program semantically (every address in range) so that a
+/// runtime replaying it cannot touch memory outside what it bound.
+class Plan {
+ public:
+  /// Maps `path` read-only. Throws reshard::Error naming the file and what is wrong.
+  static Plan open(const std::string& path);
+  /// The same checks on bytes in memory (tests); `name` stands for the path in messages.
+  static Plan from_bytes(std::vector<uint8_t> bytes, std::string name);
+
+  Plan(Plan&& other) noexcept;
+  Plan& operator=(Plan&& other) noexcept;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan();
+
+  const fb::Plan& root() const;
+  uint32_t num_ranks() const;
+  /// The verified and checked program of one global rank (checks are cached;
+  /// safe to call from several threads).
+  const fb::Program& program(uint32_t global_rank) const;
+  const std::string& path() const;
+  size_t size_bytes() const;
+
+ private:
+  struct Impl;
+  explicit Plan(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+/// CuTe notation for a region, e.g. "(4,16,458752):(b16,b1,1)"; strides of
+/// modes that select the buffer are prefixed with b. Staging regions read the same.
+std::string FormatRegion(const fb::Region& r);
+/// Bytes per element of a dtype (fp8/e8m0: 1).
+size_t DtypeSize(fb::Dtype d);
+/// "bf16", "fp16", "fp32", "fp8_e4m3", "e8m0"; "dtype(N)" for values out of range.
+const char* DtypeName(fb::Dtype d);
+/// "pack", "send", ...; "kind(N)" for values out of range.
+const char* StepKindName(fb::StepKind k);
+/// Number of elements of a region (product of its mode shapes).
+uint64_t RegionElements(const fb::Region& r);
+/// Number of elements of a buffer (product of its shape).
+uint64_t BufferElements(const fb::Buffer& b);
+
+}  // namespace reshard

@@ -1,0 +1,145 @@
+#include "runtime/session.h"
+
+#include <algorithm>
+#include <unordered_map>
+
+#include "runtime/dtype.h"
+#include "runtime/error.h"
+
+namespace reshard {
+namespace {
+
+std::string ShapeString(const std::vector<uint64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ",";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+Session::Session(const Plan& plan, uint32_t global_rank, Transport& transport)
+    : plan_(plan),
+      program_(plan.program(global_rank)),
+      rank_(global_rank),
+      transport_(transport),
+      staging_bytes_(program_.staging_bytes()),
+      executor_(program_, transport) {
+  const std::string at = "rank " + std::to_string(rank_) + ": ";
+  if (transport.size() != plan.num_ranks()) {
+    throw Error(at + "the transport connects " + std::to_string(transport.size()) + " ranks, the plan has " +
+                std::to_string(plan.num_ranks()));
+  }
+  if (transport.rank() != global_rank) {
+    throw Error(at + "the transport is rank " + std::to_string(transport.rank()) + "'s");
+  }
+  const uint32_t nbuf = program_.buffers() ? program_.buffers()->size() : 0;
+  for (uint32_t b = 0; b < nbuf; ++b) {
+    const fb::Buffer* buf = program_.buffers()->Get(b);
+    if (!KernelSupports(buf->dtype())) {
+      throw Error(at + "buffer '" + buf->name()->str() + "' has dtype " + DtypeName(buf->dtype()) +
+                  ", which this runtime cannot move yet");
+    }
+  }
+  const uint32_t nsteps = program_.steps() ? program_.steps()->size() : 0;
+  for (uint32_t i = 0; i < nsteps; ++i) {
+    const fb::Step* s = program_.steps()->Get(i);
+    if (!KernelSupports(s->wire())) {
+      throw Error(at + "step " + std::to_string(i) + " (" + StepKindName(s->kind()) + "): wire dtype " +
+                  DtypeName(s->wire()) + " is not supported by this runtime yet");
+    }
+  }
+  staging_.reset(new char[std::max<size_t>(staging_bytes_, 1)]);
+  bound_.assign(nbuf, nullptr);
+}
+
+Session::~Session() = default;
+
+std::vector<std::string> Session::buffer_names() const {
+  std::vector<std::string> names;
+  if (program_.buffers() == nullptr) return names;
+  for (const fb::Buffer* b : *program_.buffers()) names.push_back(b->name()->str());
+  return names;
+}
+
+void Session::bind(const std::string& name, void* ptr, fb::Dtype dtype, std::vector<uint64_t> shape) {
+  const std::string at = "rank " + std::to_string(rank_) + ": ";
+  const uint32_t nbuf = program_.buffers() ? program_.buffers()->size() : 0;
+  uint32_t index = nbuf;
+  std::string best;
+  size_t best_distance = SIZE_MAX;
+  for (uint32_t b = 0; b < nbuf; ++b) {
+    const std::string candidate = program_.buffers()->Get(b)->name()->str();
+    if (candidate == name) {
+      index = b;
+      break;
+    }
+    size_t d = EditDistance(candidate, name);
+    if (d < best_distance) {
+      best_distance = d;
+      best = candidate;
+    }
+  }
+  if (index == nbuf) {
+    std::string msg = at + "the plan has no buffer '" + name + "' for this rank";
+    if (!best.empty() && best_distance <= std::max<size_t>(3, name.size() / 4)) msg += " (did you mean '" + best + "'?)";
+    throw Error(msg);
+  }
+  const fb::Buffer& b = *program_.buffers()->Get(index);
+  if (dtype != b.dtype()) {
+    throw Error(at + "buffer '" + name + "' is bound with dtype " + DtypeName(dtype) + ", the plan expects " +
+                DtypeName(b.dtype()));
+  }
+  std::vector<uint64_t> want(b.shape()->begin(), b.shape()->end());
+  if (shape != want) {
+    throw Error(at + "buffer '" + name + "' is bound with shape " + ShapeString(shape) + ", the plan expects " +
+                ShapeString(want));
+  }
+  if (ptr == nullptr && BufferElements(b) != 0) throw Error(at + "buffer '" + name + "' is bound to a null pointer");
+  bound_[index] = static_cast<char*>(ptr);
+}
+
+RunStats Session::run() {
+  std::vector<std::string> missing;
+  for (size_t b = 0; b < bound_.size(); ++b) {
+    if (bound_[b] == nullptr && BufferElements(*program_.buffers()->Get(b)) != 0) {
+      missing.push_back(program_.buffers()->Get(b)->name()->str());
+    }
+  }
+  if (!missing.empty()) {
+    std::string msg = "rank " + std::to_string(rank_) + ": ";
+    if (missing.size() == 1) {
+      msg += "buffer '" + missing[0] + "' is not bound";
+    } else {
+      msg += std::to_string(missing.size()) + " of " + std::to_string(bound_.size()) + " buffers are not bound: ";
+      constexpr size_t kShow = 5;
+      for (size_t i = 0; i < missing.size() && i < kShow; ++i) {
+        msg += i ? ", '" : "'";
+        msg += missing[i];
+        msg += "'";
+      }
+      if (missing.size() > kShow) msg += ", ...";
+    }
+    throw Error(msg);
+  }
+  return executor_.Run(bound_, staging_.get());
+}
+
+}  // namespace reshard

@@ -1,0 +1,51 @@
+// A rank's side of a refit: bind the weight buffers its program names, then
+// replay the program. See DESIGN.md "Runtime".
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/executor.h"
+#include "runtime/plan.h"
+#include "runtime/transport.h"
+
+namespace reshard {
+
+class Session {
+ public:
+  /// Checks the rank's program (Plan::program), that the transport is the
+  /// rank's, and that every dtype is one the kernels convert; allocates exactly
+  /// the program's staging_bytes. `plan` and `transport` must outlive the session.
+  Session(const Plan& plan, uint32_t global_rank, Transport& transport);
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  /// Binds the memory of buffer `name` (rebinding replaces). Throws
+  /// reshard::Error for a name the program does not list, or a dtype or shape
+  /// other than the program's.
+  void bind(const std::string& name, void* ptr, fb::Dtype dtype, std::vector<uint64_t> shape);
+  /// Replays the program. Throws reshard::Error before any byte moves when a
+  /// buffer is unbound, and on a failed or stalled peer (see Executor::Run).
+  RunStats run();
+
+  const fb::Program& program() const { return program_; }
+  uint32_t rank() const { return rank_; }
+  size_t staging_bytes() const { return staging_bytes_; }
+  /// Names of the buffers of the program, in program order.
+  std::vector<std::string> buffer_names() const;
+
+ private:
+  const Plan& plan_;
+  const fb::Program& program_;
+  uint32_t rank_;
+  Transport& transport_;
+  size_t staging_bytes_;
+  std::unique_ptr<char[]> staging_;
+  std::vector<char*> bound_;
+  Executor executor_;
+};
+
+}  // namespace reshard

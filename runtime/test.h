@@ -1,0 +1,264 @@
+// Fixtures of the runtime tests: plans built with the flatbuffers builder, a
+// temporary directory, and ranks run in forked processes.
+#pragma once
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "runtime/error.h"
+#include "runtime/plan.h"
+
+namespace reshard::testing {
+
+inline fb::Region MakeRegion(uint32_t buffer, uint64_t offset, std::vector<uint32_t> shape,
+                             std::vector<uint32_t> stride, uint8_t buffer_modes = 0) {
+  uint32_t sh[4] = {1, 1, 1, 1}, st[4] = {0, 0, 0, 0};
+  for (size_t k = 0; k < shape.size() && k < 4; ++k) sh[k] = shape[k];
+  for (size_t k = 0; k < stride.size() && k < 4; ++k) st[k] = stride[k];
+  return fb::Region(offset, flatbuffers::span<const uint32_t, 4>(sh), flatbuffers::span<const uint32_t, 4>(st), buffer,
+                    static_cast<uint8_t>(shape.size()), buffer_modes, 0);
+}
+
+/// A staging region (offsets in elements of the step's wire dtype).
+inline fb::Region StagingRegion(uint64_t offset, std::vector<uint32_t> shape, std::vector<uint32_t> stride) {
+  return MakeRegion(kNone, offset, std::move(shape), std::move(stride));
+}
+
+inline fb::Step MakeStep(fb::StepKind kind, uint32_t peer, uint32_t src, uint32_t dst, uint64_t staging,
+                         uint64_t bytes, fb::Dtype wire, fb::Channel channel = fb::Channel::net, uint32_t dep = kNone) {
+  return fb::Step(staging, bytes, peer, src, dst, dep, kind, channel, wire, 0, 0);
+}
+
+/// A fragment: logical box [lo, hi) of tensor `tensor` at `offset` of buffer
+/// `buffer`, with element strides per logical dim (none select buffers).
+inline fb::Fragment MakeFragment(uint32_t tensor, uint32_t buffer, uint64_t offset, std::vector<uint32_t> lo,
+                                 std::vector<uint32_t> hi, std::vector<uint64_t> stride, uint8_t role,
+                                 uint8_t buffer_dims = 0) {
+  uint64_t st[6] = {};
+  uint32_t l[6] = {}, h[6] = {};
+  for (size_t d = 0; d < lo.size() && d < 6; ++d) {
+    l[d] = lo[d];
+    h[d] = hi[d];
+    st[d] = stride[d];
+  }
+  return fb::Fragment(offset, flatbuffers::span<const uint64_t, 6>(st), flatbuffers::span<const uint32_t, 6>(l),
+                      flatbuffers::span<const uint32_t, 6>(h), tensor, buffer, static_cast<uint8_t>(lo.size()),
+                      buffer_dims, role, 0);
+}
+
+struct BufferSpec {
+  std::string name;
+  fb::Dtype dtype = fb::Dtype::fp32;
+  std::vector<uint64_t> shape;
+};
+
+struct TensorSpec {
+  std::string name;
+  fb::Dtype dtype = fb::Dtype::fp32;
+  std::vector<uint64_t> lo, hi;
+};
+
+struct ProgramSpec {
+  uint32_t rank = 0;
+  std::vector<BufferSpec> buffers;
+  std::vector<fb::Fragment> fragments;
+  uint64_t staging_bytes = 0;
+  std::vector<fb::Region> regions;
+  std::vector<fb::Step> steps;
+  /// Starts of rounds; Build closes the list with steps.size() unless raw_rounds.
+  std::vector<uint32_t> round_begin;
+  bool raw_rounds = false;
+
+  uint32_t Region(fb::Region r) {
+    regions.push_back(r);
+    return static_cast<uint32_t>(regions.size() - 1);
+  }
+  /// Starts a new round at the next step.
+  void Round() { round_begin.push_back(static_cast<uint32_t>(steps.size())); }
+  void Step(fb::Step s) {
+    if (round_begin.empty()) Round();
+    steps.push_back(s);
+  }
+};
+
+struct PlanSpec {
+  uint32_t schema_version = kSchemaVersion;
+  int64_t num_ranks = -1;  // -1: programs.size()
+  std::vector<TensorSpec> tensors;
+  std::vector<ProgramSpec> programs;
+};
+
+inline std::vector<uint8_t> BuildProgram(const ProgramSpec& p) {
+  flatbuffers::FlatBufferBuilder b;
+  std::vector<flatbuffers::Offset<fb::Buffer>> buffers;
+  for (const BufferSpec& s : p.buffers) buffers.push_back(fb::CreateBufferDirect(b, s.name.c_str(), s.dtype, &s.shape));
+  std::vector<uint32_t> rb = p.round_begin;
+  if (!p.raw_rounds) {
+    if (rb.empty()) rb.push_back(0);
+    if (rb.back() != p.steps.size()) rb.push_back(static_cast<uint32_t>(p.steps.size()));
+  }
+  auto program = fb::CreateProgramDirect(b, p.rank, -1, -1, &buffers, &p.fragments, p.staging_bytes, &p.regions,
+                                         &p.steps, &rb);
+  b.Finish(program);
+  return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
+}
+
+inline std::vector<uint8_t> BuildPlan(const PlanSpec& spec) {
+  flatbuffers::FlatBufferBuilder b;
+  std::vector<flatbuffers::Offset<fb::Tensor>> tensors;
+  for (const TensorSpec& t : spec.tensors) {
+    tensors.push_back(fb::CreateTensorDirect(b, t.name.c_str(), t.dtype, nullptr, &t.lo, &t.hi));
+  }
+  std::vector<flatbuffers::Offset<fb::ProgramBlob>> blobs;
+  for (const ProgramSpec& p : spec.programs) {
+    std::vector<uint8_t> bytes = BuildProgram(p);
+    // Nested buffers hold 8-byte structs: align their start like a root buffer.
+    b.ForceVectorAlignment(bytes.size(), 1, 8);
+    auto data = b.CreateVector(bytes);
+    blobs.push_back(fb::CreateProgramBlob(b, data));
+  }
+  uint32_t n = spec.num_ranks >= 0 ? static_cast<uint32_t>(spec.num_ranks) : static_cast<uint32_t>(spec.programs.size());
+  std::vector<uint32_t> none;
+  auto root = fb::CreatePlanDirect(b, spec.schema_version, "test", "digest", fb::Strategy::direct, "test-model",
+                                   "train", "infer", "local", 0, n, &none, &none, &none, &tensors, &blobs, 0, 0, 1);
+  fb::FinishPlanBuffer(b, root);
+  return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
+}
+
+/// A fresh directory, removed with its contents at scope exit.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "reshard-test-XXXXXX").string();
+    if (mkdtemp(tmpl.data()) == nullptr) throw Error("mkdtemp failed");
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+  std::string File(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+inline void WriteFile(const std::string& path, const std::vector<uint8_t>& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+
+struct RankOutcome {
+  int exit_code = -1;    // -1: killed by a signal or by the timeout
+  bool timed_out = false;
+  std::string message;   // what the rank reported ("" when it succeeded)
+  double seconds = 0;    // from the start until the rank exited
+};
+
+/// Runs fn(rank) for ranks 0..n-1, each in a forked process. fn returns ""
+/// for success or what went wrong (exceptions are caught and reported).
+/// Ranks still running after `timeout_s` are killed.
+inline std::vector<RankOutcome> RunRanks(int n, const std::function<std::string(int)>& fn, double timeout_s = 30) {
+  using Clock = std::chrono::steady_clock;
+  std::vector<pid_t> pids(n, -1);
+  std::vector<int> fds(n, -1);
+  std::vector<RankOutcome> out(n);
+  const auto t0 = Clock::now();
+  for (int r = 0; r < n; ++r) {
+    int pipefd[2];
+    if (pipe(pipefd) != 0) throw Error("pipe failed");
+    pid_t pid = fork();
+    if (pid == 0) {
+      close(pipefd[0]);
+      std::string msg;
+      try {
+        msg = fn(r);
+      } catch (const std::exception& e) {
+        msg = e.what();
+        if (msg.empty()) msg = "exception";
+      }
+      size_t off = 0;
+      while (off < msg.size()) {
+        ssize_t w = write(pipefd[1], msg.data() + off, msg.size() - off);
+        if (w <= 0) break;
+        off += static_cast<size_t>(w);
+      }
+      close(pipefd[1]);
+      _exit(msg.empty() ? 0 : 1);
+    }
+    close(pipefd[1]);
+    pids[r] = pid;
+    fds[r] = pipefd[0];
+  }
+  int left = n;
+  std::vector<bool> done(n, false);
+  while (left > 0) {
+    std::vector<pollfd> pfds;
+    for (int r = 0; r < n; ++r) {
+      if (fds[r] >= 0) pfds.push_back({fds[r], POLLIN, 0});
+    }
+    if (!pfds.empty()) poll(pfds.data(), pfds.size(), 20);
+    for (int r = 0; r < n; ++r) {
+      if (fds[r] < 0) continue;
+      char buf[4096];
+      for (;;) {
+        int fl = fcntl(fds[r], F_GETFL);
+        fcntl(fds[r], F_SETFL, fl | O_NONBLOCK);
+        ssize_t k = read(fds[r], buf, sizeof buf);
+        if (k > 0) {
+          out[r].message.append(buf, static_cast<size_t>(k));
+          continue;
+        }
+        if (k == 0) {
+          close(fds[r]);
+          fds[r] = -1;
+        }
+        break;
+      }
+    }
+    for (int r = 0; r < n; ++r) {
+      if (done[r]) continue;
+      int status = 0;
+      if (waitpid(pids[r], &status, WNOHANG) == pids[r]) {
+        done[r] = true;
+        --left;
+        out[r].seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+        out[r].exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      }
+    }
+    if (pfds.empty() && left > 0) usleep(10000);
+    if (std::chrono::duration<double>(Clock::now() - t0).count() > timeout_s) {
+      for (int r = 0; r < n; ++r) {
+        if (done[r]) continue;
+        kill(pids[r], SIGKILL);
+        waitpid(pids[r], nullptr, 0);
+        out[r].timed_out = true;
+        done[r] = true;
+        --left;
+      }
+    }
+  }
+  for (int r = 0; r < n; ++r) {
+    if (fds[r] < 0) continue;
+    char buf[4096];
+    ssize_t k;
+    while ((k = read(fds[r], buf, sizeof buf)) > 0) out[r].message.append(buf, static_cast<size_t>(k));
+    close(fds[r]);
+  }
+  return out;
+}
+
+}  // namespace reshard::testing

@@ -1,0 +1,39 @@
+// What the executor needs from a transport: post point-to-point messages, wait
+// for them with a deadline. GlooTransport (CPU, TCP) implements it; the NCCL
+// transport will too.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+
+namespace reshard {
+
+class Transport {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  virtual ~Transport() = default;
+
+  /// This process's global rank and the number of global ranks.
+  virtual uint32_t rank() const = 0;
+  virtual uint32_t size() const = 0;
+  /// How long a round's messages may take before run() gives up.
+  virtual std::chrono::milliseconds timeout() const = 0;
+
+  /// Starts sending `bytes` bytes at `data` to `peer`. `seq` numbers the
+  /// messages from this rank to `peer` (0, 1, ...); the receiver posts the same
+  /// number. Returns a handle for wait(). The memory must stay valid until then.
+  virtual size_t post_send(uint32_t peer, uint64_t seq, const void* data, size_t bytes) = 0;
+  /// Starts receiving message `seq` of `peer` -> this rank into `data`.
+  virtual size_t post_recv(uint32_t peer, uint64_t seq, void* data, size_t bytes) = 0;
+  /// Waits for one posted message. Throws reshard::Error saying why it did not
+  /// complete ("timed out after 2.0 s", "connection closed by peer", ...)
+  /// without naming the step: the executor adds that.
+  virtual void wait(size_t handle, Clock::time_point deadline) = 0;
+  /// Forgets all posted messages (all waited for, or abandoned after a
+  /// failure); handles restart at 0.
+  virtual void reset() = 0;
+};
+
+}  // namespace reshard

@@ -1,0 +1,70 @@
+// reshard compile: specs in, plan out.
+#include <chrono>
+#include <cstdio>
+
+#include "compiler/compile.h"
+#include "runtime/error.h"
+#include "tools/commands.h"
+
+namespace reshard::cli {
+
+void AddCompileCommand(CLI::App& app, int& exit_code) {
+  auto* cmd = app.add_subcommand("compile",
+                                 "Compile the refit from a training layout to an inference layout into a plan.\n"
+                                 "Example:\n"
+                                 "  reshard compile --model samples/tiny-moe/model.json \\\n"
+                                 "      --from samples/tiny-moe/train.json --to samples/tiny-moe/infer.json \\\n"
+                                 "      --cluster samples/clusters/dgx-h100.json -o tiny-moe.rsplan");
+  struct Opts {
+    std::string model, from, to, cluster, out, strategy = "direct";
+    uint64_t staging_mb = 512;
+    bool quiet = false, json = false;
+  };
+  auto o = std::make_shared<Opts>();
+  cmd->add_option("--model", o->model, "model spec (reshard.model/1)")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--from", o->from, "training layout (reshard.layout/1): where the weights are")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--to", o->to, "inference layout (reshard.layout/1): where they must go")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--cluster", o->cluster, "cluster spec (reshard.cluster/1): NVLink domains and bandwidths")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_option("-o,--output", o->out, "plan file to write (.rsplan); written whole or not at all")->required();
+  cmd->add_option("--strategy", o->strategy,
+                  "direct: every destination region straight from a source that holds it (default);\n"
+                  "gather: the usual gather-to-owner then broadcast chain, as a baseline")
+      ->check(CLI::IsMember({"direct", "gather"}));
+  cmd->add_option("--staging-mb", o->staging_mb, "staging memory per rank in MiB; work is split into rounds to fit")
+      ->check(CLI::Range(2, 1 << 20));
+  cmd->add_flag("-q,--quiet", o->quiet, "print nothing on success");
+  cmd->add_flag("--json", o->json, "print the summary as JSON");
+  cmd->callback([o, &exit_code] {
+    auto t0 = std::chrono::steady_clock::now();
+    CompileInputs in = LoadInputs(o->model, o->from, o->to, o->cluster);
+    CompileOptions opt;
+    opt.strategy = o->strategy;
+    opt.staging_mb = o->staging_mb;
+    PlanIR ir = BuildPlan(in, opt);
+    std::vector<uint8_t> bytes = EmitPlan(in, ir);
+    WriteFileAtomic(o->out, bytes);
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (o->json) {
+      std::printf(
+          "{\"plan\": \"%s\", \"strategy\": \"%s\", \"ranks\": %zu, \"rounds\": %zu, \"net_bytes\": %llu, "
+          "\"nvlink_bytes\": %llu, \"plan_bytes\": %zu, \"seconds\": %.3f}\n",
+          o->out.c_str(), o->strategy.c_str(), ir.ranks.size(), ir.num_rounds,
+          static_cast<unsigned long long>(ir.net_bytes), static_cast<unsigned long long>(ir.nvlink_bytes), bytes.size(),
+          secs);
+    } else if (!o->quiet) {
+      std::printf("compiled %s -> %s (%s): %zu ranks, %zu rounds, %.3f GB over the network, %.3f GB over NVLink, "
+                  "plan %.2f MiB, %.2f s\n",
+                  in.src.name.c_str(), in.dst.name.c_str(), o->strategy.c_str(), ir.ranks.size(), ir.num_rounds,
+                  ir.net_bytes / 1e9, ir.nvlink_bytes / 1e9, bytes.size() / 1048576.0, secs);
+    }
+    exit_code = 0;
+  });
+}
+
+}  // namespace reshard::cli
