@@ -94,6 +94,11 @@ StridedRegion StridedRegion::Coalesced() const {
     if (is_buf) r.buffer_modes |= 1u << r.ndim;
     ++r.ndim;
   }
+  if (r.ndim == 0) {  // a single element
+    r.ndim = 1;
+    r.shape[0] = 1;
+    r.stride[0] = 1;
+  }
   return r;
 }
 

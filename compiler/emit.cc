@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <unistd.h>
 
 #include "compiler/compile.h"
@@ -36,7 +37,7 @@ fb::Fragment ToFb(const Fragment& f, uint8_t role) {
 }
 
 fb::Step ToFb(const Step& s) {
-  return fb::Step(s.staging, s.bytes, s.peer, s.src, s.dst, 0xFFFFFFFFu, static_cast<fb::StepKind>(s.kind),
+  return fb::Step(static_cast<uint32_t>(s.staging), static_cast<uint32_t>(s.bytes), s.peer, s.src, s.dst, 0xFFFFFFFFu, static_cast<fb::StepKind>(s.kind),
                   static_cast<fb::Channel>(s.channel), ToFb(s.wire), 0, 0);
 }
 
@@ -44,9 +45,15 @@ std::vector<uint8_t> EmitProgram(uint32_t rank, const RankProgram& p) {
   flatbuffers::FlatBufferBuilder b(1 << 16);
   std::vector<flatbuffers::Offset<fb::Buffer>> bufs;
   bufs.reserve(p.buffers.size());
+  // Many buffers share a shape (one per layer): write each shape once.
+  std::map<std::vector<int64_t>, flatbuffers::Offset<flatbuffers::Vector<uint64_t>>> shapes;
   for (const BufferDesc& d : p.buffers) {
-    std::vector<uint64_t> shape(d.shape.begin(), d.shape.end());
-    bufs.push_back(fb::CreateBuffer(b, b.CreateString(d.name), ToFb(d.dtype), b.CreateVector(shape)));
+    auto it = shapes.find(d.shape);
+    if (it == shapes.end()) {
+      std::vector<uint64_t> shape(d.shape.begin(), d.shape.end());
+      it = shapes.emplace(d.shape, b.CreateVector(shape)).first;
+    }
+    bufs.push_back(fb::CreateBuffer(b, b.CreateString(d.name), ToFb(d.dtype), it->second));
   }
   auto buffers = b.CreateVector(bufs);
   std::vector<fb::Fragment> frags;

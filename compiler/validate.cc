@@ -80,6 +80,7 @@ bool Invert(const Affine& f, const StridedRegion& r, Box& out) {
   for (int m = r.ndim - 1; m >= 0; --m) {
     bool isbuf = r.buffer_modes >> m & 1;
     int64_t want = r.stride[m], rem = r.shape[m];
+    if (rem == 1) continue;
     while (d >= 0 && !(f.stride[d] == want && ((f.buffer_dims >> d & 1) == isbuf) && f.box.hi[d] - b.lo[d] > 1)) --d;
     if (d < 0) return false;
     while (rem > 1) {

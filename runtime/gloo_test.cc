@@ -14,6 +14,8 @@ namespace reshard {
 namespace {
 
 using testing::BuildPlan;
+using testing::ForwardPlan;
+using testing::PackAndDirectPlan;
 using testing::MakeFragment;
 using testing::MakeRegion;
 using testing::MakeStep;
@@ -49,76 +51,10 @@ void ExpectAllSucceed(const std::vector<RankOutcome>& out) {
   }
 }
 
-// Tensor w bf16 [8,16] held whole by rank 0. Rank 1 needs columns 4..12 as
-// fp32 (pack on 0, unpack converting on 1) and rows 0..4 as bf16, sent
-// straight from rank 0's buffer into its own.
-PlanSpec PackAndDirectPlan() {
-  PlanSpec spec;
-  spec.tensors.push_back({"w", D::bf16, {0, 0}, {8, 16}});
-  ProgramSpec p0, p1;
-  p0.rank = 0;
-  p0.buffers = {{"w", D::bf16, {8, 16}}};
-  p0.fragments.push_back(MakeFragment(0, 0, 0, {0, 0}, {8, 16}, {16, 1}, 0));
-  p0.staging_bytes = 128;
-  uint32_t cols = p0.Region(MakeRegion(0, 4, {8, 8}, {16, 1}));
-  uint32_t rows = p0.Region(MakeRegion(0, 0, {4, 16}, {16, 1}));
-  p0.Step(MakeStep(K::pack, kNone, cols, kNone, 0, 128, D::bf16));
-  p0.Step(MakeStep(K::send, 1, kNone, kNone, 0, 128, D::bf16));
-  p0.Step(MakeStep(K::send, 1, rows, kNone, 0, 128, D::bf16));
-  p1.rank = 1;
-  p1.buffers = {{"w.cols", D::fp32, {8, 8}}, {"w.rows", D::bf16, {4, 16}}};
-  p1.fragments.push_back(MakeFragment(0, 0, 0, {0, 4}, {8, 12}, {8, 1}, 1));
-  p1.fragments.push_back(MakeFragment(0, 1, 0, {0, 0}, {4, 16}, {16, 1}, 1));
-  p1.staging_bytes = 128;
-  uint32_t dcols = p1.Region(MakeRegion(0, 0, {8, 8}, {8, 1}));
-  uint32_t drows = p1.Region(MakeRegion(1, 0, {64}, {1}));
-  p1.Step(MakeStep(K::recv, 0, kNone, kNone, 0, 128, D::bf16));
-  p1.Step(MakeStep(K::recv, 0, kNone, drows, 0, 128, D::bf16));
-  p1.Step(MakeStep(K::unpack, kNone, kNone, dcols, 0, 128, D::bf16));
-  spec.programs = {p0, p1};
-  return spec;
-}
-
 TEST(GlooTest, PackSendRecvUnpackAndDirect) {
   TempDir dir;
   std::vector<uint8_t> bytes = BuildPlan(PackAndDirectPlan());
   ExpectAllSucceed(RunRanks(2, [&](int r) { return RunRank(bytes, r, dir.path()); }));
-}
-
-// Tensor u fp32 [4,32]: rank 0 holds rows 0..2, rank 1 rows 2..4; ranks 2 and
-// 3 each need all of u. Round 0: 0 -> 2 and 1 -> 3 straight from the buffers
-// into staging. Round 1: 2 and 3 forward what they got to each other (nvlink);
-// both unpack both halves, rank 3 through a staging region in fp16 ... as fp32.
-PlanSpec ForwardPlan() {
-  PlanSpec spec;
-  spec.tensors.push_back({"u", D::fp32, {0, 0}, {4, 32}});
-  std::vector<ProgramSpec> p(4);
-  for (int s = 0; s < 2; ++s) {
-    p[s].rank = s;
-    p[s].buffers = {{"u.half", D::fp32, {2, 32}}};
-    p[s].fragments.push_back(MakeFragment(0, 0, 0, {static_cast<uint32_t>(2 * s), 0},
-                                          {static_cast<uint32_t>(2 * s + 2), 32}, {32, 1}, 0));
-    uint32_t all = p[s].Region(MakeRegion(0, 0, {2, 32}, {32, 1}));
-    p[s].Step(MakeStep(K::send, 2 + s, all, kNone, 0, 256, D::fp32));
-  }
-  for (int d = 2; d < 4; ++d) {
-    const uint32_t other = d == 2 ? 3 : 2;
-    const uint64_t mine = d == 2 ? 0 : 256, theirs = d == 2 ? 256 : 0;  // staging offsets of rows 0..2 / 2..4
-    p[d].rank = d;
-    p[d].buffers = {{"u", D::fp32, {4, 32}}};
-    p[d].fragments.push_back(MakeFragment(0, 0, 0, {0, 0}, {4, 32}, {32, 1}, 1));
-    p[d].staging_bytes = 512;
-    p[d].Step(MakeStep(K::recv, d - 2, kNone, kNone, mine, 256, D::fp32));
-    p[d].Round();
-    p[d].Step(MakeStep(K::forward, other, kNone, kNone, mine, 256, D::fp32, Channel::nvlink));
-    p[d].Step(MakeStep(K::recv, other, kNone, kNone, theirs, 256, D::fp32, Channel::nvlink));
-    // Rows 0..4 lie in staging in order; unpack them as one staging region.
-    uint32_t stage = p[d].Region(StagingRegion(0, {4, 32}, {32, 1}));
-    uint32_t dst = p[d].Region(MakeRegion(0, 0, {4, 32}, {32, 1}));
-    p[d].Step(MakeStep(K::unpack, kNone, stage, dst, 0, 512, D::fp32));
-  }
-  spec.programs = p;
-  return spec;
 }
 
 TEST(GlooTest, FourRanksWithForwardOverTwoRounds) {

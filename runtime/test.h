@@ -137,6 +137,74 @@ inline std::vector<uint8_t> BuildPlan(const PlanSpec& spec) {
   return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
 }
 
+// Plans the multi-rank tests (gloo_test, c_api_test, e2e_test) share.
+
+// Tensor w bf16 [8,16] held whole by rank 0. Rank 1 needs columns 4..12 as
+// fp32 (pack on 0, unpack converting on 1) and rows 0..4 as bf16, sent
+// straight from rank 0's buffer into its own.
+inline PlanSpec PackAndDirectPlan() {
+  PlanSpec spec;
+  spec.tensors.push_back({"w", fb::Dtype::bf16, {0, 0}, {8, 16}});
+  ProgramSpec p0, p1;
+  p0.rank = 0;
+  p0.buffers = {{"w", fb::Dtype::bf16, {8, 16}}};
+  p0.fragments.push_back(MakeFragment(0, 0, 0, {0, 0}, {8, 16}, {16, 1}, 0));
+  p0.staging_bytes = 128;
+  uint32_t cols = p0.Region(MakeRegion(0, 4, {8, 8}, {16, 1}));
+  uint32_t rows = p0.Region(MakeRegion(0, 0, {4, 16}, {16, 1}));
+  p0.Step(MakeStep(fb::StepKind::pack, kNone, cols, kNone, 0, 128, fb::Dtype::bf16));
+  p0.Step(MakeStep(fb::StepKind::send, 1, kNone, kNone, 0, 128, fb::Dtype::bf16));
+  p0.Step(MakeStep(fb::StepKind::send, 1, rows, kNone, 0, 128, fb::Dtype::bf16));
+  p1.rank = 1;
+  p1.buffers = {{"w.cols", fb::Dtype::fp32, {8, 8}}, {"w.rows", fb::Dtype::bf16, {4, 16}}};
+  p1.fragments.push_back(MakeFragment(0, 0, 0, {0, 4}, {8, 12}, {8, 1}, 1));
+  p1.fragments.push_back(MakeFragment(0, 1, 0, {0, 0}, {4, 16}, {16, 1}, 1));
+  p1.staging_bytes = 128;
+  uint32_t dcols = p1.Region(MakeRegion(0, 0, {8, 8}, {8, 1}));
+  uint32_t drows = p1.Region(MakeRegion(1, 0, {64}, {1}));
+  p1.Step(MakeStep(fb::StepKind::recv, 0, kNone, kNone, 0, 128, fb::Dtype::bf16));
+  p1.Step(MakeStep(fb::StepKind::recv, 0, kNone, drows, 0, 128, fb::Dtype::bf16));
+  p1.Step(MakeStep(fb::StepKind::unpack, kNone, kNone, dcols, 0, 128, fb::Dtype::bf16));
+  spec.programs = {p0, p1};
+  return spec;
+}
+
+// Tensor u fp32 [4,32]: rank 0 holds rows 0..2, rank 1 rows 2..4; ranks 2 and
+// 3 each need all of u. Round 0: 0 -> 2 and 1 -> 3 straight from the buffers
+// into staging. Round 1: 2 and 3 forward what they got to each other (nvlink);
+// both unpack all four rows through one staging region.
+inline PlanSpec ForwardPlan() {
+  PlanSpec spec;
+  spec.tensors.push_back({"u", fb::Dtype::fp32, {0, 0}, {4, 32}});
+  std::vector<ProgramSpec> p(4);
+  for (int s = 0; s < 2; ++s) {
+    p[s].rank = s;
+    p[s].buffers = {{"u.half", fb::Dtype::fp32, {2, 32}}};
+    p[s].fragments.push_back(MakeFragment(0, 0, 0, {static_cast<uint32_t>(2 * s), 0},
+                                          {static_cast<uint32_t>(2 * s + 2), 32}, {32, 1}, 0));
+    uint32_t all = p[s].Region(MakeRegion(0, 0, {2, 32}, {32, 1}));
+    p[s].Step(MakeStep(fb::StepKind::send, 2 + s, all, kNone, 0, 256, fb::Dtype::fp32));
+  }
+  for (int d = 2; d < 4; ++d) {
+    const uint32_t other = d == 2 ? 3 : 2;
+    const uint64_t mine = d == 2 ? 0 : 256, theirs = d == 2 ? 256 : 0;  // staging offsets of rows 0..2 / 2..4
+    p[d].rank = d;
+    p[d].buffers = {{"u", fb::Dtype::fp32, {4, 32}}};
+    p[d].fragments.push_back(MakeFragment(0, 0, 0, {0, 0}, {4, 32}, {32, 1}, 1));
+    p[d].staging_bytes = 512;
+    p[d].Step(MakeStep(fb::StepKind::recv, d - 2, kNone, kNone, mine, 256, fb::Dtype::fp32));
+    p[d].Round();
+    p[d].Step(MakeStep(fb::StepKind::forward, other, kNone, kNone, mine, 256, fb::Dtype::fp32, fb::Channel::nvlink));
+    p[d].Step(MakeStep(fb::StepKind::recv, other, kNone, kNone, theirs, 256, fb::Dtype::fp32, fb::Channel::nvlink));
+    // Rows 0..4 lie in staging in order; unpack them as one staging region.
+    uint32_t stage = p[d].Region(StagingRegion(0, {4, 32}, {32, 1}));
+    uint32_t dst = p[d].Region(MakeRegion(0, 0, {4, 32}, {32, 1}));
+    p[d].Step(MakeStep(fb::StepKind::unpack, kNone, stage, dst, 0, 512, fb::Dtype::fp32));
+  }
+  spec.programs = p;
+  return spec;
+}
+
 /// A fresh directory, removed with its contents at scope exit.
 class TempDir {
  public:

@@ -36,8 +36,8 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
                   "direct: every destination region straight from a source that holds it (default);\n"
                   "gather: the usual gather-to-owner then broadcast chain, as a baseline")
       ->check(CLI::IsMember({"direct", "gather"}));
-  cmd->add_option("--staging-mb", o->staging_mb, "staging memory per rank in MiB; work is split into rounds to fit")
-      ->check(CLI::Range(2, 1 << 20));
+  cmd->add_option("--staging-mb", o->staging_mb, "staging memory per rank in MiB (2..4095, default 512); work is split into rounds to fit")
+      ->check(CLI::Range(2, 4095));
   cmd->add_flag("-q,--quiet", o->quiet, "print nothing on success");
   cmd->add_flag("--json", o->json, "print the summary as JSON");
   cmd->callback([o, &exit_code] {

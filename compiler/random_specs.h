@@ -1,0 +1,20 @@
+// Random but valid model and layout specs, for property tests: random meshes,
+// every placement kind (uneven sizes, blocks, parts, cyclic, assign, at),
+// several meshes per side, fused (concat / interleave) and padded buffers,
+// stack dims kept as physical dims.
+#pragma once
+
+#include <cstdint>
+
+#include <nlohmann/json.hpp>
+
+namespace reshard {
+
+struct RandomSpecs {
+  nlohmann::json model, train, infer, cluster;
+};
+
+/// Deterministic in `seed`.
+RandomSpecs MakeRandomSpecs(uint64_t seed);
+
+}  // namespace reshard

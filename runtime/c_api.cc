@@ -1,0 +1,146 @@
+// The C API (runtime/reshard.h) over Plan, GlooTransport and Session. No
+// exception crosses it: each entry point catches and stores the message.
+#include "runtime/reshard.h"
+
+#include <memory>
+#include <string>
+
+#include "runtime/error.h"
+#include "runtime/gloo_transport.h"
+#include "runtime/plan.h"
+#include "runtime/session.h"
+
+struct reshard_plan {
+  reshard::Plan plan;
+};
+struct reshard_transport {
+  std::unique_ptr<reshard::Transport> transport;
+};
+struct reshard_session {
+  std::unique_ptr<reshard::Session> session;
+};
+
+namespace {
+
+thread_local std::string last_error;
+
+template <typename Fn>
+auto Guard(Fn&& fn, decltype(fn()) on_error) -> decltype(fn()) {
+  try {
+    last_error.clear();
+    return fn();
+  } catch (const std::exception& e) {
+    last_error = e.what();
+  } catch (...) {
+    last_error = "unknown error";
+  }
+  return on_error;
+}
+
+void Require(const void* p, const char* what) {
+  if (p == nullptr) throw reshard::Error(std::string(what) + " is NULL");
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* reshard_last_error(void) { return last_error.c_str(); }
+
+reshard_plan* reshard_plan_open(const char* path) {
+  return Guard(
+      [&]() -> reshard_plan* {
+        Require(path, "path");
+        return new reshard_plan{reshard::Plan::open(path)};
+      },
+      nullptr);
+}
+
+uint32_t reshard_plan_num_ranks(const reshard_plan* plan) { return plan ? plan->plan.num_ranks() : 0; }
+
+void reshard_plan_close(reshard_plan* plan) { delete plan; }
+
+reshard_transport* reshard_gloo_transport_create(uint32_t rank, uint32_t size, const char* store_dir,
+                                                 const char* prefix, const char* hostname, double timeout_s) {
+  return Guard(
+      [&]() -> reshard_transport* {
+        Require(store_dir, "store_dir");
+        reshard::GlooOptions options;
+        options.store_dir = store_dir;
+        if (prefix != nullptr) options.prefix = prefix;
+        if (hostname != nullptr) options.hostname = hostname;
+        if (timeout_s > 0) options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+        return new reshard_transport{std::make_unique<reshard::GlooTransport>(rank, size, options)};
+      },
+      nullptr);
+}
+
+void reshard_transport_destroy(reshard_transport* transport) { delete transport; }
+
+reshard_session* reshard_session_create(const reshard_plan* plan, uint32_t global_rank, reshard_transport* transport) {
+  return Guard(
+      [&]() -> reshard_session* {
+        Require(plan, "plan");
+        Require(transport, "transport");
+        return new reshard_session{std::make_unique<reshard::Session>(plan->plan, global_rank, *transport->transport)};
+      },
+      nullptr);
+}
+
+uint32_t reshard_session_num_buffers(const reshard_session* session) {
+  if (session == nullptr || session->session->program().buffers() == nullptr) return 0;
+  return session->session->program().buffers()->size();
+}
+
+const char* reshard_session_buffer_name(const reshard_session* session, uint32_t i) {
+  return Guard(
+      [&]() -> const char* {
+        Require(session, "session");
+        const auto* buffers = session->session->program().buffers();
+        if (buffers == nullptr || i >= buffers->size()) throw reshard::Error("buffer index " + std::to_string(i) + " out of range");
+        return buffers->Get(i)->name()->c_str();
+      },
+      nullptr);
+}
+
+int reshard_session_bind(reshard_session* session, const char* name, void* ptr, int dtype, const uint64_t* shape,
+                         size_t ndim) {
+  return Guard(
+      [&]() -> int {
+        Require(session, "session");
+        Require(name, "name");
+        if (ndim > 0) Require(shape, "shape");
+        if (dtype < 0 || dtype > static_cast<int>(reshard::fb::Dtype::MAX)) {
+          throw reshard::Error("unknown dtype " + std::to_string(dtype));
+        }
+        session->session->bind(name, ptr, static_cast<reshard::fb::Dtype>(dtype),
+                               std::vector<uint64_t>(shape, shape + ndim));
+        return 0;
+      },
+      -1);
+}
+
+int reshard_session_run(reshard_session* session, reshard_stats* stats) {
+  return Guard(
+      [&]() -> int {
+        Require(session, "session");
+        reshard::RunStats s = session->session->run();
+        if (stats != nullptr) {
+          stats->net_bytes_sent = s.channels[0].bytes_sent;
+          stats->net_bytes_received = s.channels[0].bytes_received;
+          stats->nvlink_bytes_sent = s.channels[1].bytes_sent;
+          stats->nvlink_bytes_received = s.channels[1].bytes_received;
+          stats->net_seconds = s.channels[0].seconds;
+          stats->nvlink_seconds = s.channels[1].seconds;
+          stats->steps = s.steps;
+          stats->rounds = static_cast<uint32_t>(s.rounds.size());
+          stats->seconds = s.seconds;
+        }
+        return 0;
+      },
+      -1);
+}
+
+void reshard_session_destroy(reshard_session* session) { delete session; }
+
+}  // extern "C"

@@ -1,0 +1,64 @@
+/* reshard C API: open a plan, bind a rank's buffers, replay its program.
+ * Callable from C and from Python ctypes. Functions returning int return 0 on
+ * success and -1 on failure; pointer-returning ones return NULL on failure.
+ * After a failure reshard_last_error() describes it (thread-local; valid until
+ * the next call on this thread). */
+#ifndef RESHARD_H_
+#define RESHARD_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct reshard_plan reshard_plan;
+typedef struct reshard_transport reshard_transport;
+typedef struct reshard_session reshard_session;
+
+/* Values of fb::Dtype in schema/plan.fbs. */
+enum { RESHARD_BF16 = 0, RESHARD_FP16 = 1, RESHARD_FP32 = 2, RESHARD_FP8_E4M3 = 3, RESHARD_E8M0 = 4 };
+
+typedef struct reshard_stats {
+  uint64_t net_bytes_sent, net_bytes_received;
+  uint64_t nvlink_bytes_sent, nvlink_bytes_received;
+  double net_seconds, nvlink_seconds;
+  uint64_t steps;
+  uint32_t rounds;
+  double seconds;
+} reshard_stats;
+
+/* The message of the last failure on this thread ("" if none). */
+const char* reshard_last_error(void);
+
+reshard_plan* reshard_plan_open(const char* path);
+uint32_t reshard_plan_num_ranks(const reshard_plan* plan);
+void reshard_plan_close(reshard_plan* plan);
+
+/* A Gloo TCP transport: `store_dir` is a directory every rank shares for the
+ * rendezvous, `prefix` separates meshes sharing it (NULL: "reshard"),
+ * `hostname` the address to listen on (NULL: 127.0.0.1), `timeout_s` the limit
+ * for connecting and for each round's messages (<= 0: 60 s). Blocks until all
+ * `size` ranks have connected. */
+reshard_transport* reshard_gloo_transport_create(uint32_t rank, uint32_t size, const char* store_dir,
+                                                 const char* prefix, const char* hostname, double timeout_s);
+void reshard_transport_destroy(reshard_transport* transport);
+
+/* The plan and transport must outlive the session. */
+reshard_session* reshard_session_create(const reshard_plan* plan, uint32_t global_rank, reshard_transport* transport);
+/* Number of buffers the rank binds, and the name/dtype/shape of buffer i
+ * (the name pointer lives as long as the plan). */
+uint32_t reshard_session_num_buffers(const reshard_session* session);
+const char* reshard_session_buffer_name(const reshard_session* session, uint32_t i);
+int reshard_session_bind(reshard_session* session, const char* name, void* ptr, int dtype, const uint64_t* shape,
+                         size_t ndim);
+/* `stats` may be NULL. */
+int reshard_session_run(reshard_session* session, reshard_stats* stats);
+void reshard_session_destroy(reshard_session* session);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* RESHARD_H_ */
