@@ -41,19 +41,21 @@ fb::Step ToFb(const Step& s) {
                   static_cast<fb::Channel>(s.channel), ToFb(s.wire), 0, 0);
 }
 
-std::vector<uint8_t> EmitProgram(uint32_t rank, const RankProgram& p) {
-  flatbuffers::FlatBufferBuilder b(1 << 16);
+using ShapeCache = std::map<std::vector<int64_t>, flatbuffers::Offset<flatbuffers::Vector<uint64_t>>>;
+
+flatbuffers::Offset<fb::Program> EmitProgram(flatbuffers::FlatBufferBuilder& b, ShapeCache& shapes, uint32_t rank,
+                                             const RankProgram& p) {
   std::vector<flatbuffers::Offset<fb::Buffer>> bufs;
   bufs.reserve(p.buffers.size());
-  // Many buffers share a shape (one per layer): write each shape once.
-  std::map<std::vector<int64_t>, flatbuffers::Offset<flatbuffers::Vector<uint64_t>>> shapes;
+  // Buffer names and shapes repeat across ranks (every replica binds the same
+  // names): each distinct string and shape is written once for the whole plan.
   for (const BufferDesc& d : p.buffers) {
     auto it = shapes.find(d.shape);
     if (it == shapes.end()) {
       std::vector<uint64_t> shape(d.shape.begin(), d.shape.end());
       it = shapes.emplace(d.shape, b.CreateVector(shape)).first;
     }
-    bufs.push_back(fb::CreateBuffer(b, b.CreateString(d.name), ToFb(d.dtype), it->second));
+    bufs.push_back(fb::CreateBuffer(b, b.CreateSharedString(d.name), ToFb(d.dtype), it->second));
   }
   auto buffers = b.CreateVector(bufs);
   std::vector<fb::Fragment> frags;
@@ -84,8 +86,7 @@ std::vector<uint8_t> EmitProgram(uint32_t rank, const RankProgram& p) {
   pb.add_regions(regions);
   pb.add_steps(stepv);
   pb.add_round_begin(beginv);
-  b.Finish(pb.Finish());
-  return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
+  return pb.Finish();
 }
 
 }  // namespace
@@ -101,13 +102,9 @@ std::vector<uint8_t> EmitPlan(const CompileInputs& in, const PlanIR& ir) {
                                        b.CreateVector(lo), b.CreateVector(hi)));
   }
   auto tensorv = b.CreateVector(tensors);
-  std::vector<flatbuffers::Offset<fb::ProgramBlob>> blobs;
-  for (uint32_t g = 0; g < ir.ranks.size(); ++g) {
-    std::vector<uint8_t> bytes = EmitProgram(g, ir.ranks[g]);
-    b.ForceVectorAlignment(bytes.size(), sizeof(uint8_t), 16);
-    auto data = b.CreateVector(bytes);
-    blobs.push_back(fb::CreateProgramBlob(b, data));
-  }
+  std::vector<flatbuffers::Offset<fb::Program>> blobs;
+  ShapeCache shapes;
+  for (uint32_t g = 0; g < ir.ranks.size(); ++g) blobs.push_back(EmitProgram(b, shapes, g, ir.ranks[g]));
   auto blobv = b.CreateVector(blobs);
   auto version = b.CreateString(RESHARD_VERSION);
   auto digest = b.CreateString(in.digest);

@@ -220,7 +220,16 @@ void Router::Direct() {
       const Box& need = DstFrag(df).box;
       std::array<int64_t, kMaxDims> s0{}, s1{}, cur{};
       for (int d = 0; d < nd; ++d) {
-        if (!g.Segs(d, need.lo[d], need.hi[d], s0[d], s1[d])) NoSource(t, df.rank, need);
+        if (!g.Segs(d, need.lo[d], need.hi[d], s0[d], s1[d])) {
+          Box miss = need;  // the part of the need outside every source box
+          if (g.bp[d].empty() || need.hi[d] <= g.bp[d].front() || need.lo[d] >= g.bp[d].back()) {
+          } else if (need.lo[d] < g.bp[d].front()) {
+            miss.hi[d] = g.bp[d].front();
+          } else {
+            miss.lo[d] = g.bp[d].back();
+          }
+          NoSource(t, df.rank, miss);
+        }
         cur[d] = s0[d];
       }
       while (true) {

@@ -100,8 +100,7 @@ struct PlanSpec {
   std::vector<ProgramSpec> programs;
 };
 
-inline std::vector<uint8_t> BuildProgram(const ProgramSpec& p) {
-  flatbuffers::FlatBufferBuilder b;
+inline flatbuffers::Offset<fb::Program> BuildProgram(flatbuffers::FlatBufferBuilder& b, const ProgramSpec& p) {
   std::vector<flatbuffers::Offset<fb::Buffer>> buffers;
   for (const BufferSpec& s : p.buffers) buffers.push_back(fb::CreateBufferDirect(b, s.name.c_str(), s.dtype, &s.shape));
   std::vector<uint32_t> rb = p.round_begin;
@@ -109,10 +108,8 @@ inline std::vector<uint8_t> BuildProgram(const ProgramSpec& p) {
     if (rb.empty()) rb.push_back(0);
     if (rb.back() != p.steps.size()) rb.push_back(static_cast<uint32_t>(p.steps.size()));
   }
-  auto program = fb::CreateProgramDirect(b, p.rank, -1, -1, &buffers, &p.fragments, p.staging_bytes, &p.regions,
-                                         &p.steps, &rb);
-  b.Finish(program);
-  return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
+  return fb::CreateProgramDirect(b, p.rank, -1, -1, &buffers, &p.fragments, p.staging_bytes, &p.regions, &p.steps,
+                                 &rb);
 }
 
 inline std::vector<uint8_t> BuildPlan(const PlanSpec& spec) {
@@ -121,14 +118,8 @@ inline std::vector<uint8_t> BuildPlan(const PlanSpec& spec) {
   for (const TensorSpec& t : spec.tensors) {
     tensors.push_back(fb::CreateTensorDirect(b, t.name.c_str(), t.dtype, nullptr, &t.lo, &t.hi));
   }
-  std::vector<flatbuffers::Offset<fb::ProgramBlob>> blobs;
-  for (const ProgramSpec& p : spec.programs) {
-    std::vector<uint8_t> bytes = BuildProgram(p);
-    // Nested buffers hold 8-byte structs: align their start like a root buffer.
-    b.ForceVectorAlignment(bytes.size(), 1, 8);
-    auto data = b.CreateVector(bytes);
-    blobs.push_back(fb::CreateProgramBlob(b, data));
-  }
+  std::vector<flatbuffers::Offset<fb::Program>> blobs;
+  for (const ProgramSpec& p : spec.programs) blobs.push_back(BuildProgram(b, p));
   uint32_t n = spec.num_ranks >= 0 ? static_cast<uint32_t>(spec.num_ranks) : static_cast<uint32_t>(spec.programs.size());
   std::vector<uint32_t> none;
   auto root = fb::CreatePlanDirect(b, spec.schema_version, "test", "digest", fb::Strategy::direct, "test-model",

@@ -1,0 +1,128 @@
+// Random layouts end to end: plans compiled (both strategies) from
+// MakeRandomSpecs for many seeds are run with `reshard run --local`, one
+// process per rank over Gloo, and every destination element is checked.
+#include <gtest/gtest.h>
+#include <stdio.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "compiler/compile.h"
+#include "compiler/random_specs.h"
+#include "runtime/test.h"
+
+namespace reshard {
+namespace {
+
+constexpr int kSeeds = 50;
+// `reshard run` processes in flight at once (each forks one process per rank).
+constexpr size_t kParallel = 2;
+
+const std::string kBinary = RESHARD_BINARY;
+
+struct Case {
+  int seed = 0;
+  std::string strategy;
+  std::string plan;    // path
+  std::string error;   // compile error, if any
+  uint32_t ranks = 0;
+  // Filled once run.
+  FILE* pipe = nullptr;
+  std::string out;
+  int exit_code = -1;
+  double seconds = 0;
+};
+
+std::string Describe(const Case& c) {
+  return "seed " + std::to_string(c.seed) + " " + c.strategy + " (" + std::to_string(c.ranks) + " ranks)";
+}
+
+// Starts `reshard run PLAN --local --json` for `c`; its output is read in Finish.
+void Start(Case& c) {
+  const std::string cmd = kBinary + " run " + c.plan + " --local --timeout 30 --json 2>&1";
+  c.pipe = popen(cmd.c_str(), "r");
+}
+
+void Finish(Case& c) {
+  if (c.pipe == nullptr) return;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, c.pipe)) > 0) c.out.append(buf, n);
+  int status = pclose(c.pipe);
+  c.pipe = nullptr;
+  c.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+TEST(RandomE2eTest, RandomLayoutsRunWithEveryElementRight) {
+  testing::TempDir dir;
+  std::vector<Case> cases;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int seed = 1; seed <= kSeeds; ++seed) {
+    RandomSpecs s = MakeRandomSpecs(static_cast<uint64_t>(seed));
+    for (const char* strategy : {"direct", "gather"}) {
+      Case c;
+      c.seed = seed;
+      c.strategy = strategy;
+      c.plan = dir.File("seed" + std::to_string(seed) + "-" + strategy + ".rsplan");
+      try {
+        CompileInputs in = ParseInputs(s.model, s.train, s.infer, s.cluster);
+        PlanIR ir = BuildPlan(in, CompileOptions{strategy, 2});
+        std::vector<uint8_t> bytes = EmitPlan(in, ir);
+        testing::WriteFile(c.plan, bytes);
+        c.ranks = static_cast<uint32_t>(ir.ranks.size());
+      } catch (const std::exception& e) {
+        c.error = e.what();
+      }
+      cases.push_back(std::move(c));
+    }
+  }
+  const double compile_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  // Run the cases, kParallel at a time, largest first so that the tail is short.
+  std::vector<size_t> order;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    if (cases[i].error.empty()) order.push_back(i);
+  }
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return cases[a].ranks > cases[b].ranks; });
+  const auto t1 = std::chrono::steady_clock::now();
+  for (size_t k = 0; k < order.size(); k += kParallel) {
+    const size_t end = std::min(order.size(), k + kParallel);
+    for (size_t j = k; j < end; ++j) Start(cases[order[j]]);
+    for (size_t j = k; j < end; ++j) Finish(cases[order[j]]);
+  }
+  const double run_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+
+  uint64_t checked = 0;
+  int failures = 0;
+  for (const Case& c : cases) {
+    if (!c.error.empty()) {
+      ADD_FAILURE() << Describe(c) << ": does not compile: " << c.error;
+      ++failures;
+      continue;
+    }
+    nlohmann::json r = nlohmann::json::parse(c.out.substr(std::min(c.out.find('{'), c.out.size())), nullptr, false);
+    const bool parsed = r.is_object() && r.contains("wrong") && r.contains("ok") && r.contains("checked");
+    const bool ok = c.exit_code == 0 && parsed && r["wrong"].get<uint64_t>() == 0 && r["ok"].get<bool>() &&
+                    r["failed_ranks"].get<uint64_t>() == 0;
+    if (parsed) checked += r["checked"].get<uint64_t>();
+    if (!ok) {
+      ++failures;
+      ADD_FAILURE() << Describe(c) << ": exit " << c.exit_code << ": " << c.out;
+    }
+    if (parsed) {
+      EXPECT_EQ(r["wrong"].get<uint64_t>(), 0u) << Describe(c);
+      EXPECT_GT(r["checked"].get<uint64_t>(), 0u) << Describe(c) << ": no destination element checked";
+    }
+  }
+  EXPECT_EQ(failures, 0);
+  std::printf("%zu plans from %d seeds: compiled in %.1f s, run in %.1f s, %llu destination elements checked\n",
+              cases.size(), kSeeds, compile_s, run_s, static_cast<unsigned long long>(checked));
+}
+
+}  // namespace
+}  // namespace reshard
