@@ -244,8 +244,12 @@ void Router::Direct() {
         FragmentRef sf = cell.replicas[k];
         uint32_t a = SrcGlobal(sf.rank), b = DstGlobal(df.rank);
         send_load_[a] += piece.volume() * esize;
-        // Split to fit the staging arena and the 4-mode region format.
-        std::vector<Box> work = SplitBox(piece, std::max<int64_t>(1, static_cast<int64_t>(cap_ / 4 / esize)));
+        // Split to fit the staging arena and the 4-mode region format. A piece
+        // contiguous on both sides needs no staging: only the 4 GiB step limit.
+        StridedRegion whole_s = SrcRegion(sf, piece), whole_d = DstRegion(df, piece);
+        bool contiguous = whole_s.contiguous() && whole_d.contiguous();
+        uint64_t max_bytes = contiguous ? (uint64_t{1} << 31) : cap_ / 2;
+        std::vector<Box> work = SplitBox(piece, std::max<int64_t>(1, static_cast<int64_t>(max_bytes / esize)));
         while (!work.empty()) {
           Box x = work.back();
           work.pop_back();
@@ -284,7 +288,8 @@ void Router::Direct() {
     }
     uint64_t need = p.staged ? AlignUp(p.bytes) : p.bytes;
     size_t r = std::max(lowest[p.a], lowest[p.b]);
-    while (Used(p.a, r) + need > cap_ || Used(p.b, r) + need > cap_) ++r;
+    // A piece larger than the budget (sent straight between buffers) takes a round of its own.
+    while ((Used(p.a, r) + need > cap_ && Used(p.a, r) > 0) || (Used(p.b, r) + need > cap_ && Used(p.b, r) > 0)) ++r;
     Used(p.a, r) += need;
     Used(p.b, r) += need;
     p.round = r;
