@@ -105,7 +105,15 @@ TEST(RandomE2eTest, RandomLayoutsRunWithEveryElementRight) {
       ++failures;
       continue;
     }
-    nlohmann::json r = nlohmann::json::parse(c.out.substr(std::min(c.out.find('{'), c.out.size())), nullptr, false);
+    // stdout and stderr: progress lines, then the JSON result on a line of its own.
+    nlohmann::json r;
+    size_t line = 0;
+    while (line < c.out.size()) {
+      size_t end = c.out.find('\n', line);
+      if (end == std::string::npos) end = c.out.size();
+      if (c.out[line] == '{') r = nlohmann::json::parse(c.out.substr(line, end - line), nullptr, false);
+      line = end + 1;
+    }
     const bool parsed = r.is_object() && r.contains("wrong") && r.contains("ok") && r.contains("checked");
     const bool ok = c.exit_code == 0 && parsed && r["wrong"].get<uint64_t>() == 0 && r["ok"].get<bool>() &&
                     r["failed_ranks"].get<uint64_t>() == 0;

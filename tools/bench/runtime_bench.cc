@@ -347,9 +347,10 @@ double MedianOf(const Results& r, const std::string& name) {
 
 int Main(int argc, char** argv) {
   Config c;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  for (int i = 1; i < argc; i += 2) {
     std::string a = argv[i];
-    uint64_t v = std::strtoull(argv[i + 1], nullptr, 10);
+    uint64_t v = i + 1 < argc ? std::strtoull(argv[i + 1], nullptr, 10) : 0;
+    if (v == 0) a = "";  // every option takes a positive number
     if (a == "--reps") c.reps = static_cast<int>(v);
     else if (a == "--pack-mib") c.pack_mib = v;
     else if (a == "--e2e-mib") c.e2e_mib = v;
