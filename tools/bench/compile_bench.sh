@@ -32,7 +32,7 @@ row() {  # name model train infer cluster strategy target_s target_mib
   /usr/bin/time -f "%e" -o "$TMP/vtime" "$BIN" validate "$plan" >/dev/null
   val=$(cat "$TMP/vtime")
   printf "%-34s %-7s %9.2f %10.0f %10.2f %12.2f %11.2f   %s\n" "$name" "$st" "$s_med" "$((k_med / 1024))" \
-    "$(echo "$size / 1048576" | bc -l)" "$open" "$val" "$7 s, $8 MiB RSS, 64 MiB plan, 50 ms open"
+    "$(python3 -c "print($size / 1048576)")" "$open" "$val" "$7 s, $8 MiB RSS, 64 MiB plan, 50 ms open"
 }
 
 printf "%-34s %-7s %9s %10s %10s %12s %11s   %s\n" "configuration" "strat" "compile_s" "peak_MiB" "plan_MiB" \
