@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "runtime/modes.h"
+
 namespace reshard {
 
 Box Box::FromVectors(const std::vector<int64_t>& lo, const std::vector<int64_t>& hi) {
@@ -73,40 +75,12 @@ int64_t StridedRegion::elements() const {
 }
 
 StridedRegion StridedRegion::Coalesced() const {
-  // Built in plain locals: GCC 12 at -O2 mis-compiled the same loop written
-  // against a copy of *this (the buffer-mode merge was skipped).
-  constexpr int64_t kLimit = int64_t{1} << 32;
-  std::array<int64_t, kMaxDims> sh{}, st{};
-  std::array<bool, kMaxDims> isb{};
-  int n = 0;
-  for (int k = 0; k < ndim; ++k) {
-    if (shape[k] == 1) continue;
-    const bool b = (buffer_modes >> k) & 1u;
-    if (n > 0 && isb[n - 1] == b && st[n - 1] == shape[k] * stride[k] && sh[n - 1] * shape[k] < kLimit) {
-      sh[n - 1] *= shape[k];
-      st[n - 1] = stride[k];
-      continue;
-    }
-    sh[n] = shape[k];
-    st[n] = stride[k];
-    isb[n] = b;
-    ++n;
-  }
   StridedRegion r;
   r.buffer = buffer;
   r.offset = offset;
-  if (n == 0) {  // a single element
-    r.ndim = 1;
-    r.shape[0] = 1;
-    r.stride[0] = 1;
-    return r;
-  }
-  r.ndim = n;
-  for (int k = 0; k < n; ++k) {
-    r.shape[k] = sh[k];
-    r.stride[k] = st[k];
-    if (isb[k]) r.buffer_modes |= 1u << k;
-  }
+  // Plan regions hold 32-bit extents.
+  r.ndim = CoalesceModes<int64_t>(ndim, shape.data(), stride.data(), buffer_modes, int64_t{1} << 32, r.shape.data(),
+                                  r.stride.data(), &r.buffer_modes);
   return r;
 }
 

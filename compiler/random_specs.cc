@@ -170,12 +170,10 @@ json RandomLayout(Rng& rng, const std::string& name, const std::vector<Family>& 
   for (size_t i = 0; i < fams.size(); ++i) {
     const Family& f = fams[i];
     std::string tmpl = name + ".buf" + std::to_string(i);
-    bool has_expert = std::find(f.stack.begin(), f.stack.end(), "expert") != f.stack.end();
     for (const auto& s : f.stack) {
       if (s == "expert" && rng.Chance(50)) continue;  // kept as a leading physical dim
       tmpl += rng.Chance(50) ? ".{" + s + "}" : ".{" + s + ".local}";
     }
-    (void)has_expert;
     if (f.group >= 0) {
       if (i + 1 < fams.size() && fams[i + 1].group == f.group) {
         json b = {{"name", tmpl}, {"parts", {f.name, fams[i + 1].name}}};

@@ -164,13 +164,15 @@ class Router {
     }
     return static_cast<int>(best);
   }
-  uint64_t& Used(uint32_t rank, size_t round) {
-    auto& v = used_[rank];
+  static uint64_t& At(std::vector<uint64_t>& v, size_t round) {
     if (v.size() <= round) v.resize(round + 1, 0);
     return v[round];
   }
+  // Bytes a rank has committed to a round (staged or sent straight from buffers).
+  uint64_t& Used(uint32_t rank, size_t round) { return At(used_[rank], round); }
+  // Bump allocation in the round's staging arena.
   uint64_t Alloc(uint32_t rank, size_t round, uint64_t bytes) {
-    uint64_t& bump = arena_[rank].size() > round ? arena_[rank][round] : (arena_[rank].resize(round + 1, 0), arena_[rank][round]);
+    uint64_t& bump = At(arena_[rank], round);
     uint64_t off = (round % 2) * cap_ + bump;
     bump += AlignUp(bytes);
     ir_.ranks[rank].staging_bytes = std::max(ir_.ranks[rank].staging_bytes, off + AlignUp(bytes));

@@ -152,22 +152,27 @@ class Reader {
   std::string file_;
 };
 
-// Placeholders of a tensor name template: "a.{layer}.b.{expert}" -> {layer, expert}.
-std::vector<std::string> Placeholders(const std::string& name, bool strip_local) {
-  std::vector<std::string> out;
-  size_t pos = 0;
-  while ((pos = name.find('{', pos)) != std::string::npos) {
-    size_t end = name.find('}', pos);
-    if (end == std::string::npos) break;
-    std::string p = name.substr(pos + 1, end - pos - 1);
-    if (strip_local && p.size() > 6 && p.compare(p.size() - 6, 6, ".local") == 0) p.resize(p.size() - 6);
-    out.push_back(p);
-    pos = end + 1;
-  }
-  return out;
-}
-
 }  // namespace
+
+NameTemplate ParseNameTemplate(const std::string& name) {
+  NameTemplate t;
+  size_t pos = 0;
+  while (true) {
+    size_t open = name.find('{', pos);
+    size_t close = open == std::string::npos ? open : name.find('}', open);
+    if (close == std::string::npos) {
+      t.text.push_back(name.substr(pos));
+      return t;
+    }
+    t.text.push_back(name.substr(pos, open - pos));
+    std::string p = name.substr(open + 1, close - open - 1);
+    bool local = p.size() > 6 && p.compare(p.size() - 6, 6, ".local") == 0;
+    if (local) p.resize(p.size() - 6);
+    t.dims.push_back(p);
+    t.local.push_back(local);
+    pos = close + 1;
+  }
+}
 
 bool GlobMatch(const std::string& p, const std::string& s) {
   size_t pi = 0, si = 0, star = std::string::npos, mark = 0;
@@ -273,7 +278,9 @@ ModelSpec ParseModel(const json& root, const std::string& file) {
     if (!seen.insert(ts.name).second) r.Fail(path + "/name", "tensor '" + ts.name + "' is declared twice");
     ts.shape = r.IntList(r.Get(t, path, "shape"), path + "/shape", 1);
     ts.dtype = t.contains("dtype") ? r.ParseDtype(t["dtype"], path + "/dtype") : m.dtype;
-    for (const auto& p : Placeholders(ts.name, false)) {
+    NameTemplate nt = ParseNameTemplate(ts.name);
+    for (size_t k = 0; k < nt.dims.size(); ++k) {
+      const std::string p = nt.dims[k] + (nt.local[k] ? ".local" : "");  // tensor names take global indices only
       int d = m.dim_index(p);
       if (d < 0) r.Fail(path + "/name", "placeholder '{" + p + "}' is not a dim declared in /dims" + DidYouMean(p, dim_names));
       if (std::find(ts.stack.begin(), ts.stack.end(), d) != ts.stack.end())
@@ -476,7 +483,7 @@ LayoutSpec ParseLayout(const json& root, const std::string& file, const ModelSpe
       if (bj.contains("dtype")) b.dtype = r.ParseDtype(bj["dtype"], path + "/dtype");
       if (bj.contains("quant")) r.Fail(path + "/quant", "quantized buffers are not supported yet");
       // Every placeholder of the name must be a stack dim of the parts.
-      for (const auto& p : Placeholders(b.name, true)) {
+      for (const auto& p : ParseNameTemplate(b.name).dims) {
         int d = model.dim_index(p);
         const TensorSpec* t0 = nullptr;
         for (auto& t : model.tensors)

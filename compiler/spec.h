@@ -103,6 +103,14 @@ ModelSpec ParseModel(const nlohmann::json& j, const std::string& file);
 LayoutSpec ParseLayout(const nlohmann::json& j, const std::string& file, const ModelSpec& model);
 ClusterSpec ParseCluster(const nlohmann::json& j, const std::string& file);
 
+/// A name template cut at its placeholders: text[0] {dims[0]} text[1] ...
+/// text[n]; `local[i]` marks `{dim.local}` (the suffix is stripped from dims[i]).
+struct NameTemplate {
+  std::vector<std::string> text, dims;
+  std::vector<bool> local;
+};
+NameTemplate ParseNameTemplate(const std::string& name);
+
 /// Glob match on tensor names: `*` any run of characters, `?` one, `[abc]` a class.
 bool GlobMatch(const std::string& pattern, const std::string& text);
 

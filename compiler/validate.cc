@@ -14,13 +14,7 @@ namespace {
 
 constexpr uint32_t kNoneIdx = 0xFFFFFFFFu;
 
-size_t WireSize(fb::Dtype d) {
-  switch (d) {
-    case fb::Dtype::fp32: return 4;
-    case fb::Dtype::fp8_e4m3: case fb::Dtype::e8m0: return 1;
-    default: return 2;
-  }
-}
+size_t WireSize(fb::Dtype d) { return DtypeBytes(static_cast<Dtype>(d)); }  // the enums share values
 
 // An affine map from a logical box to memory (a fragment, or a staging segment).
 struct Affine {
@@ -56,7 +50,8 @@ bool Decompose(const Affine& f, uint32_t mask, int64_t delta, std::array<int64_t
   int n = 0;
   for (int d = 0; d < f.box.ndim; ++d)
     if ((mask >> d & 1) && f.stride[d] > 0) dims[n++] = d;
-  std::sort(dims.begin(), dims.begin() + n, [&](int x, int y) { return f.stride[x] > f.stride[y]; });
+  for (int i = 1; i < n; ++i)  // largest stride first (at most kMaxDims dims)
+    for (int j = i; j > 0 && f.stride[dims[j]] > f.stride[dims[j - 1]]; --j) std::swap(dims[j], dims[j - 1]);
   for (int i = 0; i < n; ++i) {
     int d = dims[i];
     c[d] = delta / f.stride[d];

@@ -6,6 +6,7 @@
 
 #include "runtime/dtype.h"
 #include "runtime/error.h"
+#include "runtime/modes.h"
 
 namespace reshard {
 namespace {
@@ -130,38 +131,11 @@ uint64_t ViewElements(const RegionView& v) {
 
 RegionView Simplify(const RegionView& v) {
   RegionView out = v;
-  out.ndim = 0;
-  out.buffer_modes = 0;
-  // From the innermost mode outwards: drop extent 1, merge mode k into the
-  // current innermost-so-far mode when it continues its progression.
-  uint64_t shape[4], stride[4];
-  bool buf[4];
-  int n = 0;  // modes collected, innermost first
-  for (int k = v.ndim - 1; k >= 0; --k) {
-    if (v.shape[k] == 1) continue;
-    bool b = v.buffer_modes & (1u << k);
-    if (n > 0 && buf[n - 1] == b && v.stride[k] == shape[n - 1] * stride[n - 1]) {
-      shape[n - 1] *= v.shape[k];
-      continue;
-    }
-    shape[n] = v.shape[k];
-    stride[n] = v.stride[k];
-    buf[n] = b;
-    ++n;
-  }
-  if (n == 0) {
-    out.ndim = 1;
-    out.shape[0] = 1;
-    out.stride[0] = 1;
-    return out;
-  }
-  out.ndim = n;
-  for (int i = 0; i < n; ++i) {
-    out.shape[n - 1 - i] = shape[i];
-    out.stride[n - 1 - i] = stride[i];
-    if (buf[i]) out.buffer_modes |= 1u << (n - 1 - i);
-  }
-  for (int k = n; k < 4; ++k) {
+  uint32_t modes = 0;
+  out.ndim = CoalesceModes<uint64_t>(v.ndim, v.shape, v.stride, v.buffer_modes, UINT64_MAX, out.shape, out.stride,
+                                     &modes);
+  out.buffer_modes = static_cast<uint8_t>(modes);
+  for (int k = out.ndim; k < 4; ++k) {
     out.shape[k] = 1;
     out.stride[k] = 0;
   }

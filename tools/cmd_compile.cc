@@ -2,6 +2,8 @@
 #include <chrono>
 #include <cstdio>
 
+#include <nlohmann/json.hpp>
+
 #include "compiler/compile.h"
 #include "runtime/error.h"
 #include "tools/commands.h"
@@ -51,12 +53,11 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
     WriteFileAtomic(o->out, bytes);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (o->json) {
-      std::printf(
-          "{\"plan\": \"%s\", \"strategy\": \"%s\", \"ranks\": %zu, \"rounds\": %zu, \"net_bytes\": %llu, "
-          "\"nvlink_bytes\": %llu, \"plan_bytes\": %zu, \"seconds\": %.3f}\n",
-          o->out.c_str(), o->strategy.c_str(), ir.ranks.size(), ir.num_rounds,
-          static_cast<unsigned long long>(ir.net_bytes), static_cast<unsigned long long>(ir.nvlink_bytes), bytes.size(),
-          secs);
+      nlohmann::ordered_json j = {{"plan", o->out},           {"strategy", o->strategy},
+                                  {"ranks", ir.ranks.size()}, {"rounds", ir.num_rounds},
+                                  {"net_bytes", ir.net_bytes}, {"nvlink_bytes", ir.nvlink_bytes},
+                                  {"plan_bytes", bytes.size()}, {"seconds", secs}};
+      std::printf("%s\n", j.dump().c_str());
     } else if (!o->quiet) {
       std::printf("compiled %s -> %s (%s): %zu ranks, %zu rounds, %.3f GB over the network, %.3f GB over NVLink, "
                   "plan %.2f MiB, %.2f s\n",

@@ -3,6 +3,8 @@
 #include <chrono>
 #include <cstdio>
 
+#include <nlohmann/json.hpp>
+
 #include "compiler/validate.h"
 #include "runtime/error.h"
 #include "runtime/plan.h"
@@ -32,17 +34,15 @@ void AddValidateCommand(CLI::App& app, int& exit_code) {
         ValidatePlan(plan.root(), [&](uint32_t r) -> const fb::Program& { return plan.program(r); }, o->max_errors);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (o->json) {
-      std::printf("{\"plan\": \"%s\", \"valid\": %s, \"errors\": %zu, \"steps\": %llu, \"messages\": %llu, "
-                  "\"destination_elements\": %llu, \"seconds\": %.3f, \"problems\": [",
-                  o->plan.c_str(), rep.ok() ? "true" : "false", rep.total_errors,
-                  static_cast<unsigned long long>(rep.steps), static_cast<unsigned long long>(rep.messages),
-                  static_cast<unsigned long long>(rep.dest_elements), secs);
-      for (size_t i = 0; i < rep.errors.size(); ++i) {
-        std::string e;
-        for (char c : rep.errors[i]) e += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
-        std::printf("%s\"%s\"", i ? ", " : "", e.c_str());
-      }
-      std::printf("]}\n");
+      nlohmann::ordered_json j = {{"plan", o->plan},
+                                  {"valid", rep.ok()},
+                                  {"errors", rep.total_errors},
+                                  {"steps", rep.steps},
+                                  {"messages", rep.messages},
+                                  {"destination_elements", rep.dest_elements},
+                                  {"seconds", secs},
+                                  {"problems", rep.errors}};
+      std::printf("%s\n", j.dump().c_str());
     } else if (rep.ok()) {
       std::printf("%s: valid: %llu steps, %llu messages, %llu destination elements each written once (%.2f s)\n",
                   o->plan.c_str(), static_cast<unsigned long long>(rep.steps),
