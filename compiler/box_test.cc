@@ -122,3 +122,33 @@ TEST(Expand, TinyDenseMegatronGolden) {
 
 }  // namespace
 }  // namespace reshard
+
+namespace reshard {
+namespace {
+
+// Golden fragments of the tiny MoE vLLM layout: experts stay a leading
+// physical dim of w13_weight [E, 2 * I / tp, H], gate then up.
+TEST(Expand, TinyMoeVllmStackedExpertsGolden) {
+  CompileInputs in = LoadInputs(testing::Sample("tiny-moe/model.json"), testing::Sample("tiny-moe/train.json"),
+                                testing::Sample("tiny-moe/infer.json"), testing::Sample("clusters/dgx-h100.json"));
+  Expansion e = Expand(in.model, in.dst);
+  const RankLayout& r1 = e.ranks[1];  // dp 0, tp 1
+  std::vector<std::string> got;
+  for (const Fragment& f : r1.fragments) {
+    const std::string& t = in.model.tensors[f.tensor].name;
+    if (t.find("experts.{expert}.gate_proj") == std::string::npos && t.find("experts.{expert}.up_proj") == std::string::npos)
+      continue;
+    const BufferDesc& b = r1.buffers[f.buffer];
+    std::string shape;
+    for (int64_t x : b.shape) shape += (shape.empty() ? "" : ",") + std::to_string(x);
+    got.push_back(t.substr(t.rfind('.', t.size() - 8) + 1) + " " + f.box.str() + " -> " + b.name + "[" + shape + "] @" +
+                  std::to_string(f.offset) + " " + f.RegionOf(f.box).Coalesced().str());
+  }
+  std::vector<std::string> want = {
+      "gate_proj.weight [0:4, 0:8, 24:48, 0:64] -> model.layers.0.mlp.experts.w13_weight[8,48,64] @0 (4,8,1536):(b1,3072,1)",
+      "up_proj.weight [0:4, 0:8, 24:48, 0:64] -> model.layers.0.mlp.experts.w13_weight[8,48,64] @1536 (4,8,1536):(b1,3072,1)"};
+  EXPECT_EQ(got, want);
+}
+
+}  // namespace
+}  // namespace reshard

@@ -106,9 +106,13 @@ INSTANTIATE_TEST_SUITE_P(Tiny, CompiledSampleTest,
                          ::testing::Values(Sample{"tiny-dense", "infer.json", "direct"},
                                            Sample{"tiny-dense", "infer.json", "gather"},
                                            Sample{"tiny-dense", "infer-tp2-dp2.json", "direct"},
+                                           Sample{"tiny-dense", "infer-tp2-dp2.json", "gather"},
+                                           Sample{"tiny-dense", "infer-tp1-dp4.json", "direct"},
+                                           Sample{"tiny-dense", "infer-tp1-dp4.json", "gather"},
                                            Sample{"tiny-moe", "infer.json", "direct"},
                                            Sample{"tiny-moe", "infer.json", "gather"},
-                                           Sample{"tiny-moe", "infer-ep.json", "direct"}),
+                                           Sample{"tiny-moe", "infer-ep.json", "direct"},
+                                           Sample{"tiny-moe", "infer-ep.json", "gather"}),
                          [](const ::testing::TestParamInfo<Sample>& info) {
                            std::string name = std::string(info.param.dir) + "_" + info.param.infer + "_" +
                                               info.param.strategy;
