@@ -11,5 +11,8 @@ void AddCompileCommand(CLI::App& app, int& exit_code);
 void AddValidateCommand(CLI::App& app, int& exit_code);
 void AddShowCommand(CLI::App& app, int& exit_code);
 void AddRunCommand(CLI::App& app, int& exit_code);
+void AddSimulateCommand(CLI::App& app, int& exit_code);
+void AddDiffCommand(CLI::App& app, int& exit_code);
+void AddVizCommand(CLI::App& app, int& exit_code);
 
 }  // namespace reshard::cli

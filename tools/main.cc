@@ -12,7 +12,10 @@ int main(int argc, char** argv) {
       "  reshard compile --model M --from TRAIN --to INFER --cluster C -o PLAN\n"
       "  reshard validate PLAN\n"
       "  reshard show PLAN [--rank R] [--json]\n"
-      "  reshard run PLAN --local\n",
+      "  reshard run PLAN --local\n"
+      "  reshard simulate PLAN --cluster C [--trace T.json]\n"
+      "  reshard diff A B\n"
+      "  reshard viz PLAN -o OUT.html|.svg|.dot\n",
       "reshard"};
   app.require_subcommand(1);
   app.set_version_flag("--version", RESHARD_VERSION);
@@ -21,6 +24,9 @@ int main(int argc, char** argv) {
   reshard::cli::AddValidateCommand(app, exit_code);
   reshard::cli::AddShowCommand(app, exit_code);
   reshard::cli::AddRunCommand(app, exit_code);
+  reshard::cli::AddSimulateCommand(app, exit_code);
+  reshard::cli::AddDiffCommand(app, exit_code);
+  reshard::cli::AddVizCommand(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
