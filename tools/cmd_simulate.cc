@@ -1,12 +1,138 @@
-// reshard simulate: placeholder until its issue lands.
+// reshard simulate: predicted refit time of a plan on a modelled cluster, the
+// physical lower bound beside it, and a Chrome/Perfetto timeline.
+#include <unistd.h>
+
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "compiler/spec.h"
 #include "runtime/error.h"
+#include "runtime/plan.h"
+#include "sim/bound.h"
+#include "sim/simulate.h"
+#include "sim/workload.h"
 #include "tools/commands.h"
 
 namespace reshard::cli {
 
+namespace {
+
+std::string Bytes(double b) {
+  char buf[32];
+  if (b >= 1e12) std::snprintf(buf, sizeof buf, "%.2f TB", b / 1e12);
+  else if (b >= 1e9) std::snprintf(buf, sizeof buf, "%.2f GB", b / 1e9);
+  else if (b >= 1e6) std::snprintf(buf, sizeof buf, "%.2f MB", b / 1e6);
+  else std::snprintf(buf, sizeof buf, "%.0f B", b);
+  return buf;
+}
+
+}  // namespace
+
 void AddSimulateCommand(CLI::App& app, int& exit_code) {
-  CLI::App* cmd = app.add_subcommand("simulate", "not implemented yet");
-  cmd->callback([] { throw Error("reshard simulate is not implemented yet"); });
+  auto* cmd = app.add_subcommand(
+      "simulate",
+      "Predict how long a plan's refit takes on a cluster, with SimGrid's flow-level network model:\n"
+      "every GPU has a full-duplex NIC into a non-blocking fabric and a full-duplex NVLink port into\n"
+      "its domain's switch (bandwidths and latencies from the cluster spec); links are shared max-min\n"
+      "fairly; pack, copy and unpack cost their bytes read and written through HBM. Every rank replays\n"
+      "its rounds: local work, then all its transfers together (net and NVLink overlap), then unpacks.\n"
+      "Prints the predicted time beside the physical lower bound of any plan for the same layouts.\n"
+      "Example:\n"
+      "  reshard simulate qwen3.rsplan --cluster samples/clusters/dgx-h100.json --trace qwen3.trace.json\n"
+      "  (open the trace in https://ui.perfetto.dev: one track per rank and channel)");
+  struct Opts {
+    std::string plan, cluster, trace;
+    bool json = false, quiet = false;
+  };
+  auto o = std::make_shared<Opts>();
+  cmd->add_option("plan", o->plan, "plan file (.rsplan)")->required();
+  cmd->add_option("--cluster", o->cluster, "cluster spec (reshard.cluster/1) to simulate on")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--trace", o->trace, "write a Chrome/Perfetto timeline (JSON) here");
+  cmd->add_flag("--json", o->json, "print the result as JSON");
+  cmd->add_flag("-q,--quiet", o->quiet, "no progress messages");
+  cmd->callback([o, &exit_code] {
+    ClusterSpec cluster = ParseCluster(LoadJson(o->cluster), o->cluster);
+    Plan plan = Plan::open(o->plan);
+    sim::Workload w = sim::BuildWorkload(plan, cluster);
+    sim::LowerBound lb = sim::ComputeLowerBound(plan, cluster);
+    for (const std::string& warn : w.warnings) std::fprintf(stderr, "reshard: warning: %s\n", warn.c_str());
+    sim::SimOptions opt;
+    opt.trace_path = o->trace;
+    if (!o->quiet && isatty(STDERR_FILENO)) {
+      const uint32_t ranks = w.num_ranks;
+      opt.progress = [ranks](double t, uint32_t done) {
+        std::fprintf(stderr, "\rsimulating: %.3f s simulated, %u of %u ranks done", t, done, ranks);
+      };
+    }
+    sim::SimResult r = sim::Simulate(w, cluster, opt);
+    if (opt.progress) std::fprintf(stderr, "\r\033[K");
+    const double ratio = lb.seconds > 0 ? r.seconds / lb.seconds : 1.0;
+    if (o->json) {
+      nlohmann::ordered_json links = nlohmann::ordered_json::array();
+      for (const sim::LinkLoad& l : r.busiest) {
+        links.push_back({{"link", l.name()},
+                         {"rank", l.rank},
+                         {"path", l.path == sim::Path::net ? "net" : "nvlink"},
+                         {"direction", l.egress ? "out" : "in"},
+                         {"bytes", l.bytes},
+                         {"utilization", l.utilization}});
+      }
+      nlohmann::ordered_json j = {
+          {"plan", o->plan},
+          {"cluster", cluster.name},
+          {"ranks", w.num_ranks},
+          {"rounds", w.num_rounds},
+          {"predicted_seconds", r.seconds},
+          {"lower_bound_seconds", lb.seconds},
+          {"ratio_to_bound", ratio},
+          {"bound",
+           {{"binding", lb.binding()},
+            {"ingress_seconds", lb.ingress_s},
+            {"ingress_domain", lb.ingress_domain},
+            {"ingress_bytes", lb.ingress_bytes},
+            {"egress_seconds", lb.egress_s},
+            {"egress_bytes", lb.egress_bytes},
+            {"nvlink_seconds", lb.nvlink_s},
+            {"needed_bytes", lb.needed_bytes},
+            {"latency_seconds", lb.latency_s}}},
+          {"bytes", {{"net", w.net_bytes}, {"nvlink", w.nvlink_bytes}, {"hbm_local", w.local_bytes},
+                     {"hbm_unpack", w.unpack_bytes}}},
+          {"hbm_seconds_max_rank", r.hbm_seconds},
+          {"busiest_links", links},
+          {"flows", r.comms},
+          {"steps", w.steps},
+          {"warnings", w.warnings},
+          {"trace", o->trace},
+          {"wall_seconds", r.wall_seconds}};
+      std::printf("%s\n", j.dump().c_str());
+    } else {
+      std::printf("%s on %s: %u GPUs, %u rounds\n", o->plan.c_str(), cluster.name.c_str(), w.num_ranks,
+                  w.num_rounds);
+      std::printf("  predicted refit   %.3f s\n", r.seconds);
+      std::printf("  lower bound       %.3f s  (%s)\n", lb.seconds, lb.binding());
+      std::printf("                      (a) domain ingress %.3f s: domain %u takes in %s over its NICs\n",
+                  lb.ingress_s, lb.ingress_domain, Bytes(lb.ingress_bytes).c_str());
+      std::printf("                      (b) source egress  %.3f s: %s must leave the domains holding it\n",
+                  lb.egress_s, Bytes(lb.egress_bytes).c_str());
+      std::printf("                      (c) GPU ingress    %.3f s: GPUs need %s they do not hold\n", lb.nvlink_s,
+                  Bytes(lb.needed_bytes).c_str());
+      std::printf("  plan / bound      %.2fx\n", ratio);
+      std::printf("  traffic           net %s, nvlink %s; HBM pack/copy %s, unpack %s (busiest rank %.3f s)\n",
+                  Bytes(w.net_bytes).c_str(), Bytes(w.nvlink_bytes).c_str(), Bytes(w.local_bytes).c_str(),
+                  Bytes(w.unpack_bytes).c_str(), r.hbm_seconds);
+      std::printf("  busiest links    ");
+      for (size_t i = 0; i < r.busiest.size() && i < 4; ++i) {
+        std::printf("%s %s %.0f%%", i ? "," : "", r.busiest[i].name().c_str(), 100 * r.busiest[i].utilization);
+      }
+      std::printf("\n  simulated %llu flows of %llu steps in %.2f s%s%s\n",
+                  static_cast<unsigned long long>(r.comms), static_cast<unsigned long long>(w.steps),
+                  r.wall_seconds, o->trace.empty() ? "" : "; timeline in ", o->trace.c_str());
+    }
+    exit_code = 0;
+  });
 }
 
 }  // namespace reshard::cli

@@ -1,0 +1,189 @@
+#include "sim/bound.h"
+
+#include <algorithm>
+#include <array>
+
+#include "runtime/error.h"
+#include "sim/workload.h"
+
+namespace reshard::sim {
+
+const char* LowerBound::binding() const {
+  if (ingress_s >= egress_s && ingress_s >= nvlink_s) return "destination NVLink domain ingress over NICs";
+  if (egress_s >= nvlink_s) return "source egress over NICs";
+  return "per-GPU ingress over NIC and NVLink";
+}
+
+namespace {
+
+constexpr int kDims = 6;
+
+struct Piece {
+  uint32_t domain, rank;
+  uint8_t ndim;
+  std::array<uint32_t, kDims> lo, hi;
+};
+
+uint64_t Volume(const Piece& p) {
+  uint64_t v = 1;
+  for (int d = 0; d < p.ndim; ++d) v *= p.hi[d] - p.lo[d];
+  return v;
+}
+
+uint64_t Overlap(const Piece& a, const Piece& b) {
+  uint64_t v = 1;
+  for (int d = 0; d < a.ndim; ++d) {
+    const uint32_t lo = std::max(a.lo[d], b.lo[d]), hi = std::min(a.hi[d], b.hi[d]);
+    if (hi <= lo) return 0;
+    v *= hi - lo;
+  }
+  return v;
+}
+
+// The sources and needs of one tensor on a grid of cells cut at every box edge:
+// each cell is held or needed whole by any rank, so per-cell domain sets give
+// exact unions.
+class Grid {
+ public:
+  explicit Grid(const std::vector<Piece>& all) {
+    ndim_ = all.empty() ? 0 : all[0].ndim;
+    for (int d = 0; d < ndim_; ++d) {
+      for (const Piece& p : all) cuts_[d].push_back(p.lo[d]), cuts_[d].push_back(p.hi[d]);
+      std::sort(cuts_[d].begin(), cuts_[d].end());
+      cuts_[d].erase(std::unique(cuts_[d].begin(), cuts_[d].end()), cuts_[d].end());
+    }
+    cells_ = 1;
+    for (int d = ndim_ - 1; d >= 0; --d) {
+      stride_[d] = cells_;
+      cells_ *= cuts_[d].size() - 1;
+    }
+    if (cells_ > (64ull << 20)) throw Error("lower bound: a tensor cut into more than 64M cells");
+  }
+  uint64_t cells() const { return cells_; }
+  uint64_t volume(uint64_t cell) const {
+    uint64_t v = 1;
+    for (int d = 0; d < ndim_; ++d) {
+      const uint64_t i = (cell / stride_[d]) % (cuts_[d].size() - 1);
+      v *= cuts_[d][i + 1] - cuts_[d][i];
+    }
+    return v;
+  }
+  // Calls f(cell) for every cell of p.
+  template <class F>
+  void ForEach(const Piece& p, F&& f) const {
+    std::array<uint64_t, kDims> b{}, e{};
+    for (int d = 0; d < ndim_; ++d) {
+      b[d] = std::lower_bound(cuts_[d].begin(), cuts_[d].end(), p.lo[d]) - cuts_[d].begin();
+      e[d] = std::lower_bound(cuts_[d].begin(), cuts_[d].end(), p.hi[d]) - cuts_[d].begin();
+      if (e[d] <= b[d]) return;
+    }
+    Walk(0, 0, b, e, f);
+  }
+
+ private:
+  template <class F>
+  void Walk(int d, uint64_t base, const std::array<uint64_t, kDims>& b, const std::array<uint64_t, kDims>& e,
+            F& f) const {
+    if (d == ndim_) return f(base);
+    for (uint64_t i = b[d]; i < e[d]; ++i) Walk(d + 1, base + i * stride_[d], b, e, f);
+  }
+  int ndim_ = 0;
+  std::array<std::vector<uint32_t>, kDims> cuts_;
+  std::array<uint64_t, kDims> stride_{};
+  uint64_t cells_ = 1;
+};
+
+// Adds d to a sorted small set.
+void Insert(std::vector<uint32_t>& set, uint32_t d) {
+  auto it = std::lower_bound(set.begin(), set.end(), d);
+  if (it == set.end() || *it != d) set.insert(it, d);
+}
+
+}  // namespace
+
+LowerBound ComputeLowerBound(const Plan& plan, const ClusterSpec& cluster) {
+  const fb::Plan& root = plan.root();
+  const LinkModel m = LinkModel::Of(cluster);
+  const uint32_t n = plan.num_ranks();
+  const uint32_t gpd = static_cast<uint32_t>(std::max<int64_t>(1, cluster.gpus_per_domain));
+  const uint32_t ndomains = n ? (n - 1) / gpd + 1 : 0;
+  auto gpus_in = [&](uint32_t d) { return std::min(gpd, n - d * gpd); };
+  const auto* tensors = root.tensors();
+  const uint32_t ntensors = tensors ? tensors->size() : 0;
+
+  // Every fragment by tensor and role.
+  std::vector<std::vector<Piece>> held(ntensors), needed(ntensors);
+  for (uint32_t g = 0; g < n; ++g) {
+    const fb::Program& prog = plan.program(g);
+    if (!prog.fragments()) continue;
+    for (const fb::Fragment* f : *prog.fragments()) {
+      if (f->tensor() >= ntensors) continue;  // program(g) has checked it; defensive
+      Piece p{g / gpd, g, f->ndim(), {}, {}};
+      for (int d = 0; d < f->ndim() && d < kDims; ++d) p.lo[d] = f->lo()->Get(d), p.hi[d] = f->hi()->Get(d);
+      (f->role() == 0 ? held : needed)[f->tensor()].push_back(p);
+    }
+  }
+
+  std::vector<uint64_t> in(ndomains, 0), only(ndomains, 0), gpu_need(n, 0);
+  std::vector<bool> source_domain(ndomains, false);
+  uint64_t egress = 0;
+  for (uint32_t t = 0; t < ntensors; ++t) {
+    if (needed[t].empty()) continue;
+    const uint64_t esize = DtypeSize(tensors->Get(t)->dtype());
+    std::vector<Piece> all = held[t];
+    all.insert(all.end(), needed[t].begin(), needed[t].end());
+    Grid grid(all);
+    std::vector<std::vector<uint32_t>> holders(grid.cells()), needers(grid.cells());
+    for (const Piece& p : held[t]) {
+      source_domain[p.domain] = true;
+      grid.ForEach(p, [&](uint64_t c) { Insert(holders[c], p.domain); });
+    }
+    for (const Piece& p : needed[t]) grid.ForEach(p, [&](uint64_t c) { Insert(needers[c], p.domain); });
+    for (uint64_t c = 0; c < grid.cells(); ++c) {
+      if (needers[c].empty()) continue;
+      const uint64_t bytes = grid.volume(c) * esize;
+      bool elsewhere = false;
+      for (uint32_t d : needers[c]) {
+        if (!std::binary_search(holders[c].begin(), holders[c].end(), d)) in[d] += bytes, elsewhere = true;
+      }
+      if (elsewhere) {
+        egress += bytes;
+        if (holders[c].size() == 1) only[holders[c][0]] += bytes;
+      }
+    }
+    // What each GPU needs and does not hold itself (a rank's own pieces of a
+    // tensor never overlap each other).
+    for (const Piece& p : needed[t]) {
+      uint64_t v = Volume(p);
+      for (const Piece& h : held[t])
+        if (h.rank == p.rank) v -= std::min(v, Overlap(p, h));
+      gpu_need[p.rank] += v * esize;
+    }
+  }
+
+  LowerBound lb;
+  uint32_t source_gpus = 0;
+  for (uint32_t d = 0; d < ndomains; ++d) {
+    const double nics = gpus_in(d) * m.nic_Bps;
+    if (source_domain[d]) source_gpus += gpus_in(d);
+    const double a = in[d] / nics;
+    if (a > lb.ingress_s) lb.ingress_s = a, lb.ingress_domain = d, lb.ingress_bytes = in[d];
+    lb.egress_s = std::max(lb.egress_s, only[d] / nics);
+    uint64_t dom_need = 0;
+    for (uint32_t g = d * gpd; g < d * gpd + gpus_in(d); ++g) {
+      dom_need += gpu_need[g];
+      lb.nvlink_s = std::max(lb.nvlink_s, gpu_need[g] / (m.nic_Bps + m.nvlink_Bps));
+    }
+    lb.needed_bytes += dom_need;
+    lb.nvlink_s = std::max(lb.nvlink_s, dom_need / (gpus_in(d) * (m.nic_Bps + m.nvlink_Bps)));
+  }
+  lb.egress_bytes = egress;
+  if (source_gpus) lb.egress_s = std::max(lb.egress_s, egress / (source_gpus * m.nic_Bps));
+  bool net = false;
+  for (uint64_t b : in) net |= b > 0;
+  lb.latency_s = net ? m.nic_latency_s : (lb.needed_bytes ? m.nvlink_latency_s : 0);
+  lb.seconds = std::max({lb.ingress_s, lb.egress_s, lb.nvlink_s}) + lb.latency_s;
+  return lb;
+}
+
+}  // namespace reshard::sim

@@ -1,0 +1,252 @@
+#include "sim/simulate.h"
+
+#include <simgrid/s4u.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "compiler/compile.h"
+#include "runtime/error.h"
+
+namespace sg4 = simgrid::s4u;
+
+namespace reshard::sim {
+
+std::string LinkLoad::name() const {
+  return "rank " + std::to_string(rank) + (path == Path::net ? " NIC " : " NVLink ") + (egress ? "out" : "in");
+}
+
+namespace {
+
+// One slice of the timeline: a rank's local work, or its transfers of one
+// round on one path (from posting them to the last completion).
+struct Slice {
+  uint32_t rank, round;
+  uint8_t track;  // 0 HBM (pack/copy, unpack), 1 net, 2 nvlink
+  bool unpack;
+  double t0, t1;
+  uint64_t bytes;
+};
+
+struct Shared {
+  const Workload* w = nullptr;
+  LinkModel m;
+  bool trace = false;
+  std::vector<std::vector<Slice>> slices;  // per rank (each actor writes its own)
+  uint32_t done = 0;
+  double hbm_seconds = 0;
+  uint64_t comms = 0;
+};
+
+sg4::Mailbox* Box(uint32_t src, uint32_t dst, Path p) {
+  return sg4::Mailbox::by_name(std::to_string(src) + (p == Path::net ? ">" : "~") + std::to_string(dst));
+}
+
+char g_payload;  // what every simulated message "carries"
+
+// Posts one round's messages on one path and waits for all of them.
+void Exchange(Shared& sh, uint32_t g, const RankRound& rr, Path p) {
+  const std::vector<Message>& list = p == Path::net ? rr.net : rr.nvlink;
+  std::vector<sg4::CommPtr> comms;
+  std::vector<void*> sinks(list.size());
+  comms.reserve(list.size());
+  const double t0 = sg4::Engine::get_clock();
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const Message& msg = list[i];
+    if (msg.send) {
+      comms.push_back(Box(g, msg.peer, p)->put_async(&g_payload, msg.bytes));
+      bytes += msg.bytes;
+    } else {
+      comms.push_back(Box(msg.peer, g, p)->get_async<void>(&sinks[i]));
+    }
+  }
+  sh.comms += comms.size();
+  sg4::Comm::wait_all(comms);
+  if (sh.trace) {
+    sh.slices[g].push_back({g, rr.round, static_cast<uint8_t>(p == Path::net ? 1 : 2), false, t0,
+                            sg4::Engine::get_clock(), bytes});
+  }
+}
+
+void Local(Shared& sh, uint32_t g, uint32_t round, uint64_t bytes, bool unpack, double& hbm) {
+  if (!bytes) return;
+  const double t0 = sg4::Engine::get_clock();
+  const double secs = 2.0 * static_cast<double>(bytes) / sh.m.hbm_Bps;  // read once, written once
+  sg4::this_actor::sleep_for(secs);
+  hbm += secs;
+  if (sh.trace) sh.slices[g].push_back({g, round, 0, unpack, t0, t0 + secs, bytes});
+}
+
+// A rank: per round, local work, then both paths' transfers (the NVLink ones
+// by a helper actor on the rank's NVLink host, so the two overlap), then unpack.
+void RankActor(Shared* sh, uint32_t g, sg4::Host* nvhost) {
+  const std::vector<RankRound>& rounds = sh->w->ranks[g];
+  sg4::SemaphorePtr go, done;
+  bool has_nv = std::any_of(rounds.begin(), rounds.end(), [](const RankRound& r) { return !r.nvlink.empty(); });
+  if (has_nv) {
+    go = sg4::Semaphore::create(0);
+    done = sg4::Semaphore::create(0);
+    sg4::Actor::create("nv" + std::to_string(g), nvhost, [sh, g, go, done, &rounds] {
+      for (const RankRound& rr : rounds) {
+        if (rr.nvlink.empty()) continue;
+        go->acquire();
+        Exchange(*sh, g, rr, Path::nvlink);
+        done->release();
+      }
+    });
+  }
+  double hbm = 0;
+  for (const RankRound& rr : rounds) {
+    Local(*sh, g, rr.round, rr.local_bytes, false, hbm);
+    if (!rr.nvlink.empty()) go->release();
+    if (!rr.net.empty()) Exchange(*sh, g, rr, Path::net);
+    if (!rr.nvlink.empty()) done->acquire();
+    Local(*sh, g, rr.round, rr.unpack_bytes, true, hbm);
+  }
+  sh->hbm_seconds = std::max(sh->hbm_seconds, hbm);
+  ++sh->done;
+}
+
+void WriteTrace(const Shared& sh, const std::string& path, const ClusterSpec& cluster) {
+  nlohmann::json events = nlohmann::json::array();
+  static const char* tracks[] = {"HBM (pack, copy, unpack)", "net", "nvlink"};
+  for (uint32_t g = 0; g < sh.w->num_ranks; ++g) {
+    if (sh.w->ranks[g].empty()) continue;
+    events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", g},
+                      {"args", {{"name", "rank " + std::to_string(g) + " (domain " +
+                                             std::to_string(sh.w->domain[g]) + ")"}}}});
+    events.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", g}, {"args", {{"sort_index", g}}}});
+    for (int t = 0; t < 3; ++t) {
+      events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", g}, {"tid", t}, {"args", {{"name", tracks[t]}}}});
+    }
+    for (const Slice& s : sh.slices[g]) {
+      std::string name = s.track == 0 ? (s.unpack ? "unpack" : "pack") : (s.track == 1 ? "net" : "nvlink");
+      name += " r" + std::to_string(s.round);
+      events.push_back({{"ph", "X"}, {"name", name}, {"cat", tracks[s.track]}, {"pid", g}, {"tid", s.track},
+                        {"ts", s.t0 * 1e6}, {"dur", (s.t1 - s.t0) * 1e6},
+                        {"args", {{"round", s.round}, {"bytes", s.bytes}}}});
+    }
+  }
+  nlohmann::json doc = {{"traceEvents", std::move(events)},
+                        {"displayTimeUnit", "ms"},
+                        {"otherData", {{"tool", "reshard simulate"}, {"cluster", cluster.name}}}};
+  const std::string text = doc.dump();
+  WriteFileAtomic(path, std::vector<uint8_t>(text.begin(), text.end()));
+}
+
+}  // namespace
+
+SimResult Simulate(const Workload& w, const ClusterSpec& cluster, const SimOptions& opt) {
+  const auto wall0 = std::chrono::steady_clock::now();
+  Shared sh;
+  sh.w = &w;
+  sh.m = LinkModel::Of(cluster);
+  sh.trace = !opt.trace_path.empty();
+  sh.slices.resize(w.num_ranks);
+  if (sh.m.nic_Bps <= 0 || sh.m.nvlink_Bps <= 0 || sh.m.hbm_Bps <= 0) throw Error("cluster bandwidths must be > 0");
+
+  // CM02 is the plain max-min flow model: no TCP window bound, no empirical
+  // latency/bandwidth factors, no cross traffic of acknowledgements.
+  std::vector<std::string> args = {"reshard-simulate",
+                                   "--cfg=network/model:CM02",
+                                   "--cfg=network/TCP-gamma:1e18",
+                                   "--cfg=network/crosstraffic:0",
+                                   "--cfg=network/latency-factor:1",
+                                   "--cfg=network/bandwidth-factor:1",
+                                   "--cfg=network/weight-S:0",
+                                   "--cfg=contexts/stack-size:64",
+                                   "--log=root.thres:critical"};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  int argc = static_cast<int>(argv.size());
+  sg4::Engine engine(&argc, argv.data());
+
+  // Platform: a root zone over the fabric (a star: every GPU's NIC links up and
+  // down into a non-blocking switch) and one star per NVLink domain.
+  auto* root = sg4::create_full_zone("cluster");
+  auto* fabric = sg4::create_star_zone("fabric");
+  fabric->set_parent(root);
+  std::vector<sg4::Host*> nic_host(w.num_ranks), nv_host(w.num_ranks);
+  for (uint32_t g = 0; g < w.num_ranks; ++g) {
+    nic_host[g] = fabric->create_host("gpu" + std::to_string(g), 1e9);
+    sg4::Link* nic = fabric->create_split_duplex_link("nic" + std::to_string(g), sh.m.nic_Bps)
+                         ->set_latency(sh.m.nic_latency_s / 2);  // up + down = the spec's latency
+    fabric->add_route(nic_host[g]->get_netpoint(), nullptr, nullptr, nullptr,
+                      {sg4::LinkInRoute(nic, sg4::LinkInRoute::Direction::UP)}, true);
+  }
+  fabric->seal();
+  std::vector<sg4::NetZone*> domains;
+  for (uint32_t g = 0; g < w.num_ranks; ++g) {
+    const uint32_t d = w.domain[g];
+    if (d >= domains.size()) {
+      domains.resize(d + 1, nullptr);
+    }
+    if (!domains[d]) {
+      domains[d] = sg4::create_star_zone("nvl" + std::to_string(d));
+      domains[d]->set_parent(root);
+    }
+    nv_host[g] = domains[d]->create_host("gpu" + std::to_string(g) + ".nvl", 1e9);
+    sg4::Link* nv = domains[d]->create_split_duplex_link("nvlink" + std::to_string(g), sh.m.nvlink_Bps)
+                        ->set_latency(sh.m.nvlink_latency_s / 2);
+    domains[d]->add_route(nv_host[g]->get_netpoint(), nullptr, nullptr, nullptr,
+                          {sg4::LinkInRoute(nv, sg4::LinkInRoute::Direction::UP)}, true);
+  }
+  for (auto* z : domains)
+    if (z) z->seal();
+  root->seal();
+
+  for (uint32_t g = 0; g < w.num_ranks; ++g) {
+    if (w.ranks[g].empty()) continue;
+    sg4::Host* nv = nv_host[g];
+    sg4::Actor::create("rank" + std::to_string(g), nic_host[g], [&sh, g, nv] { RankActor(&sh, g, nv); });
+  }
+  if (opt.progress) {
+    uint32_t active = 0;
+    for (uint32_t g = 0; g < w.num_ranks; ++g) active += !w.ranks[g].empty();
+    // A daemon reporting progress every 2 s of wall time, checked at simulated-time steps.
+    sg4::Actor::create("progress", nic_host.empty() ? nullptr : nic_host[0], [&sh, &opt, active, wall0] {
+      auto last = std::chrono::steady_clock::now();
+      while (sh.done < active) {
+        sg4::this_actor::sleep_for(1e-3);
+        auto now = std::chrono::steady_clock::now();
+        if (now - last > std::chrono::seconds(2)) {
+          opt.progress(sg4::Engine::get_clock(), sh.done);
+          last = now;
+        }
+      }
+    })->daemonize();
+  }
+  engine.run();
+
+  SimResult res;
+  res.seconds = sg4::Engine::get_clock();
+  res.hbm_seconds = sh.hbm_seconds;
+  res.comms = sh.comms / 2;  // both ends counted
+  // Link loads over the refit.
+  std::vector<LinkLoad> loads;
+  const double T = res.seconds > 0 ? res.seconds : 1;
+  for (uint32_t g = 0; g < w.num_ranks; ++g) {
+    for (int p = 0; p < 2; ++p) {
+      const double bw = p == 0 ? sh.m.nic_Bps : sh.m.nvlink_Bps;
+      for (bool out : {true, false}) {
+        uint64_t b = out ? w.sent[p][g] : w.received[p][g];
+        if (b) loads.push_back({g, static_cast<Path>(p), out, b, static_cast<double>(b) / (bw * T)});
+      }
+    }
+  }
+  std::sort(loads.begin(), loads.end(), [](const LinkLoad& a, const LinkLoad& b) {
+    if (a.utilization != b.utilization) return a.utilization > b.utilization;
+    return a.name() < b.name();
+  });
+  if (loads.size() > 8) loads.resize(8);
+  res.busiest = std::move(loads);
+  if (sh.trace) WriteTrace(sh, opt.trace_path, cluster);
+  res.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+  return res;
+}
+
+}  // namespace reshard::sim

@@ -1,0 +1,236 @@
+// `reshard simulate` pinned to physics: hand-built plans whose refit time is
+// known in closed form, run through the binary (SimGrid allows one engine per
+// process), and the lower bound checked against random valid plans.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <tuple>
+
+#include <nlohmann/json.hpp>
+
+#include "compiler/random_specs.h"
+#include "compiler/test.h"
+#include "runtime/test.h"
+
+namespace reshard {
+namespace {
+
+using testing::MakeStep;
+using testing::PlanSpec;
+using testing::TempDir;
+
+struct Result {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+Result Reshard(const std::string& args, const TempDir& dir) {
+  Result r;
+  const std::string err = dir.File("stderr");
+  FILE* p = popen((std::string(RESHARD_BINARY) + " " + args + " 2>" + err).c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream e(err);
+  r.err.assign(std::istreambuf_iterator<char>(e), {});
+  return r;
+}
+
+// A cluster with round numbers: NIC 10 GB/s (80 Gb/s), NVLink 100 GB/s, HBM 1 TB/s.
+constexpr double kNic = 10e9, kNvlink = 100e9, kHbm = 1000e9, kNicLat = 10e-6, kNvLat = 2e-6;
+
+std::string WriteCluster(const TempDir& dir, int gpus_per_domain) {
+  nlohmann::json c = {{"format", "reshard.cluster/1"}, {"name", "physics"}, {"gpus_per_domain", gpus_per_domain},
+                      {"nic_gbps", kNic * 8 / 1e9}, {"nvlink_GBps", kNvlink / 1e9}, {"hbm_GBps", kHbm / 1e9},
+                      {"nic_latency_us", kNicLat * 1e6}, {"nvlink_latency_us", kNvLat * 1e6}};
+  std::string path = dir.File("cluster.json");
+  std::ofstream(path) << c.dump();
+  return path;
+}
+
+constexpr uint64_t kWords = 250000000;  // 1 GB of fp32 per rank
+
+// Ranks exchanging staging ranges: (src, dst, bytes, round) per transfer, with
+// an optional pack of `pack` bytes on every sender before its sends.
+PlanSpec Transfers(uint32_t ranks, const std::vector<std::tuple<uint32_t, uint32_t, uint64_t, uint32_t>>& t,
+                   uint64_t pack = 0) {
+  PlanSpec spec;
+  spec.tensors.push_back({"w", fb::Dtype::fp32, {0}, {kWords}});
+  spec.programs.resize(ranks);
+  uint32_t rounds = 0;
+  for (const auto& [s, d, b, r] : t) rounds = std::max(rounds, r + 1);
+  for (uint32_t g = 0; g < ranks; ++g) {
+    testing::ProgramSpec& p = spec.programs[g];
+    p.rank = g;
+    p.buffers = {{"w", fb::Dtype::fp32, {kWords}}};
+    uint64_t staging = 0;
+    for (uint32_t r = 0; r < rounds; ++r) {
+      p.Round();
+      bool sends = false;
+      for (const auto& [s, d, b, rr] : t) sends |= rr == r && s == g;
+      if (sends && pack) {
+        uint32_t reg = p.Region(testing::MakeRegion(0, 0, {static_cast<uint32_t>(pack / 4)}, {1}));
+        p.Step(MakeStep(fb::StepKind::pack, kNone, reg, kNone, 0, pack, fb::Dtype::fp32));
+      }
+      for (const auto& [s, d, b, rr] : t) {
+        if (rr != r || (s != g && d != g)) continue;
+        p.Step(MakeStep(s == g ? fb::StepKind::send : fb::StepKind::recv, s == g ? d : s, kNone, kNone, 0, b,
+                        fb::Dtype::fp32));
+        staging = std::max(staging, b);
+      }
+    }
+    p.staging_bytes = std::max(staging, pack);
+  }
+  return spec;
+}
+
+nlohmann::json Simulate(const PlanSpec& spec, int gpus_per_domain, const TempDir& dir, const std::string& extra = "") {
+  testing::WriteFile(dir.File("p.rsplan"), testing::BuildPlan(spec));
+  Result r = Reshard("simulate " + dir.File("p.rsplan") + " --cluster " + WriteCluster(dir, gpus_per_domain) +
+                     " --json " + extra,
+                 dir);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  return r.exit_code == 0 ? nlohmann::json::parse(r.out) : nlohmann::json{{"predicted_seconds", -1.0}};
+}
+
+constexpr uint64_t kGB = 1000000000;
+
+TEST(SimulateTest, OneTransferOverOneNicTakesBytesOverBandwidthPlusLatency) {
+  TempDir dir;
+  auto j = Simulate(Transfers(2, {{0, 1, kGB, 0}}), 1, dir);
+  EXPECT_NEAR(j["predicted_seconds"].get<double>(), kGB / kNic + kNicLat, 1e-9);
+  EXPECT_EQ(j["bytes"]["net"], kGB);
+  EXPECT_EQ(j["busiest_links"][0]["utilization"].get<double>() > 0.99, true);
+}
+
+TEST(SimulateTest, OneTransferOverNvlinkInsideADomain) {
+  TempDir dir;
+  auto j = Simulate(Transfers(2, {{0, 1, kGB, 0}}), 8, dir);
+  EXPECT_NEAR(j["predicted_seconds"].get<double>(), kGB / kNvlink + kNvLat, 1e-9);
+  EXPECT_EQ(j["bytes"]["nvlink"], kGB);
+  EXPECT_EQ(j["bytes"]["net"], 0);
+}
+
+TEST(SimulateTest, TwoSendersIntoOneNicShareIt) {
+  TempDir dir;
+  auto j = Simulate(Transfers(3, {{0, 2, kGB, 0}, {1, 2, kGB, 0}}), 1, dir);
+  EXPECT_NEAR(j["predicted_seconds"].get<double>(), 2 * kGB / kNic + kNicLat, 1e-9);
+  EXPECT_EQ(j["busiest_links"][0]["link"], "rank 2 NIC in");
+}
+
+TEST(SimulateTest, AFullDuplexLinkCarriesBothDirectionsAtOnce) {
+  TempDir dir;
+  auto j = Simulate(Transfers(2, {{0, 1, kGB, 0}, {1, 0, kGB, 0}}), 1, dir);
+  EXPECT_NEAR(j["predicted_seconds"].get<double>(), kGB / kNic + kNicLat, 1e-9);
+}
+
+TEST(SimulateTest, APlanWhoseBytesAllCrossOneLinkTakesThatLinksTime) {
+  TempDir dir;
+  // Rank 0's NIC sends 3 GB to three receivers over two rounds.
+  auto j = Simulate(Transfers(4, {{0, 1, kGB, 0}, {0, 2, kGB, 0}, {0, 3, kGB, 1}}), 1, dir);
+  // Round 0 sends 2 GB through the one NIC, round 1 the third: one latency each.
+  EXPECT_NEAR(j["predicted_seconds"].get<double>(), 3 * kGB / kNic + 2 * kNicLat, 1e-9);
+  EXPECT_EQ(j["busiest_links"][0]["link"], "rank 0 NIC out");
+  EXPECT_NEAR(j["busiest_links"][0]["utilization"].get<double>(), 1.0, 1e-4);
+}
+
+TEST(SimulateTest, NetAndNvlinkTransfersOfARoundOverlap) {
+  TempDir dir;
+  // Domains of 2: rank 0 sends 1 GB to rank 1 (NVLink, 10 ms) and 1 GB to rank 2 (NIC, 100 ms).
+  auto j = Simulate(Transfers(3, {{0, 1, kGB, 0}, {0, 2, kGB, 0}}), 2, dir);
+  EXPECT_NEAR(j["predicted_seconds"].get<double>(), kGB / kNic + kNicLat, 1e-9);
+}
+
+TEST(SimulateTest, PackCostsItsBytesReadAndWrittenThroughHbm) {
+  TempDir dir;
+  auto j = Simulate(Transfers(2, {{0, 1, kGB, 0}}, kGB), 1, dir);
+  EXPECT_NEAR(j["predicted_seconds"].get<double>(), 2 * kGB / kHbm + kGB / kNic + kNicLat, 1e-9);
+}
+
+TEST(SimulateTest, ARoundStartsWhenTheRankFinishedThePrevious) {
+  TempDir dir;
+  // Round 0: 0 -> 1 (1 GB). Round 1: 1 -> 2 (1 GB): rank 1 starts it only after its receive.
+  auto j = Simulate(Transfers(3, {{0, 1, kGB, 0}, {1, 2, kGB, 1}}), 1, dir);
+  EXPECT_NEAR(j["predicted_seconds"].get<double>(), 2 * (kGB / kNic + kNicLat), 1e-9);
+}
+
+TEST(SimulateTest, TraceHasOneTrackPerRankAndChannel) {
+  TempDir dir;
+  auto j = Simulate(Transfers(3, {{0, 1, kGB, 0}, {0, 2, kGB, 0}}, kGB), 2, dir, "--trace " + dir.File("t.json"));
+  std::ifstream in(dir.File("t.json"));
+  nlohmann::json t = nlohmann::json::parse(in);
+  std::set<std::pair<int, int>> tracks;
+  double end = 0;
+  int slices = 0;
+  for (const auto& e : t["traceEvents"]) {
+    if (e["ph"] == "X") {
+      tracks.insert({e["pid"].get<int>(), e["tid"].get<int>()});
+      EXPECT_GE(e["dur"].get<double>(), 0);
+      end = std::max(end, e["ts"].get<double>() + e["dur"].get<double>());
+      ++slices;
+    }
+  }
+  // Rank 0: pack (tid 0), net (1), nvlink (2); rank 1: nvlink; rank 2: net.
+  EXPECT_EQ(tracks, (std::set<std::pair<int, int>>{{0, 0}, {0, 1}, {0, 2}, {1, 2}, {2, 1}}));
+  EXPECT_EQ(slices, 5);
+  EXPECT_NEAR(end * 1e-6, j["predicted_seconds"].get<double>(), 1e-9);
+}
+
+TEST(SimulateTest, ASendWithoutItsReceiveIsAnErrorNotAHang) {
+  TempDir dir;
+  PlanSpec spec = Transfers(2, {{0, 1, kGB, 0}});
+  spec.programs[1].steps.clear();
+  testing::WriteFile(dir.File("p.rsplan"), testing::BuildPlan(spec));
+  Result r = Reshard("simulate " + dir.File("p.rsplan") + " --cluster " + WriteCluster(dir, 1), dir);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("round 0: 1000000000 bytes sent from rank 0 to rank 1 have no matching receive"),
+            std::string::npos)
+      << r.err;
+}
+
+TEST(SimulateTest, BadInputsAreClearErrors) {
+  TempDir dir;
+  std::string cluster = WriteCluster(dir, 1);
+  Result r = Reshard("simulate " + dir.File("missing.rsplan") + " --cluster " + cluster, dir);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("missing.rsplan"), std::string::npos) << r.err;
+  std::ofstream(dir.File("bad.json")) << R"({"format": "reshard.cluster/1", "nic_gbps": -4})";
+  testing::WriteFile(dir.File("p.rsplan"), testing::BuildPlan(Transfers(2, {{0, 1, 100, 0}})));
+  r = Reshard("simulate " + dir.File("p.rsplan") + " --cluster " + dir.File("bad.json"), dir);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("bad.json"), std::string::npos) << r.err;
+  r = Reshard("simulate " + dir.File("p.rsplan") + " --cluster " + cluster + " --trace /nonexistent/dir/t.json", dir);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("/nonexistent/dir/t.json"), std::string::npos) << r.err;
+}
+
+// The bound never exceeds the predicted time of a valid plan.
+TEST(SimulateTest, LowerBoundNeverExceedsThePredictionOfRandomValidPlans) {
+  TempDir dir;
+  int checked = 0;
+  for (uint64_t seed = 1; seed <= 24; ++seed) {
+    RandomSpecs s = MakeRandomSpecs(seed);
+    std::string cluster = dir.File("c.json");
+    std::ofstream(cluster) << s.cluster.dump();
+    for (const char* strategy : {"direct", "gather"}) {
+      testing::WriteFile(dir.File("r.rsplan"), testing::CompileJson(s.model, s.train, s.infer, s.cluster, strategy));
+      Result r = Reshard("simulate " + dir.File("r.rsplan") + " --cluster " + cluster + " --json", dir);
+      ASSERT_EQ(r.exit_code, 0) << "seed " << seed << ": " << r.err;
+      auto j = nlohmann::json::parse(r.out);
+      const double predicted = j["predicted_seconds"], bound = j["lower_bound_seconds"];
+      EXPECT_GT(bound, 0) << "seed " << seed;
+      EXPECT_LE(bound, predicted * (1 + 1e-9)) << "seed " << seed << " " << strategy << ": " << r.out;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 48);
+}
+
+}  // namespace
+}  // namespace reshard
