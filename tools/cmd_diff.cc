@@ -103,6 +103,17 @@ std::vector<uint32_t> Keys(const std::map<uint32_t, uint64_t>& m) {
   return k;
 }
 
+// Ranks whose bytes differ between two per-rank maps (a rank absent from one counts).
+size_t OtherAmounts(const std::map<uint32_t, uint64_t>& a, const std::map<uint32_t, uint64_t>& b) {
+  size_t n = 0;
+  for (auto& [r, v] : a) {
+    auto it = b.find(r);
+    n += it == b.end() || it->second != v;
+  }
+  for (auto& [r, v] : b) n += !a.count(r);
+  return n;
+}
+
 }  // namespace
 
 void AddDiffCommand(CLI::App& app, int& exit_code) {
@@ -150,11 +161,13 @@ void AddDiffCommand(CLI::App& app, int& exit_code) {
     field("source_layout", Str(ra.source_layout()), Str(rb.source_layout()));
     field("dest_layout", Str(ra.dest_layout()), Str(rb.dest_layout()));
     field("cluster", Str(ra.cluster()), Str(rb.cluster()));
-    field("staging_limit", std::to_string(ra.staging_limit()), std::to_string(rb.staging_limit()));
+    auto limit = [](uint64_t b) { return std::to_string(b) + " (" + Bytes(b) + ")"; };
+    field("staging_limit", limit(ra.staging_limit()), limit(rb.staging_limit()));
     if (Vec(ra.domain()) != Vec(rb.domain())) {
       auto domains = [](const fb::Plan& p) {
         std::vector<uint64_t> d = Vec(p.domain());
-        return std::to_string(d.empty() ? 0 : *std::max_element(d.begin(), d.end()) + 1) + " NVLink domains";
+        uint64_t n = d.empty() ? 0 : *std::max_element(d.begin(), d.end()) + 1;
+        return std::to_string(n) + (n == 1 ? " NVLink domain" : " NVLink domains");
       };
       std::string x = domains(ra), y = domains(rb);
       if (x == y) x += " (ranks placed differently)";
@@ -318,6 +331,8 @@ void AddDiffCommand(CLI::App& app, int& exit_code) {
                     {"read", AB(x.read_bytes, y.read_bytes)},
                     {"written", AB(x.written_bytes, y.written_bytes)},
                     {"direct", AB(x.direct_bytes, y.direct_bytes)},
+                    {"ranks_reading_other_amounts", OtherAmounts(x.read, y.read)},
+                    {"ranks_writing_other_amounts", OtherAmounts(x.written, y.written)},
                     {"sources", {{"a", report::RankRanges(Keys(x.read))}, {"b", report::RankRanges(Keys(y.read))}}},
                     {"destinations",
                      {{"a", report::RankRanges(Keys(x.written))}, {"b", report::RankRanges(Keys(y.written))}}}});
@@ -385,17 +400,21 @@ void AddDiffCommand(CLI::App& app, int& exit_code) {
                     Bytes(x["net"]["a"]).c_str(), Bytes(x["net"]["b"]).c_str(), Bytes(x["nvlink"]["a"]).c_str(),
                     Bytes(x["nvlink"]["b"]).c_str());
     }
+    if (trows.empty())
+      std::printf("tensors: all %zu read from and written to the same ranks, in the same amounts\n", by_name.size());
     if (!trows.empty()) {
       std::printf("tensors (%zu of %zu routed differently; read from sources / written to destinations):\n",
                   trows.size(), by_name.size());
       for (auto& x : jt)
-        std::printf("  %s %s: %s\n    read %s -> %s from ranks [%s] -> [%s]\n    written %s -> %s to ranks [%s] -> [%s]\n",
+        std::printf("  %s %s: %s\n    read %s -> %s from ranks [%s] -> [%s], %zu ranks read other amounts\n"
+                    "    written %s -> %s to ranks [%s] -> [%s], %zu ranks write other amounts\n",
                     x["name"].get<std::string>().c_str(), x["layout"].get<std::string>().c_str(),
                     x["status"].get<std::string>().c_str(), Bytes(x["read"]["a"]).c_str(),
                     Bytes(x["read"]["b"]).c_str(), x["sources"]["a"].get<std::string>().c_str(),
-                    x["sources"]["b"].get<std::string>().c_str(), Bytes(x["written"]["a"]).c_str(),
-                    Bytes(x["written"]["b"]).c_str(), x["destinations"]["a"].get<std::string>().c_str(),
-                    x["destinations"]["b"].get<std::string>().c_str());
+                    x["sources"]["b"].get<std::string>().c_str(), x["ranks_reading_other_amounts"].get<size_t>(),
+                    Bytes(x["written"]["a"]).c_str(), Bytes(x["written"]["b"]).c_str(),
+                    x["destinations"]["a"].get<std::string>().c_str(),
+                    x["destinations"]["b"].get<std::string>().c_str(), x["ranks_writing_other_amounts"].get<size_t>());
     }
   });
 }
