@@ -2,6 +2,7 @@
 // and cluster edits checked against what `reshard show --json` reports.
 #include <cstring>
 #include <map>
+#include <regex>
 
 #include "tests/test_util.h"
 
@@ -266,6 +267,27 @@ TEST(DiffTest, HelpTeachesWithAnExample) {
   EXPECT_EQ(r.code, 0);
   EXPECT_NE(r.out.find("reshard diff tp4.rsplan tp2.rsplan"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("0 equivalent, 1 different, 2 error"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace reshard::testing
+
+namespace reshard::testing {
+namespace {
+
+TEST(ShowTest, RankProgramPrintsRegionsWithBufferNamesInCuteNotation) {
+  TempDir dir;
+  std::string plan = TinyDense(dir, "tiny.rsplan");
+  Result r = Reshard(dir, {"show", plan, "--rank", "9"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::regex region(R"('model\.[a-z_.0-9]+' @[0-9]+ \([0-9]+(,[0-9]+)*\):\(b?[0-9]+(,b?[0-9]+)*\))");
+  EXPECT_TRUE(std::regex_search(r.out, region)) << r.out;
+  EXPECT_NE(r.out.find("rank 9 (infer 1, NVLink domain 1)"), std::string::npos) << r.out;
+  nlohmann::json j = ShowJson(dir, plan, 9);
+  bool found = false;
+  for (const nlohmann::json& s : j["per_rank"][0]["program"])
+    if (s.contains("dst")) found = found || std::regex_search(s["dst"].get<std::string>(), region);
+  EXPECT_TRUE(found) << j.dump();
 }
 
 }  // namespace
