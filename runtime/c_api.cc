@@ -10,6 +10,10 @@
 #include "runtime/plan.h"
 #include "runtime/session.h"
 
+#if RESHARD_HAVE_CUDA
+#include "runtime/cuda/nccl_transport.h"
+#endif
+
 struct reshard_plan {
   reshard::Plan plan;
 };
@@ -71,6 +75,24 @@ reshard_transport* reshard_gloo_transport_create(uint32_t rank, uint32_t size, c
         if (hostname != nullptr) options.hostname = hostname;
         if (timeout_s > 0) options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
         return new reshard_transport{std::make_unique<reshard::GlooTransport>(rank, size, options)};
+      },
+      nullptr);
+}
+
+reshard_transport* reshard_nccl_transport_create(void* net_comm, void* nvlink_comm, void* stream, double timeout_s) {
+  return Guard(
+      [&]() -> reshard_transport* {
+        Require(net_comm, "net_comm");
+#if RESHARD_HAVE_CUDA
+        reshard::NcclOptions options;
+        options.net = static_cast<ncclComm_t>(net_comm);
+        options.nvlink = static_cast<ncclComm_t>(nvlink_comm);
+        options.stream = static_cast<cudaStream_t>(stream);
+        if (timeout_s > 0) options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+        return new reshard_transport{std::make_unique<reshard::NcclTransport>(options)};
+#else
+        throw reshard::Error("this reshard runtime was built without CUDA (RESHARD_WITH_CUDA=OFF)");
+#endif
       },
       nullptr);
 }

@@ -131,8 +131,8 @@ RunStats Executor::Run(const std::vector<char*>& buffers, char* staging) {
   char* const staging_base[1] = {staging};
   std::vector<uint64_t> remaining = writers_;
   const std::string at = "rank " + std::to_string(program_.rank()) + ": ";
+  Kernels& kernels = transport_.kernels();
   const auto t0 = Clock::now();
-
 
   for (size_t r = 0; r < rounds_.size(); ++r) {
     const Round& round = rounds_[r];
@@ -140,23 +140,24 @@ RunStats Executor::Run(const std::vector<char*>& buffers, char* staging) {
     const auto r0 = Clock::now();
     auto run_local = [&](uint32_t i) {
       const fb::Step& s = *program_.steps()->Get(i);
+      // The views hold the address of `at_staging`: a device's Copy reads it
+      // before returning, so the array may live in this scope only.
+      char* const at_staging[1] = {staging + s.staging()};
       if (s.kind() == fb::StepKind::pack) {
-        char* const at_staging[1] = {staging + s.staging()};
         RegionView src = View(s.src(), s.wire(), buffers, staging_base);
-        CopyRegion(src, ContiguousView(at_staging, 0, ViewElements(src), s.wire()));
+        kernels.Copy(src, ContiguousView(at_staging, 0, ViewElements(src), s.wire()));
         rs.bytes_local += s.bytes();
       } else if (s.kind() == fb::StepKind::copy) {
         RegionView src = View(s.src(), s.wire(), buffers, staging_base);
         RegionView dst = View(s.dst(), s.wire(), buffers, staging_base);
-        CopyRegion(src, dst);
+        kernels.Copy(src, dst);
         rs.bytes_local += ViewElements(dst) * DtypeSize(dst.dtype);
       } else {  // unpack
         RegionView dst = View(s.dst(), s.wire(), buffers, staging_base);
         if (s.src() == kNone) {
-          char* const at_staging[1] = {staging + s.staging()};
-          CopyRegion(ContiguousView(at_staging, 0, ViewElements(dst), s.wire()), dst);
+          kernels.Copy(ContiguousView(at_staging, 0, ViewElements(dst), s.wire()), dst);
         } else {
-          CopyRegion(View(s.src(), s.wire(), buffers, staging_base), dst);
+          kernels.Copy(View(s.src(), s.wire(), buffers, staging_base), dst);
         }
         rs.bytes_local += ViewElements(dst) * DtypeSize(dst.dtype);
       }
@@ -187,26 +188,34 @@ RunStats Executor::Run(const std::vector<char*>& buffers, char* staging) {
         const size_t bytes = s.bytes();
         used[static_cast<int>(s.channel())] = true;
         ChannelStats& ch = stats.channels[static_cast<int>(s.channel())];
+        const int channel = static_cast<int>(s.channel());
         if (s.kind() == fb::StepKind::recv) {
           char* dst = s.dst() == kNone ? staging + s.staging() : Direct(s.dst(), buffers);
           try {
-            handles.push_back(transport_.post_recv(peer, recv_seq_[peer]++, dst, bytes));
+            handles.push_back(transport_.post(false, channel, peer, recv_seq_[peer]++, dst, bytes));
           } catch (const std::exception& e) {
             throw fail(i, e);
           }
           rs.bytes_received += bytes;
           ch.bytes_received += bytes;
         } else {
-          const char* src =
+          char* src =
               (s.kind() == fb::StepKind::send && s.src() != kNone) ? Direct(s.src(), buffers) : staging + s.staging();
           try {
-            handles.push_back(transport_.post_send(peer, send_seq_[peer]++, src, bytes));
+            handles.push_back(transport_.post(true, channel, peer, send_seq_[peer]++, src, bytes));
           } catch (const std::exception& e) {
             throw fail(i, e);
           }
           rs.bytes_sent += bytes;
           ch.bytes_sent += bytes;
         }
+      }
+      // NCCL posts the round as one group here; a failure to start is the
+      // round's, reported at its first message.
+      try {
+        transport_.start();
+      } catch (const std::exception& e) {
+        throw fail(round.comm.front(), e);
       }
       // One deadline for the whole round: a peer that stalls is reported once
       // the round has waited `timeout` for it, whichever message it is.
@@ -236,6 +245,12 @@ RunStats Executor::Run(const std::vector<char*>& buffers, char* staging) {
     stats.bytes_received += rs.bytes_received;
     stats.steps += rs.steps;
     stats.rounds.push_back(rs);
+  }
+  // Device kernels run asynchronously: the run is over when its last unpack is.
+  try {
+    kernels.Finish();
+  } catch (const std::exception& e) {
+    throw Error(at + "the local steps on " + kernels.name() + " failed: " + e.what());
   }
   stats.seconds = Seconds(t0, Clock::now());
   return stats;

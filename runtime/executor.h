@@ -49,7 +49,9 @@ class Executor {
   Executor(const fb::Program& program, Transport& transport);
 
   /// `buffers[i]` is the memory bound to program buffer i, `staging` has
-  /// program.staging_bytes() bytes. Throws reshard::Error naming the rank,
+  /// program.staging_bytes() bytes, all of it memory of the transport's
+  /// kernels (host memory for Gloo, device memory for NCCL). Local steps run
+  /// on those kernels; Run returns once they are done. Throws reshard::Error naming the rank,
   /// step, kind and peer of a failed message and the buffers completely
   /// written so far; after a failure the transport must not be reused.
   RunStats Run(const std::vector<char*>& buffers, char* staging);

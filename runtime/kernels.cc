@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <new>
 #include <string>
 
 #include "runtime/dtype.h"
@@ -160,6 +161,25 @@ void CopyRegion(const RegionView& src_in, const RegionView& dst_in) {
     s.Advance(n);
     d.Advance(n);
   }
+}
+
+namespace {
+
+class HostKernels : public Kernels {
+ public:
+  std::string name() const override { return "cpu"; }
+  // At least one byte, so that a plan without staging still gets a valid address.
+  char* Allocate(size_t bytes) override { return new char[std::max<size_t>(bytes, 1)]; }
+  void Release(char* p) noexcept override { delete[] p; }
+  void Copy(const RegionView& src, const RegionView& dst) override { CopyRegion(src, dst); }
+  void Finish() override {}
+};
+
+}  // namespace
+
+Kernels& CpuKernels() {
+  static HostKernels kernels;
+  return kernels;
 }
 
 }  // namespace reshard

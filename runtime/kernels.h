@@ -2,7 +2,9 @@
 // the reference the GPU kernels are tested against, and the Gloo path's kernels.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "runtime/plan.h"
 
@@ -41,5 +43,33 @@ uint64_t ViewElements(const RegionView& v);
 /// fp32). Both views must have the same element count. Contiguous runs of
 /// equal dtype are memcpy'ed.
 void CopyRegion(const RegionView& src, const RegionView& dst);
+
+/// Where a session's memory lives and its local steps (pack, copy, unpack)
+/// run: CpuKernels() on host memory, or a device's (runtime/cuda/
+/// device_kernels.h). A transport names the kernels of the memory it moves
+/// (Transport::kernels()), so that the executor stays the same for every one.
+class Kernels {
+ public:
+  virtual ~Kernels() = default;
+  /// "cpu", "cuda:0", ...
+  virtual std::string name() const = 0;
+  /// Exactly `bytes` bytes of staging memory (on the device for a device);
+  /// Release frees what Allocate returned.
+  virtual char* Allocate(size_t bytes) = 0;
+  virtual void Release(char* p) noexcept = 0;
+  /// Throws reshard::Error when the `bytes` bytes at `p` are not memory these
+  /// kernels reach (host memory bound to a device session, another device's
+  /// memory); `what` names the memory in the message.
+  virtual void CheckMemory(const void* p, size_t bytes, const std::string& what) const {}
+  /// Starts copying `src` into `dst` (CopyRegion's contract); the copy may
+  /// still be running when it returns. Copies run in the order started.
+  virtual void Copy(const RegionView& src, const RegionView& dst) = 0;
+  /// Waits until every copy started so far is done; throws reshard::Error on
+  /// a device fault.
+  virtual void Finish() = 0;
+};
+
+/// The CPU's kernels: CopyRegion on host memory, staging from the heap.
+Kernels& CpuKernels();
 
 }  // namespace reshard

@@ -43,6 +43,17 @@ void reshard_plan_close(reshard_plan* plan);
  * `size` ranks have connected. */
 reshard_transport* reshard_gloo_transport_create(uint32_t rank, uint32_t size, const char* store_dir,
                                                  const char* prefix, const char* hostname, double timeout_s);
+/* An NCCL transport over the caller's communicators, for device memory: every
+ * buffer bound to a session over it is memory of the communicators' CUDA
+ * device, and the session's staging (exactly the plan's staging size) is
+ * allocated there. `net_comm` is an ncclComm_t over all plan ranks (rank =
+ * plan rank), `nvlink_comm` one for the nvlink channel (NULL: nvlink messages
+ * share net_comm), `stream` the cudaStream_t kernels run on (NULL: one of the
+ * transport's own), `timeout_s` the limit for each round's messages (<= 0:
+ * 60 s). The communicators stay the caller's; after a failed run they are
+ * aborted (ncclCommAbort) and must not be destroyed. Fails with a message in
+ * builds without CUDA. */
+reshard_transport* reshard_nccl_transport_create(void* net_comm, void* nvlink_comm, void* stream, double timeout_s);
 void reshard_transport_destroy(reshard_transport* transport);
 
 /* The plan and transport must outlive the session. */
@@ -51,6 +62,7 @@ reshard_session* reshard_session_create(const reshard_plan* plan, uint32_t globa
  * (the name pointer lives as long as the plan). */
 uint32_t reshard_session_num_buffers(const reshard_session* session);
 const char* reshard_session_buffer_name(const reshard_session* session, uint32_t i);
+/* `ptr` is host memory for a Gloo transport, device memory for NCCL. */
 int reshard_session_bind(reshard_session* session, const char* name, void* ptr, int dtype, const uint64_t* shape,
                          size_t ndim);
 /* `stats` may be NULL. */

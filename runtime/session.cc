@@ -41,6 +41,7 @@ Session::Session(const Plan& plan, uint32_t global_rank, Transport& transport)
       rank_(global_rank),
       transport_(transport),
       staging_bytes_(program_.staging_bytes()),
+      kernels_(transport.kernels()),
       executor_(program_, transport) {
   const std::string at = "rank " + std::to_string(rank_) + ": ";
   if (transport.size() != plan.num_ranks()) {
@@ -66,11 +67,11 @@ Session::Session(const Plan& plan, uint32_t global_rank, Transport& transport)
                   DtypeName(s->wire()) + " is not supported by this runtime yet");
     }
   }
-  staging_.reset(new char[std::max<size_t>(staging_bytes_, 1)]);
+  staging_ = kernels_.Allocate(staging_bytes_);
   bound_.assign(nbuf, nullptr);
 }
 
-Session::~Session() = default;
+Session::~Session() { kernels_.Release(staging_); }
 
 std::vector<std::string> Session::buffer_names() const {
   std::vector<std::string> names;
@@ -113,6 +114,7 @@ void Session::bind(const std::string& name, void* ptr, fb::Dtype dtype, std::vec
                 ShapeString(want));
   }
   if (ptr == nullptr && BufferElements(b) != 0) throw Error(at + "buffer '" + name + "' is bound to a null pointer");
+  if (ptr != nullptr) kernels_.CheckMemory(ptr, BufferElements(b) * DtypeSize(b.dtype()), at + "buffer '" + name + "'");
   bound_[index] = static_cast<char*>(ptr);
 }
 
@@ -139,7 +141,7 @@ RunStats Session::run() {
     }
     throw Error(msg);
   }
-  return executor_.Run(bound_, staging_.get());
+  return executor_.Run(bound_, staging_);
 }
 
 }  // namespace reshard

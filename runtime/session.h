@@ -17,15 +17,17 @@ class Session {
  public:
   /// Checks the rank's program (Plan::program), that the transport is the
   /// rank's, and that every dtype is one the kernels convert; allocates exactly
-  /// the program's staging_bytes. `plan` and `transport` must outlive the session.
+  /// the program's staging_bytes with the transport's kernels (on the device
+  /// for NCCL). `plan` and `transport` must outlive the session.
   Session(const Plan& plan, uint32_t global_rank, Transport& transport);
   ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
-  /// Binds the memory of buffer `name` (rebinding replaces). Throws
-  /// reshard::Error for a name the program does not list, or a dtype or shape
-  /// other than the program's.
+  /// Binds the memory of buffer `name` (rebinding replaces): host memory for
+  /// a CPU transport, device memory of the transport's device for NCCL.
+  /// Throws reshard::Error for a name the program does not list, a dtype or
+  /// shape other than the program's, or memory the kernels cannot reach.
   void bind(const std::string& name, void* ptr, fb::Dtype dtype, std::vector<uint64_t> shape);
   /// Replays the program. Throws reshard::Error before any byte moves when a
   /// buffer is unbound, and on a failed or stalled peer (see Executor::Run).
@@ -43,7 +45,8 @@ class Session {
   uint32_t rank_;
   Transport& transport_;
   size_t staging_bytes_;
-  std::unique_ptr<char[]> staging_;
+  Kernels& kernels_;
+  char* staging_ = nullptr;  // from kernels_.Allocate
   std::vector<char*> bound_;
   Executor executor_;
 };

@@ -1,6 +1,6 @@
 // What the executor needs from a transport: post point-to-point messages, wait
-// for them with a deadline. GlooTransport (CPU, TCP) implements it; the NCCL
-// transport will too.
+// for them with a deadline. GlooTransport (CPU, TCP) implements it, and so
+// does NcclTransport (runtime/cuda/nccl_transport.h).
 #pragma once
 
 #include <chrono>
@@ -8,6 +8,9 @@
 #include <cstdint>
 
 namespace reshard {
+
+class Kernels;
+Kernels& CpuKernels();
 
 class Transport {
  public:
@@ -27,6 +30,16 @@ class Transport {
   virtual size_t post_send(uint32_t peer, uint64_t seq, const void* data, size_t bytes) = 0;
   /// Starts receiving message `seq` of `peer` -> this rank into `data`.
   virtual size_t post_recv(uint32_t peer, uint64_t seq, void* data, size_t bytes) = 0;
+  /// post_send (send) or post_recv for a message of channel `channel`
+  /// (fb::Channel: 0 net, 1 nvlink). Transports with one path for both keep
+  /// this default, which ignores the channel.
+  virtual size_t post(bool send, int channel, uint32_t peer, uint64_t seq, void* data, size_t bytes) {
+    return send ? post_send(peer, seq, data, bytes) : post_recv(peer, seq, data, bytes);
+  }
+  /// Starts everything posted since the last reset(): NCCL posts one round's
+  /// messages as one group here. The default does nothing (Gloo starts each
+  /// message as it is posted). Throws like wait().
+  virtual void start() {}
   /// Waits for one posted message. Throws reshard::Error saying why it did not
   /// complete ("timed out after 2.0 s", "connection closed by peer", ...)
   /// without naming the step: the executor adds that.
@@ -34,6 +47,9 @@ class Transport {
   /// Forgets all posted messages (all waited for, or abandoned after a
   /// failure); handles restart at 0.
   virtual void reset() = 0;
+  /// The kernels of the memory this transport moves: the CPU's by default,
+  /// a device's for NCCL (buffers and staging then live on that device).
+  virtual Kernels& kernels() { return CpuKernels(); }
 };
 
 }  // namespace reshard

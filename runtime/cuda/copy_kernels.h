@@ -1,0 +1,14 @@
+// The strided copy kernel's launcher (copy_kernels.cu).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "runtime/cuda/copy_launch.h"
+
+namespace reshard::cuda {
+
+/// Launches `l` on `stream` with `blocks` x `threads` (region_plan.h
+/// ShapeFor); returns the launch's error (cudaGetLastError).
+cudaError_t LaunchCopy(const CopyLaunch& l, uint32_t blocks, uint32_t threads, cudaStream_t stream);
+
+}  // namespace reshard::cuda

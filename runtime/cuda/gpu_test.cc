@@ -1,0 +1,260 @@
+// GPU tests (ctest label `gpu`): the device kernels against the CPU reference
+// on fresh random data, and a plan replayed through one-rank NCCL
+// communicators (loopback), every byte checked. Each skips without a device.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <random>
+
+#include "runtime/cuda/device_kernels.h"
+#include "runtime/cuda/loopback_plan.h"
+#include "runtime/cuda/nccl_transport.h"
+#include "runtime/cuda/region_plan.h"
+#include "runtime/dtype.h"
+#include "runtime/error.h"
+#include "runtime/session.h"
+#include "runtime/synthetic.h"
+
+namespace reshard {
+namespace {
+
+using D = fb::Dtype;
+using cuda::CopyKind;
+
+std::string NoDevice() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return std::string("cudaGetDeviceCount: ") + cudaGetErrorString(e);
+  }
+  return n == 0 ? "no CUDA device" : "";
+}
+
+#define REQUIRE_GPU()                                                                 \
+  do {                                                                                \
+    const std::string why = NoDevice();                                               \
+    if (!why.empty()) GTEST_SKIP() << "GPU test skipped: " << why;                    \
+  } while (0)
+
+void Check(cudaError_t e) {
+  if (e != cudaSuccess) throw Error(std::string("cuda: ") + cudaGetErrorString(e));
+}
+
+// `count` device buffers of `bytes` each with host mirrors and a pointer table
+// for each side.
+struct Buffers {
+  size_t bytes;
+  std::vector<std::vector<char>> host;
+  std::vector<char*> host_ptrs, dev_ptrs;
+
+  Buffers(size_t count, size_t bytes_each) : bytes(bytes_each), host(count, std::vector<char>(bytes_each)) {
+    for (auto& h : host) {
+      host_ptrs.push_back(h.data());
+      void* d = nullptr;
+      Check(cudaMalloc(&d, bytes_each));
+      dev_ptrs.push_back(static_cast<char*>(d));
+    }
+  }
+  ~Buffers() {
+    for (char* d : dev_ptrs) cudaFree(d);
+  }
+  void Upload() {
+    for (size_t i = 0; i < host.size(); ++i) Check(cudaMemcpy(dev_ptrs[i], host[i].data(), bytes, cudaMemcpyHostToDevice));
+  }
+  std::vector<char> Download() const {
+    std::vector<char> out(host.size() * bytes);
+    for (size_t i = 0; i < host.size(); ++i) {
+      Check(cudaMemcpy(out.data() + i * bytes, dev_ptrs[i], bytes, cudaMemcpyDeviceToHost));
+    }
+    return out;
+  }
+  std::vector<char> Host() const {
+    std::vector<char> out;
+    for (const auto& h : host) out.insert(out.end(), h.begin(), h.end());
+    return out;
+  }
+};
+
+using cuda::ViewOver;
+
+struct Case {
+  const char* name;
+  size_t src_count, src_bytes;
+  uint64_t src_offset;
+  std::vector<uint64_t> src_shape, src_stride;
+  D src_dtype;
+  uint8_t src_modes;
+  size_t dst_count, dst_bytes;
+  uint64_t dst_offset;
+  std::vector<uint64_t> dst_shape, dst_stride;
+  D dst_dtype;
+  uint8_t dst_modes;
+  CopyKind kind;
+};
+
+// Random source bits, a poisoned destination on both sides; the device copy
+// must equal CopyRegion's byte for byte, and must have written something.
+void RunCase(const Case& c, uint64_t seed) {
+  SCOPED_TRACE(c.name);
+  std::mt19937_64 rng(seed);
+  Buffers src(c.src_count, c.src_bytes), dst(c.dst_count, c.dst_bytes);
+  for (auto& h : src.host) {
+    for (char& b : h) b = static_cast<char>(rng());
+  }
+  for (auto& h : dst.host) std::memset(h.data(), 0x7d, h.size());
+  src.Upload();
+  dst.Upload();
+  const std::vector<char> poisoned = dst.Host();
+  CopyRegion(ViewOver(src.host_ptrs.data(), c.src_offset, c.src_shape, c.src_stride, c.src_dtype, c.src_modes),
+             ViewOver(dst.host_ptrs.data(), c.dst_offset, c.dst_shape, c.dst_stride, c.dst_dtype, c.dst_modes));
+  const std::vector<char> want = dst.Host();
+  ASSERT_NE(want, poisoned);
+  ASSERT_NE(want, std::vector<char>(want.size(), 0));
+
+  cudaStream_t stream;
+  Check(cudaStreamCreate(&stream));
+  cuda::DeviceKernels kernels(0, stream);
+  RegionView s = ViewOver(src.dev_ptrs.data(), c.src_offset, c.src_shape, c.src_stride, c.src_dtype, c.src_modes);
+  RegionView d = ViewOver(dst.dev_ptrs.data(), c.dst_offset, c.dst_shape, c.dst_stride, c.dst_dtype, c.dst_modes);
+  EXPECT_EQ(cuda::CopyKindName(cuda::PlanCopy(s, d).kind), cuda::CopyKindName(c.kind));
+  kernels.Copy(s, d);
+  kernels.Finish();
+  Check(cudaStreamDestroy(stream));
+  const std::vector<char> got = dst.Download();
+  size_t wrong = 0, first = got.size();
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] != want[i]) {
+      ++wrong;
+      first = std::min(first, i);
+    }
+  }
+  EXPECT_EQ(wrong, 0u) << "of " << got.size() << " bytes, first at byte " << first;
+}
+
+TEST(GpuKernelTest, EveryCopyKindMatchesTheCpuReference) {
+  REQUIRE_GPU();
+  const Case cases[] = {
+      {"contiguous", 1, 1 << 20, 0, {1 << 18}, {1}, D::fp32, 0, 1, 1 << 20, 0, {1 << 18}, {1}, D::fp32, 0,
+       CopyKind::kMemcpy},
+      {"rows (2-D)", 1, 2048 * 1024 * 2, 64, {2048, 512}, {1024, 1}, D::bf16, 0, 1, 2048 * 512 * 2, 0,
+       {2048 * 512}, {1}, D::bf16, 0, CopyKind::kMemcpy2D},
+      {"pack bf16 -> fp32", 1, 2048 * 1024 * 2, 256, {2048, 512}, {1024, 1}, D::bf16, 0, 1, 2048 * 512 * 4, 0,
+       {2048 * 512}, {1}, D::fp32, 0, CopyKind::kKernel},
+      {"unpack fp32 -> fp16", 1, 1000 * 300 * 4, 0, {300000}, {1}, D::fp32, 0, 1, 1000 * 640 * 2, 8, {1000, 300},
+       {640, 1}, D::fp16, 0, CopyKind::kKernel},
+      {"transpose fp16", 1, 512 * 384 * 2, 0, {384, 512}, {1, 384}, D::fp16, 0, 1, 512 * 384 * 2, 0, {384, 512},
+       {512, 1}, D::fp16, 0, CopyKind::kKernel},
+      {"4-d fp32 -> bf16", 1, 8 * 6 * 40 * 64 * 4, 3, {8, 6, 40, 48}, {6 * 40 * 64, 40 * 64, 64, 1}, D::fp32, 0, 1,
+       8 * 6 * 40 * 48 * 2, 0, {6, 8, 40, 48}, {40 * 48, 6 * 40 * 48, 48, 1}, D::bf16, 0, CopyKind::kKernel},
+      {"100 expert buffers -> staging", 100, 16 * 256 * 2, 256, {100, 8, 256}, {1, 256, 1}, D::bf16, 0b001, 1,
+       100 * 8 * 256 * 2, 0, {100 * 8 * 256}, {1}, D::bf16, 0, CopyKind::kKernel},
+      {"staging -> innermost buffer mode", 1, 64 * 100 * 4, 0, {64, 100}, {100, 1}, D::fp32, 0, 100, 64 * 2, 0,
+       {64, 100}, {1, 1}, D::bf16, 0b10, CopyKind::kKernel},
+  };
+  uint64_t seed = std::random_device{}();
+  for (const Case& c : cases) RunCase(c, seed++);
+}
+
+TEST(GpuKernelTest, HostMemoryIsRefusedAtBind) {
+  REQUIRE_GPU();
+  Plan plan = Plan::from_bytes(testing::BuildPlan(testing::LoopbackPlan()), "loopback.rsplan");
+  auto transport = NcclTransport::Loopback(0, 0, 2, std::chrono::milliseconds(10000));
+  Session session(plan, 0, *transport);
+  std::vector<uint16_t> w(64 * 96);
+  try {
+    session.bind("w", w.data(), D::bf16, {64, 96});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "rank 0: buffer 'w' is host memory; a session on cuda:0 binds device memory");
+  }
+}
+
+// Device buffers for every program buffer, sources filled and destinations
+// poisoned on the host as `reshard run` does, then uploaded.
+struct DeviceRun {
+  std::vector<std::vector<char>> host;
+  std::vector<char*> host_ptrs, dev;
+
+  DeviceRun(const Plan& plan, const fb::Program& p) {
+    for (const fb::Buffer* b : *p.buffers()) {
+      host.emplace_back(BufferElements(*b) * DtypeSize(b->dtype()));
+      void* d = nullptr;
+      Check(cudaMalloc(&d, host.back().size()));
+      dev.push_back(static_cast<char*>(d));
+    }
+    for (auto& h : host) host_ptrs.push_back(h.data());
+    PoisonDestinations(p, host_ptrs);
+    FillSources(plan, p, host_ptrs);
+    for (size_t i = 0; i < host.size(); ++i) {
+      Check(cudaMemcpy(dev[i], host[i].data(), host[i].size(), cudaMemcpyHostToDevice));
+    }
+  }
+  ~DeviceRun() {
+    for (char* d : dev) cudaFree(d);
+  }
+  void Bind(Session& s, const fb::Program& p) {
+    for (size_t i = 0; i < dev.size(); ++i) {
+      const fb::Buffer* b = p.buffers()->Get(i);
+      s.bind(b->name()->str(), dev[i], b->dtype(), std::vector<uint64_t>(b->shape()->begin(), b->shape()->end()));
+    }
+  }
+  void Download() {
+    for (size_t i = 0; i < host.size(); ++i) {
+      Check(cudaMemcpy(host[i].data(), dev[i], host[i].size(), cudaMemcpyDeviceToHost));
+    }
+  }
+};
+
+TEST(GpuNcclTest, LoopbackPlanReplaysWithEveryElementRight) {
+  REQUIRE_GPU();
+  Plan plan = Plan::from_bytes(testing::BuildPlan(testing::LoopbackPlan()), "loopback.rsplan");
+  const fb::Program& p = plan.program(0);
+  auto transport = NcclTransport::Loopback(0, 0, 2, std::chrono::milliseconds(20000));
+  Session session(plan, 0, *transport);
+  DeviceRun run(plan, p);
+  run.Bind(session, p);
+  for (int rep = 0; rep < 2; ++rep) {  // a second run reuses staging and sequence numbers
+    RunStats stats = session.run();
+    EXPECT_EQ(stats.channels[0].bytes_sent, 4096u + 12288 + 2048);
+    EXPECT_EQ(stats.channels[1].bytes_received, 3072u + 2048);
+    run.Download();
+    CheckResult check = CheckDestinations(plan, p, run.host_ptrs);
+    EXPECT_EQ(check.checked, 64u * 32 + 16 * 96 + 48 * 64 + 64 * 16 + 1024 + 64 * 8);
+    EXPECT_EQ(check.wrong, 0u) << (check.first.empty() ? "" : FormatWrong(check.first[0]));
+  }
+}
+
+TEST(GpuNcclTest, StalledPeerAbortsTheCommunicatorsAndNamesTheStep) {
+  REQUIRE_GPU();
+  // Rank 2 of the forward plan receives from rank 0 in round 0; looped back,
+  // nothing is ever sent to it.
+  Plan plan = Plan::from_bytes(testing::BuildPlan(testing::ForwardPlan()), "forward.rsplan");
+  const fb::Program& p = plan.program(2);
+  auto transport = NcclTransport::Loopback(0, 2, 4, std::chrono::milliseconds(1000));
+  Session session(plan, 2, *transport);
+  DeviceRun run(plan, p);
+  run.Bind(session, p);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    session.run();
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "rank 2: step 0 (recv) of round 0 from peer 0 failed: timed out after 1.0 s receiving 256 bytes; "
+                 "the communicators were aborted; none of its 1 destination buffers is completely written");
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
+  EXPECT_TRUE(transport->aborted());
+  try {
+    session.run();
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("aborted after an earlier failure"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace reshard

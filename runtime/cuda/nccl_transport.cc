@@ -1,0 +1,268 @@
+#include "runtime/cuda/nccl_transport.h"
+
+#include <cstdio>
+#include <thread>
+
+#include "runtime/cuda/check.h"
+#include "runtime/error.h"
+
+namespace reshard {
+namespace {
+
+std::string SecondsString(std::chrono::milliseconds ms) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f s", ms.count() / 1000.0);
+  return buf;
+}
+
+std::string Bytes(const char* verb, size_t bytes) { return std::string(verb) + " " + std::to_string(bytes) + " bytes"; }
+
+}  // namespace
+
+NcclTransport::NcclTransport(const NcclOptions& options)
+    : owns_comms_(options.owns_comms), timeout_(options.timeout) {
+  if (options.net == nullptr) throw Error("nccl: the net communicator is null");
+  comm_[0] = options.net;
+  int nranks = 0, rank = 0, device = 0;
+  RESHARD_NCCL_CHECK(ncclCommCount(comm_[0], &nranks));
+  RESHARD_NCCL_CHECK(ncclCommUserRank(comm_[0], &rank));
+  RESHARD_NCCL_CHECK(ncclCommCuDevice(comm_[0], &device));
+  if (options.nvlink != nullptr && options.nvlink != options.net) {
+    int n = 0, r = 0, d = 0;
+    RESHARD_NCCL_CHECK(ncclCommCount(options.nvlink, &n));
+    RESHARD_NCCL_CHECK(ncclCommUserRank(options.nvlink, &r));
+    RESHARD_NCCL_CHECK(ncclCommCuDevice(options.nvlink, &d));
+    if (n != nranks || r != rank || d != device) {
+      throw Error("nccl: the nvlink communicator is rank " + std::to_string(r) + " of " + std::to_string(n) +
+                  " on cuda:" + std::to_string(d) + ", the net one rank " + std::to_string(rank) + " of " +
+                  std::to_string(nranks) + " on cuda:" + std::to_string(device));
+    }
+    comm_[1] = options.nvlink;
+    lanes_ = 2;
+  }
+  device_ = device;
+  rank_ = static_cast<uint32_t>(rank);
+  size_ = static_cast<uint32_t>(nranks);
+  if (options.loopback_size > 0) {
+    if (nranks != 1) throw Error("nccl: loopback needs one-rank communicators, got " + std::to_string(nranks));
+    loopback_ = true;
+    rank_ = options.loopback_rank;
+    size_ = options.loopback_size;
+  }
+  cuda::DeviceGuard guard(device_);
+  stream_ = options.stream;
+  if (stream_ == nullptr) {
+    RESHARD_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    owns_stream_ = true;
+  }
+  for (int l = 0; l < lanes_; ++l) {
+    RESHARD_CUDA_CHECK(cudaStreamCreateWithFlags(&lane_stream_[l], cudaStreamNonBlocking));
+    RESHARD_CUDA_CHECK(cudaEventCreateWithFlags(&done_[l], cudaEventDisableTiming));
+  }
+  RESHARD_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+  kernels_ = cuda::DeviceKernels(device_, stream_);
+}
+
+std::unique_ptr<NcclTransport> NcclTransport::Loopback(int device, uint32_t rank, uint32_t size,
+                                                       std::chrono::milliseconds timeout) {
+  cuda::DeviceGuard guard(device);
+  ncclComm_t comms[2] = {nullptr, nullptr};
+  for (ncclComm_t& comm : comms) {
+    ncclUniqueId id;
+    RESHARD_NCCL_CHECK(ncclGetUniqueId(&id));
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    RESHARD_NCCL_CHECK(ncclCommInitRankConfig(&comm, 1, id, 0, &config));
+    ncclResult_t state = ncclInProgress;
+    const auto deadline = Clock::now() + timeout;
+    while (state == ncclInProgress) {
+      RESHARD_NCCL_CHECK(ncclCommGetAsyncError(comm, &state));
+      if (state == ncclInProgress && Clock::now() > deadline) {
+        ncclCommAbort(comm);
+        throw Error("nccl: a one-rank communicator did not initialize within " + SecondsString(timeout));
+      }
+      if (state == ncclInProgress) std::this_thread::yield();
+    }
+    RESHARD_NCCL_CHECK(state);
+  }
+  NcclOptions options;
+  options.net = comms[0];
+  options.nvlink = comms[1];
+  options.timeout = timeout;
+  options.owns_comms = true;
+  options.loopback_size = size;
+  options.loopback_rank = rank;
+  return std::make_unique<NcclTransport>(options);
+}
+
+NcclTransport::~NcclTransport() {
+  int old = -1;
+  cudaGetDevice(&old);
+  cudaSetDevice(device_);
+  if (owns_comms_ && !aborted_) {
+    for (int l = 0; l < lanes_; ++l) {
+      // Finalize flushes what is in flight; a non-blocking communicator
+      // finishes it in the background, polled here.
+      if (ncclCommFinalize(comm_[l]) == ncclInProgress) {
+        ncclResult_t state = ncclInProgress;
+        const auto deadline = Clock::now() + timeout_;
+        while (state == ncclInProgress && Clock::now() < deadline) {
+          if (ncclCommGetAsyncError(comm_[l], &state) != ncclSuccess) break;
+          std::this_thread::yield();
+        }
+        if (state == ncclInProgress) {
+          ncclCommAbort(comm_[l]);
+          continue;
+        }
+      }
+      ncclCommDestroy(comm_[l]);
+    }
+  }
+  for (int l = 0; l < lanes_; ++l) {
+    if (done_[l]) cudaEventDestroy(done_[l]);
+    if (lane_stream_[l]) cudaStreamDestroy(lane_stream_[l]);
+  }
+  if (ready_) cudaEventDestroy(ready_);
+  if (owns_stream_ && stream_) cudaStreamDestroy(stream_);
+  cudaSetDevice(old);
+}
+
+size_t NcclTransport::post_send(uint32_t peer, uint64_t seq, const void* data, size_t bytes) {
+  return post(true, 0, peer, seq, const_cast<void*>(data), bytes);
+}
+
+size_t NcclTransport::post_recv(uint32_t peer, uint64_t seq, void* data, size_t bytes) {
+  return post(false, 0, peer, seq, data, bytes);
+}
+
+size_t NcclTransport::post(bool send, int channel, uint32_t peer, uint64_t seq, void* data, size_t bytes) {
+  if (aborted_) throw Error(abort_reason_);
+  if (peer >= size_) {
+    throw Error("nccl: peer " + std::to_string(peer) + " out of range for " + std::to_string(size_) + " ranks");
+  }
+  // NCCL matches the point-to-point calls of a pair of ranks in the order
+  // posted, on each communicator: the plan orders both sides alike, so `seq`
+  // needs no tag.
+  Op op{send, channel == 1 && lanes_ == 2 ? 1 : 0, loopback_ ? 0 : static_cast<int>(peer), data, bytes};
+  ops_.push_back(op);
+  return ops_.size() - 1;
+}
+
+void NcclTransport::Abort() noexcept {
+  if (aborted_) return;
+  aborted_ = true;
+  for (int l = 0; l < lanes_; ++l) ncclCommAbort(comm_[l]);
+  if (abort_reason_.empty()) abort_reason_ = "nccl: the communicators were aborted after an earlier failure";
+}
+
+void NcclTransport::CheckAsync(const std::string& doing) {
+  for (int l = 0; l < lanes_; ++l) {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t r = ncclCommGetAsyncError(comm_[l], &state);
+    if (r != ncclSuccess) state = r;
+    if (state != ncclSuccess && state != ncclInProgress) {
+      std::string msg = std::string("nccl: ") + ncclGetErrorString(state);
+      const char* last = ncclGetLastError(comm_[l]);
+      if (last != nullptr && *last != '\0') msg += std::string(" (") + last + ")";
+      msg += " while " + doing + "; the communicators were aborted";
+      Abort();
+      throw Error(msg);
+    }
+  }
+}
+
+void NcclTransport::Settle(Clock::time_point deadline, const std::string& doing) {
+  for (;;) {
+    bool busy = false;
+    for (int l = 0; l < lanes_; ++l) {
+      ncclResult_t state = ncclSuccess;
+      if (ncclCommGetAsyncError(comm_[l], &state) == ncclSuccess && state == ncclInProgress) busy = true;
+    }
+    CheckAsync(doing);
+    if (!busy) return;
+    if (Clock::now() >= deadline) {
+      Abort();
+      throw Error("timed out after " + SecondsString(timeout_) + " " + doing + "; the communicators were aborted");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+void NcclTransport::start() {
+  if (aborted_) throw Error(abort_reason_);
+  if (started_ || ops_.empty()) return;
+  cuda::DeviceGuard guard(device_);
+  bool used[2] = {false, false};
+  for (const Op& op : ops_) used[op.lane] = true;
+  // The round's packs ran on the caller's stream: the channels start after them.
+  RESHARD_CUDA_CHECK(cudaEventRecord(ready_, stream_));
+  for (int l = 0; l < lanes_; ++l) {
+    if (used[l]) RESHARD_CUDA_CHECK(cudaStreamWaitEvent(lane_stream_[l], ready_, 0));
+  }
+  const std::string doing = "posting the round's " + std::to_string(ops_.size()) + " messages";
+  RESHARD_NCCL_CHECK(ncclGroupStart());
+  try {
+    for (const Op& op : ops_) {
+      if (op.bytes == 0) continue;  // both sides skip empty messages alike
+      if (op.send) {
+        RESHARD_NCCL_CHECK(ncclSend(op.data, op.bytes, ncclUint8, op.peer, comm_[op.lane], lane_stream_[op.lane]));
+      } else {
+        RESHARD_NCCL_CHECK(ncclRecv(op.data, op.bytes, ncclUint8, op.peer, comm_[op.lane], lane_stream_[op.lane]));
+      }
+    }
+  } catch (...) {
+    ncclGroupEnd();  // a group left open would capture every later NCCL call
+    Abort();
+    throw;
+  }
+  try {
+    RESHARD_NCCL_CHECK(ncclGroupEnd());
+  } catch (...) {
+    Abort();
+    throw;
+  }
+  // Non-blocking communicators may still be posting (ncclInProgress); no
+  // other call may touch them or their streams until that is over.
+  Settle(Clock::now() + timeout_, doing);
+  for (int l = 0; l < lanes_; ++l) {
+    if (!used[l]) continue;
+    RESHARD_CUDA_CHECK(cudaEventRecord(done_[l], lane_stream_[l]));
+    // The round's unpacks run after its messages.
+    RESHARD_CUDA_CHECK(cudaStreamWaitEvent(stream_, done_[l], 0));
+  }
+  started_ = true;
+}
+
+void NcclTransport::wait(size_t handle, Clock::time_point deadline) {
+  if (!started_) start();
+  const Op& op = ops_.at(handle);
+  if (lane_done_[op.lane] || op.bytes == 0) return;
+  const std::string what = op.send ? Bytes("sending", op.bytes) : Bytes("receiving", op.bytes);
+  for (;;) {
+    const cudaError_t q = cudaEventQuery(done_[op.lane]);
+    if (q == cudaSuccess) {
+      lane_done_[op.lane] = true;
+      return;
+    }
+    if (q != cudaErrorNotReady) {
+      Abort();
+      cuda::FailCuda(q, "cudaEventQuery(done)", __FILE__, __LINE__);
+    }
+    CheckAsync(what);
+    if (Clock::now() >= deadline) {
+      Abort();
+      // The whole group completes together: NCCL cannot say which peer of
+      // the round stalled; the executor names this message's.
+      throw Error("timed out after " + SecondsString(timeout_) + " " + what + "; the communicators were aborted");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+void NcclTransport::reset() {
+  ops_.clear();
+  started_ = false;
+  lane_done_[0] = lane_done_[1] = false;
+}
+
+}  // namespace reshard

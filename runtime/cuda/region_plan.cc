@@ -1,0 +1,223 @@
+#include "runtime/cuda/region_plan.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "runtime/dtype.h"
+#include "runtime/error.h"
+
+namespace reshard::cuda {
+namespace {
+
+Elem ElemOf(fb::Dtype d) {
+  switch (d) {
+    case fb::Dtype::bf16:
+      return Elem::bf16;
+    case fb::Dtype::fp16:
+      return Elem::fp16;
+    case fb::Dtype::fp32:
+      return Elem::fp32;
+    default:
+      throw Error(std::string("no CUDA kernel moves ") + DtypeName(d));
+  }
+}
+
+// A simplified view without buffer modes, as rows: `height` rows of `width`
+// elements, `pitch` elements apart. False when it is no such thing.
+bool AsRows(const RegionView& v, uint64_t width, uint64_t* height, uint64_t* pitch) {
+  if (v.buffer_modes != 0) return false;
+  if (v.ndim == 1 && v.stride[0] == 1) {
+    if (width == 0 || v.shape[0] % width != 0) return false;
+    *height = v.shape[0] / width;
+    *pitch = width;
+    return true;
+  }
+  if (v.ndim == 2 && v.stride[1] == 1 && v.shape[1] == width && v.stride[0] >= width) {
+    *height = v.shape[0];
+    *pitch = v.stride[0];
+    return true;
+  }
+  return false;
+}
+
+char* Base(const RegionView& v) { return v.buffers[v.buffer] + v.offset * DtypeSize(v.dtype); }
+
+// Elements that share one buffer: the product of the modes inside the
+// innermost mode that selects buffers (all of them without such a mode).
+uint64_t BlockOf(const RegionView& v, uint64_t total) {
+  if (v.buffer_modes == 0) return total;
+  uint64_t block = 1;
+  for (int k = v.ndim - 1; k >= 0 && !(v.buffer_modes & (1u << k)); --k) block *= v.shape[k];
+  return block;
+}
+
+// Whether groups of `vec` consecutive elements are consecutive in memory and
+// start `vec` elements into the buffer (the base pointers are checked apart).
+bool Vectorizes(const RegionView& v, int vec) {
+  const int inner = v.ndim - 1;
+  if (vec == 1) return true;
+  if ((v.buffer_modes & (1u << inner)) || v.stride[inner] != 1 || v.shape[inner] % vec != 0) return false;
+  if (v.offset % vec != 0) return false;
+  for (int k = 0; k < inner; ++k) {
+    if (!(v.buffer_modes & (1u << k)) && v.stride[k] % vec != 0) return false;
+  }
+  return true;
+}
+
+// The buffer holding row-major element `i` of a view.
+char* BufferOf(const RegionView& v, uint64_t i) {
+  uint64_t buf = v.buffer;
+  for (int k = v.ndim - 1; k >= 0; --k) {
+    const uint64_t c = i % v.shape[k];
+    i /= v.shape[k];
+    if (v.buffer_modes & (1u << k)) buf += c * v.stride[k];
+  }
+  return v.buffers[buf];
+}
+
+// Fills the side of a launch over [begin, begin + count); false when a buffer
+// is not aligned for `vec`-element loads.
+bool FillSide(const RegionView& v, uint64_t block, uint64_t begin, uint64_t count, int vec, Side* side) {
+  side->offset = v.offset;
+  side->ndim = v.ndim;
+  for (int k = 0; k < 4; ++k) {
+    side->shape[k] = k < v.ndim ? v.shape[k] : 1;
+    side->stride[k] = k < v.ndim && !(v.buffer_modes & (1u << k)) ? static_cast<int64_t>(v.stride[k]) : 0;
+  }
+  side->block = block;
+  side->first_block = begin / block;
+  const uint64_t last_block = (begin + count - 1) / block;
+  const size_t align = static_cast<size_t>(vec) * DtypeSize(v.dtype);
+  for (uint64_t q = side->first_block; q <= last_block; ++q) {
+    char* p = BufferOf(v, q * block);
+    if (reinterpret_cast<uintptr_t>(p) % align != 0) return false;
+    side->slot[q - side->first_block] = p;
+  }
+  return true;
+}
+
+bool PlanKernel(const RegionView& s, const RegionView& d, uint64_t total, int vec, CopyPlan* plan) {
+  if (!Vectorizes(s, vec) || !Vectorizes(d, vec)) return false;
+  const uint64_t sblock = BlockOf(s, total), dblock = BlockOf(d, total);
+  // A range of n elements touches at most n / block + 2 blocks of a side.
+  uint64_t chunk = total;
+  if (s.buffer_modes) chunk = std::min(chunk, (kMaxSlots - 2) * sblock);
+  if (d.buffer_modes) chunk = std::min(chunk, (kMaxSlots - 2) * dblock);
+  chunk = std::max<uint64_t>(chunk / vec * vec, vec);
+  plan->launches.clear();
+  for (uint64_t begin = 0; begin < total; begin += chunk) {
+    CopyLaunch l;
+    l.src_type = ElemOf(s.dtype);
+    l.dst_type = ElemOf(d.dtype);
+    l.begin = begin;
+    l.count = std::min(chunk, total - begin);
+    l.vec = vec;
+    if (!FillSide(s, sblock, l.begin, l.count, vec, &l.src) || !FillSide(d, dblock, l.begin, l.count, vec, &l.dst)) {
+      return false;
+    }
+    plan->launches.push_back(l);
+  }
+  plan->kind = CopyKind::kKernel;
+  return true;
+}
+
+}  // namespace
+
+const char* CopyKindName(CopyKind k) {
+  switch (k) {
+    case CopyKind::kNone:
+      return "none";
+    case CopyKind::kMemcpy:
+      return "memcpy";
+    case CopyKind::kMemcpy2D:
+      return "memcpy2d";
+    default:
+      return "kernel";
+  }
+}
+
+CopyPlan PlanCopy(const RegionView& src_in, const RegionView& dst_in) {
+  const uint64_t total = ViewElements(src_in);
+  if (total != ViewElements(dst_in)) {
+    throw Error("region copy of " + std::to_string(total) + " elements into " +
+                std::to_string(ViewElements(dst_in)) + " elements");
+  }
+  ElemOf(src_in.dtype);
+  ElemOf(dst_in.dtype);
+  CopyPlan plan;
+  if (total == 0) return plan;
+  const RegionView s = Simplify(src_in), d = Simplify(dst_in);
+  const size_t es = DtypeSize(s.dtype);
+  if (s.dtype == d.dtype && s.buffer_modes == 0 && d.buffer_modes == 0) {
+    // Rows as wide as the inner mode of whichever side has one; a side that is
+    // contiguous is cut into rows of that width.
+    const uint64_t width = s.ndim == 2 ? s.shape[1] : d.ndim == 2 ? d.shape[1] : total;
+    uint64_t sh = 0, sp = 0, dh = 0, dp = 0;
+    if (AsRows(s, width, &sh, &sp) && AsRows(d, width, &dh, &dp) && sh == dh) {
+      plan.src = Base(s);
+      plan.dst = Base(d);
+      plan.width = width * es;
+      plan.height = sh;
+      plan.spitch = sp * es;
+      plan.dpitch = dp * es;
+      plan.kind = sh == 1 || (sp == width && dp == width) ? CopyKind::kMemcpy : CopyKind::kMemcpy2D;
+      if (plan.kind == CopyKind::kMemcpy) {
+        plan.width = total * es;
+        plan.height = 1;
+        plan.spitch = plan.dpitch = plan.width;
+      }
+      return plan;
+    }
+  }
+  const int widest = static_cast<int>(std::max(es, DtypeSize(d.dtype)));
+  for (int vec = 16 / widest; vec >= 1; vec /= 2) {
+    if (PlanKernel(s, d, total, vec, &plan)) return plan;
+  }
+  throw Error("no launch plan for a region copy");  // vec 1 always plans
+}
+
+LaunchShape ShapeFor(uint64_t groups) {
+  LaunchShape shape;
+  shape.threads = kThreadsPerBlock;
+  const uint64_t blocks = (groups + kThreadsPerBlock - 1) / kThreadsPerBlock;
+  shape.blocks = static_cast<uint32_t>(std::clamp<uint64_t>(blocks, 1, kMaxBlocks));
+  return shape;
+}
+
+RegionView ViewOver(char* const* buffers, uint64_t offset, const std::vector<uint64_t>& shape,
+                    const std::vector<uint64_t>& stride, fb::Dtype dtype, uint8_t buffer_modes) {
+  RegionView v;
+  v.buffers = buffers;
+  v.offset = offset;
+  v.ndim = static_cast<int>(std::min<size_t>(shape.size(), 4));
+  for (int k = 0; k < v.ndim; ++k) {
+    v.shape[k] = shape[k];
+    v.stride[k] = stride[k];
+  }
+  v.buffer_modes = buffer_modes;
+  v.dtype = dtype;
+  return v;
+}
+
+void RunOnHost(const CopyPlan& plan) {
+  switch (plan.kind) {
+    case CopyKind::kNone:
+      return;
+    case CopyKind::kMemcpy:
+    case CopyKind::kMemcpy2D:
+      for (size_t r = 0; r < plan.height; ++r) {
+        std::memmove(plan.dst + r * plan.dpitch, plan.src + r * plan.spitch, plan.width);
+      }
+      return;
+    case CopyKind::kKernel:
+      for (const CopyLaunch& l : plan.launches) {
+        DispatchCopy(l, [&]<typename S, typename D, int V>() {
+          for (uint64_t g = 0; g < l.count / V; ++g) CopyGroup<S, D, V>(l, g);
+        });
+      }
+      return;
+  }
+}
+
+}  // namespace reshard::cuda

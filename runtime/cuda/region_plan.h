@@ -1,0 +1,56 @@
+// How a region copy (pack, unpack, copy) runs on a device, decided on the
+// host: nothing, one cudaMemcpyAsync (contiguous on both sides, one dtype),
+// one cudaMemcpy2DAsync (rows on both sides, one dtype), or launches of the
+// strided copy kernel (copy_launch.h). Plain C++: the CPU tests check every
+// decision and run the kernel's launches on the host against CopyRegion.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "runtime/cuda/copy_launch.h"
+#include "runtime/kernels.h"
+
+namespace reshard::cuda {
+
+enum class CopyKind { kNone, kMemcpy, kMemcpy2D, kKernel };
+
+/// "none", "memcpy", "memcpy2d", "kernel".
+const char* CopyKindName(CopyKind k);
+
+struct CopyPlan {
+  CopyKind kind = CopyKind::kNone;
+  /// kMemcpy: `width` bytes from src to dst (height 1). kMemcpy2D: `height`
+  /// rows of `width` bytes, row r at src + r*spitch and dst + r*dpitch.
+  char* dst = nullptr;
+  const char* src = nullptr;
+  size_t dpitch = 0, spitch = 0, width = 0, height = 0;
+  /// kKernel: the launches, in order (one unless a side selects more
+  /// buffers than kMaxSlots).
+  std::vector<CopyLaunch> launches;
+};
+
+/// The plan of copying `src` into `dst` with CopyRegion's contract (pairing by
+/// row-major index, converting bf16/fp16/fp32). Throws reshard::Error when the
+/// element counts differ or a dtype is one the kernels do not convert.
+CopyPlan PlanCopy(const RegionView& src, const RegionView& dst);
+
+/// Blocks and threads per block of a kernel launch of `groups` groups: one
+/// group per thread, at most kMaxBlocks blocks (threads then loop).
+struct LaunchShape {
+  uint32_t blocks = 0;
+  uint32_t threads = 0;
+};
+constexpr uint32_t kThreadsPerBlock = 256;
+constexpr uint32_t kMaxBlocks = 8192;
+LaunchShape ShapeFor(uint64_t groups);
+
+/// A view over `buffers` from its parts (tests and benchmarks).
+RegionView ViewOver(char* const* buffers, uint64_t offset, const std::vector<uint64_t>& shape,
+                    const std::vector<uint64_t>& stride, fb::Dtype dtype, uint8_t buffer_modes = 0);
+
+/// Executes a plan on host memory with the kernel's own per-group code (tests).
+void RunOnHost(const CopyPlan& plan);
+
+}  // namespace reshard::cuda

@@ -1,0 +1,224 @@
+// CPU tests of the device copy path: which copies become memcpy, memcpy2d or
+// kernel launches, and the kernel's own per-group code run on the host against
+// CopyRegion on random regions, every byte compared.
+#include "runtime/cuda/region_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <numeric>
+#include <random>
+
+#include "runtime/dtype.h"
+#include "runtime/error.h"
+
+namespace reshard::cuda {
+namespace {
+
+using D = fb::Dtype;
+
+// Host memory of one side: `count` buffers of `bytes` each (16-byte aligned
+// plus `misalign` bytes) and the pointer table a RegionView indexes.
+struct Memory {
+  std::vector<std::unique_ptr<char[]>> storage;
+  std::vector<char*> ptrs;
+  size_t bytes = 0;
+
+  Memory(size_t count, size_t bytes_each, size_t misalign = 0) : bytes(bytes_each) {
+    for (size_t i = 0; i < count; ++i) {
+      storage.emplace_back(new char[bytes_each + 32]);
+      char* p = storage.back().get();
+      p += (16 - reinterpret_cast<uintptr_t>(p) % 16) % 16 + misalign;
+      ptrs.push_back(p);
+    }
+  }
+  void Fill(std::mt19937_64& rng) {
+    for (char* p : ptrs) {
+      for (size_t i = 0; i < bytes; ++i) p[i] = static_cast<char>(rng());
+    }
+  }
+  void Poison() {
+    for (char* p : ptrs) std::memset(p, 0x7d, bytes);
+  }
+  std::vector<char> Bytes() const {
+    std::vector<char> out;
+    for (char* p : ptrs) out.insert(out.end(), p, p + bytes);
+    return out;
+  }
+  void Restore(const std::vector<char>& b) {
+    for (size_t i = 0; i < ptrs.size(); ++i) std::memcpy(ptrs[i], b.data() + i * bytes, bytes);
+  }
+};
+
+RegionView View(Memory& m, uint64_t offset, std::vector<uint64_t> shape, std::vector<uint64_t> stride, D dtype,
+                uint8_t buffer_modes = 0) {
+  return ViewOver(m.ptrs.data(), offset, shape, stride, dtype, buffer_modes);
+}
+
+// Copies with CopyRegion and with the device plan run on the host from the
+// same poisoned destination; every byte must agree, and the result must not
+// be all poison.
+CopyPlan ExpectSameAsCpu(const RegionView& src, Memory& dst_mem, const RegionView& dst) {
+  dst_mem.Poison();
+  const std::vector<char> poisoned = dst_mem.Bytes();
+  CopyRegion(src, dst);
+  const std::vector<char> want = dst_mem.Bytes();
+  EXPECT_NE(want, poisoned);
+  dst_mem.Restore(poisoned);
+  CopyPlan plan = PlanCopy(src, dst);
+  RunOnHost(plan);
+  const std::vector<char> got = dst_mem.Bytes();
+  size_t wrong = 0;
+  for (size_t i = 0; i < want.size(); ++i) wrong += want[i] != got[i];
+  EXPECT_EQ(wrong, 0u) << "of " << want.size() << " bytes, plan " << CopyKindName(plan.kind);
+  return plan;
+}
+
+TEST(RegionPlanTest, ContiguousSameDtypeIsOneMemcpy) {
+  std::mt19937_64 rng(1);
+  Memory a(1, 4096), b(1, 4096);
+  a.Fill(rng);
+  CopyPlan p = ExpectSameAsCpu(View(a, 8, {4, 16}, {16, 1}, D::bf16), b, View(b, 0, {64}, {1}, D::bf16));
+  EXPECT_EQ(p.kind, CopyKind::kMemcpy);
+  EXPECT_EQ(p.width, 128u);
+  EXPECT_EQ(p.src, a.ptrs[0] + 16);
+}
+
+TEST(RegionPlanTest, RowsOfOneDtypeAreOneMemcpy2D) {
+  std::mt19937_64 rng(2);
+  Memory a(1, 8192), b(1, 8192);
+  a.Fill(rng);
+  // Columns 4..12 of an [8,16] fp32 matrix into a contiguous [8,8].
+  CopyPlan p = ExpectSameAsCpu(View(a, 4, {8, 8}, {16, 1}, D::fp32), b, View(b, 0, {64}, {1}, D::fp32));
+  EXPECT_EQ(p.kind, CopyKind::kMemcpy2D);
+  EXPECT_EQ(p.height, 8u);
+  EXPECT_EQ(p.width, 32u);
+  EXPECT_EQ(p.spitch, 64u);
+  EXPECT_EQ(p.dpitch, 32u);
+  // Strided on both sides, with another pitch.
+  p = ExpectSameAsCpu(View(a, 4, {8, 8}, {16, 1}, D::fp32), b, View(b, 2, {8, 8}, {24, 1}, D::fp32));
+  EXPECT_EQ(p.kind, CopyKind::kMemcpy2D);
+  EXPECT_EQ(p.dpitch, 96u);
+}
+
+TEST(RegionPlanTest, ConversionTransposeAndBufferModesAreKernels) {
+  std::mt19937_64 rng(3);
+  Memory a(1, 8192), b(1, 8192);
+  a.Fill(rng);
+  CopyPlan p = ExpectSameAsCpu(View(a, 4, {8, 8}, {16, 1}, D::bf16), b, View(b, 0, {64}, {1}, D::fp32));
+  EXPECT_EQ(p.kind, CopyKind::kKernel);
+  ASSERT_EQ(p.launches.size(), 1u);
+  EXPECT_EQ(p.launches[0].vec, 4);  // 8-byte loads, 16-byte stores
+  p = ExpectSameAsCpu(View(a, 0, {16, 8}, {1, 16}, D::fp16), b, View(b, 0, {16, 8}, {8, 1}, D::fp16));
+  EXPECT_EQ(p.kind, CopyKind::kKernel);
+  EXPECT_EQ(p.launches[0].vec, 1);  // transposed: no run of two
+  p = ExpectSameAsCpu(View(a, 0, {256}, {1}, D::bf16), b, View(b, 0, {256}, {1}, D::bf16));
+  EXPECT_EQ(p.kind, CopyKind::kMemcpy);
+}
+
+TEST(RegionPlanTest, MisalignedBaseNarrowsTheVector) {
+  std::mt19937_64 rng(4);
+  Memory a(1, 4096), b(1, 4096, 2);  // b's buffer is 2 bytes off 16
+  a.Fill(rng);
+  CopyPlan p = ExpectSameAsCpu(View(a, 0, {32, 8}, {16, 1}, D::fp32), b, View(b, 0, {256}, {1}, D::bf16));
+  ASSERT_EQ(p.kind, CopyKind::kKernel);
+  EXPECT_EQ(p.launches[0].vec, 1);
+  Memory c(1, 4096, 4);  // 4 bytes off: pairs of bf16 still align
+  p = ExpectSameAsCpu(View(a, 0, {32, 8}, {16, 1}, D::fp32), c, View(c, 0, {256}, {1}, D::bf16));
+  EXPECT_EQ(p.launches[0].vec, 2);
+}
+
+TEST(RegionPlanTest, ManyBuffersSplitIntoLaunchesOfAtMostMaxSlots) {
+  std::mt19937_64 rng(5);
+  // 200 expert buffers of [4, 32] bf16; rows 1..3 of each into staging.
+  Memory experts(200, 4 * 32 * 2), staging(1, 200 * 2 * 32 * 2);
+  experts.Fill(rng);
+  RegionView src = View(experts, 32, {200, 2, 32}, {1, 32, 1}, D::bf16, 0b001);
+  CopyPlan p = ExpectSameAsCpu(src, staging, View(staging, 0, {200 * 64}, {1}, D::bf16));
+  ASSERT_EQ(p.kind, CopyKind::kKernel);
+  EXPECT_GT(p.launches.size(), 3u);
+  for (const CopyLaunch& l : p.launches) {
+    EXPECT_LE((l.begin + l.count - 1) / l.src.block - l.src.first_block + 1, static_cast<uint64_t>(kMaxSlots));
+  }
+  // And back, converting, through the innermost mode selecting buffers (one
+  // element per buffer run).
+  Memory back(200, 4 * 32 * 4);
+  RegionView inner = View(back, 5, {64, 200}, {1, 1}, D::fp32, 0b10);
+  p = ExpectSameAsCpu(View(staging, 0, {64, 200}, {1, 64}, D::bf16), back, inner);
+  ASSERT_EQ(p.kind, CopyKind::kKernel);
+  EXPECT_EQ(p.launches[0].vec, 1);
+}
+
+// Random boxes of 1..4 dims stored in random dim orders with padding, copied
+// between two such layouts with every pair of dtypes.
+TEST(RegionPlanTest, RandomLayoutsMatchCopyRegion) {
+  std::mt19937_64 rng(6);
+  const D dtypes[] = {D::bf16, D::fp16, D::fp32};
+  int kinds[4] = {0, 0, 0, 0};
+  for (int iter = 0; iter < 300; ++iter) {
+    const int ndim = 1 + static_cast<int>(rng() % 4);
+    std::vector<uint64_t> box(ndim);
+    for (auto& n : box) n = 1 + rng() % (ndim <= 2 ? 40 : 9);
+    if (rng() % 3 == 0) box[ndim - 1] = 8 * (1 + rng() % 6);  // vector-friendly inner dims
+    auto layout = [&](Memory** mem, D dtype, std::vector<std::unique_ptr<Memory>>& keep) {
+      std::vector<int> order(ndim);
+      std::iota(order.begin(), order.end(), 0);
+      if (rng() % 2) std::shuffle(order.begin(), order.end(), rng);
+      std::vector<uint64_t> stride(ndim);
+      uint64_t s = 1;
+      for (int i = ndim - 1; i >= 0; --i) {
+        stride[order[i]] = s;
+        s *= box[order[i]] + (rng() % 3 == 0 ? rng() % 5 : 0);
+      }
+      const uint64_t offset = rng() % 2 ? 0 : rng() % 9;
+      keep.push_back(std::make_unique<Memory>(1, (s + offset + 1) * DtypeSize(dtype)));
+      *mem = keep.back().get();
+      return View(**mem, offset, box, stride, dtype);
+    };
+    std::vector<std::unique_ptr<Memory>> keep;
+    Memory *sm = nullptr, *dm = nullptr;
+    const D sd = dtypes[rng() % 3], dd = dtypes[rng() % 3];
+    RegionView src = layout(&sm, sd, keep);
+    RegionView dst = layout(&dm, dd, keep);
+    sm->Fill(rng);
+    CopyPlan p = ExpectSameAsCpu(src, *dm, dst);
+    ++kinds[static_cast<int>(p.kind)];
+    if (::testing::Test::HasFailure()) {
+      ADD_FAILURE() << "iteration " << iter;
+      return;
+    }
+  }
+  // All three ways show up.
+  EXPECT_GT(kinds[static_cast<int>(CopyKind::kMemcpy)], 0);
+  EXPECT_GT(kinds[static_cast<int>(CopyKind::kMemcpy2D)], 0);
+  EXPECT_GT(kinds[static_cast<int>(CopyKind::kKernel)], 0);
+}
+
+TEST(RegionPlanTest, MismatchedCountsAndFp8AreRefused) {
+  Memory a(1, 256), b(1, 256);
+  try {
+    PlanCopy(View(a, 0, {8}, {1}, D::fp32), View(b, 0, {9}, {1}, D::fp32));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "region copy of 8 elements into 9 elements");
+  }
+  try {
+    PlanCopy(View(a, 0, {8}, {1}, D::fp8_e4m3), View(b, 0, {8}, {1}, D::fp8_e4m3));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "no CUDA kernel moves fp8_e4m3");
+  }
+  EXPECT_EQ(PlanCopy(View(a, 0, {0}, {1}, D::fp32), View(b, 0, {0}, {1}, D::fp32)).kind, CopyKind::kNone);
+}
+
+TEST(RegionPlanTest, LaunchShapeCoversEveryGroupWithinTheBlockCap) {
+  EXPECT_EQ(ShapeFor(1).blocks, 1u);
+  EXPECT_EQ(ShapeFor(256).blocks, 1u);
+  EXPECT_EQ(ShapeFor(257).blocks, 2u);
+  EXPECT_EQ(ShapeFor(uint64_t{1} << 40).blocks, kMaxBlocks);
+  EXPECT_EQ(ShapeFor(1000).threads, kThreadsPerBlock);
+}
+
+}  // namespace
+}  // namespace reshard::cuda
