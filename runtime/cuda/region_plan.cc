@@ -154,7 +154,9 @@ CopyPlan PlanCopy(const RegionView& src_in, const RegionView& dst_in) {
     // contiguous is cut into rows of that width.
     const uint64_t width = s.ndim == 2 ? s.shape[1] : d.ndim == 2 ? d.shape[1] : total;
     uint64_t sh = 0, sp = 0, dh = 0, dp = 0;
-    if (AsRows(s, width, &sh, &sp) && AsRows(d, width, &dh, &dp) && sh == dh) {
+    // cudaMemcpy2DAsync takes pitches below 2^31 bytes (cudaDevAttrMaxPitch).
+    constexpr uint64_t kMaxPitch = (uint64_t{1} << 31) - 1;
+    if (AsRows(s, width, &sh, &sp) && AsRows(d, width, &dh, &dp) && sh == dh && (sh == 1 || std::max(sp, dp) * es <= kMaxPitch)) {
       plan.src = Base(s);
       plan.dst = Base(d);
       plan.width = width * es;
