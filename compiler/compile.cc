@@ -51,6 +51,7 @@ PlanIR BuildPlan(const CompileInputs& in, const CompileOptions& opt) {
   RouteOptions ro;
   ro.strategy = opt.strategy;
   ro.staging_bytes = opt.staging_mb << 20;
+  ro.nvlink_exchange = opt.nvlink_exchange;
   return Route(in.model, in.cluster, in.src, src, in.dst, dst, ro);
 }
 

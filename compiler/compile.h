@@ -20,6 +20,7 @@ struct CompileInputs {
 struct CompileOptions {
   std::string strategy = "direct";
   uint64_t staging_mb = 512;
+  bool nvlink_exchange = true;
 };
 
 /// Pass 1: reads and validates the four spec files.

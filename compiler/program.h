@@ -65,6 +65,9 @@ struct PlanIR {
 struct RouteOptions {
   std::string strategy = "direct";  // or "gather"
   uint64_t staging_bytes = 512ull << 20;
+  /// direct: a region several GPUs of one NVLink domain need enters the
+  /// domain once and is forwarded over NVLink.
+  bool nvlink_exchange = true;
 };
 
 /// Passes 3 and 4: route every destination need to its sources and schedule

@@ -12,6 +12,7 @@
 // rank allocates in round r lives in arena r%2 and stays valid through round
 // r+1 (so data received in round r can be forwarded in round r+1).
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <numeric>
 #include <unordered_map>
@@ -23,6 +24,7 @@ namespace reshard {
 namespace {
 
 constexpr uint64_t kAlign = 256;
+constexpr uint64_t kMinSplit = 4ull << 20;  // smallest part split off a piece to fill a round
 uint64_t AlignUp(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 bool RegionFits(const StridedRegion& r) {
@@ -129,6 +131,8 @@ CellGrid BuildCells(const Expansion& src, int tensor, int nd) {
   return g;
 }
 
+struct DPiece;
+
 class Router {
  public:
   Router(const ModelSpec& m, const ClusterSpec& c, const LayoutSpec& sl, const Expansion& s, const LayoutSpec& dl,
@@ -182,6 +186,12 @@ class Router {
     (ChannelOf(a, b) == Channel::net ? ir_.net_bytes : ir_.nvlink_bytes) += bytes;
   }
 
+  void AddPieces(int t, const Cell& cell, const Box& piece, const FragmentRef& df,
+                 const std::vector<FragmentRef>& others, uint32_t salt, std::vector<DPiece>& pieces);
+  void Schedule(std::vector<DPiece>& pieces);
+  bool SplitFront(std::vector<DPiece>& pieces, uint32_t idx, uint64_t avail, std::vector<uint32_t>& queue,
+                  size_t head);
+  void EmitDirect(const std::vector<DPiece>& pieces);
   void Direct();
   void Gather();
 
@@ -194,12 +204,23 @@ class Router {
   const RouteOptions& opt_;
   PlanIR ir_;
   uint64_t cap_ = 0;                          // arena size
+  uint64_t piece_cap_ = 0;                    // largest staged piece
   std::vector<uint64_t> send_load_;           // bytes each global rank sends
+  std::vector<uint64_t> entry_load_;          // bytes entering each rank's domain through it (exchange)
+  std::vector<FragmentRef> fwd_pool_;         // other needers of exchanged pieces
   std::vector<std::vector<uint64_t>> used_;   // per global rank, per round: bytes scheduled
   std::vector<std::vector<uint64_t>> arena_;  // per global rank, per round: bytes allocated
 };
 
 // ---------------------------------------------------------------- direct --
+//
+// Every destination need is cut by the source cells into pieces; one replica
+// sends each piece. With NVLink exchange, a piece that several GPUs of one
+// destination NVLink domain need enters the domain once: it is striped over
+// those GPUs (each stripe lands in the staging of the least-loaded of them,
+// so all of the domain's NICs carry load), and in the next round the entry
+// GPU forwards the stripe from its staging to the others over NVLink, while
+// its NIC already receives the next round.
 
 struct DPiece {
   int tensor;
@@ -209,15 +230,60 @@ struct DPiece {
   uint64_t bytes;
   bool staged;
   size_t round = 0;
+  uint32_t fwd_begin = 0, fwd_count = 0;  // other needers in b's domain (fwd_pool_), reached by forwards
 };
+
+void Router::AddPieces(int t, const Cell& cell, const Box& piece, const FragmentRef& df,
+                       const std::vector<FragmentRef>& others, uint32_t salt, std::vector<DPiece>& pieces) {
+  const TensorSpec& ts = model_.tensors[t];
+  const uint64_t esize = DtypeBytes(ts.dtype);
+  int k = PickReplica(cell.replicas, salt);
+  FragmentRef sf = cell.replicas[k];
+  uint32_t a = SrcGlobal(sf.rank), b = DstGlobal(df.rank);
+  send_load_[a] += piece.volume() * esize;
+  const bool exchange = !others.empty();
+  if (exchange) entry_load_[b] += piece.volume() * esize;
+  // Split to fit the staging arena and the 4-mode region format. A piece
+  // contiguous on both sides needs no staging: only the 4 GiB step limit.
+  StridedRegion whole_s = SrcRegion(sf, piece), whole_d = DstRegion(df, piece);
+  bool contiguous = !exchange && whole_s.contiguous() && whole_d.contiguous();
+  uint64_t max_bytes = contiguous ? (uint64_t{1} << 31) : piece_cap_;
+  std::vector<Box> work = SplitBox(piece, std::max<int64_t>(1, static_cast<int64_t>(max_bytes / esize)));
+  std::reverse(work.begin(), work.end());
+  while (!work.empty()) {
+    Box x = work.back();
+    work.pop_back();
+    StridedRegion rs = SrcRegion(sf, x), rd = DstRegion(df, x);
+    bool fits = RegionFits(rs) && RegionFits(rd);
+    for (const FragmentRef& o : others) fits = fits && RegionFits(DstRegion(o, x));
+    if (!fits) {
+      std::vector<Box> slices = SliceOuter(x);
+      work.insert(work.end(), slices.rbegin(), slices.rend());
+      continue;
+    }
+    DPiece p{t, x, sf, df, a, b, static_cast<uint64_t>(x.volume()) * esize, true};
+    p.staged = exchange || !(rs.contiguous() && rd.contiguous() &&
+                             src_.ranks[sf.rank].buffers[rs.buffer].dtype == ts.dtype &&
+                             dst_.ranks[df.rank].buffers[rd.buffer - ir_.ranks[b].dst_buffer_base].dtype == ts.dtype);
+    if (exchange) {
+      p.fwd_begin = static_cast<uint32_t>(fwd_pool_.size());
+      p.fwd_count = static_cast<uint32_t>(others.size());
+      fwd_pool_.insert(fwd_pool_.end(), others.begin(), others.end());
+    }
+    pieces.push_back(p);
+  }
+}
 
 void Router::Direct() {
   std::vector<DPiece> pieces;
+  const uint64_t stripe_min = 4ull << 20;
   for (int t = 0; t < static_cast<int>(model_.tensors.size()); ++t) {
     const TensorSpec& ts = model_.tensors[t];
     int nd = ts.ndim();
     CellGrid g = BuildCells(src_, t, nd);
     uint64_t esize = DtypeBytes(ts.dtype);
+    // Per destination domain, per source cell: who needs which box of it.
+    std::map<std::pair<uint32_t, int>, std::vector<std::pair<FragmentRef, Box>>> wants;
     for (const FragmentRef& df : dst_.by_tensor[t]) {
       const Box& need = DstFrag(df).box;
       std::array<int64_t, kMaxDims> s0{}, s1{}, cur{};
@@ -241,73 +307,214 @@ void Router::Direct() {
         for (int d = 0; d < nd; ++d) cellbox.lo[d] = g.bp[d][cur[d]], cellbox.hi[d] = g.bp[d][cur[d] + 1];
         Box piece = cellbox.intersect(need);
         if (it == g.index.end()) NoSource(t, df.rank, piece);
-        const Cell& cell = g.cells[it->second];
-        int k = PickReplica(cell.replicas, static_cast<uint32_t>(df.rank));
-        FragmentRef sf = cell.replicas[k];
-        uint32_t a = SrcGlobal(sf.rank), b = DstGlobal(df.rank);
-        send_load_[a] += piece.volume() * esize;
-        // Split to fit the staging arena and the 4-mode region format. A piece
-        // contiguous on both sides needs no staging: only the 4 GiB step limit.
-        StridedRegion whole_s = SrcRegion(sf, piece), whole_d = DstRegion(df, piece);
-        bool contiguous = whole_s.contiguous() && whole_d.contiguous();
-        uint64_t max_bytes = contiguous ? (uint64_t{1} << 31) : cap_ / 2;
-        std::vector<Box> work = SplitBox(piece, std::max<int64_t>(1, static_cast<int64_t>(max_bytes / esize)));
-        while (!work.empty()) {
-          Box x = work.back();
-          work.pop_back();
-          StridedRegion rs = SrcRegion(sf, x), rd = DstRegion(df, x);
-          if (!RegionFits(rs) || !RegionFits(rd)) {
-            for (const Box& y : SliceOuter(x)) work.push_back(y);
-            continue;
-          }
-          DPiece p{t, x, sf, df, a, b, static_cast<uint64_t>(x.volume()) * esize, true};
-          p.staged = !(rs.contiguous() && rd.contiguous() &&
-                       src_.ranks[sf.rank].buffers[rs.buffer].dtype == ts.dtype &&
-                       dst_.ranks[df.rank].buffers[rd.buffer - ir_.ranks[b].dst_buffer_base].dtype == ts.dtype);
-          pieces.push_back(p);
-        }
+        wants[{ir_.domain[DstGlobal(df.rank)], it->second}].push_back({df, piece});
         int d = nd - 1;
         while (d >= 0 && ++cur[d] == s1[d]) cur[d] = s0[d], --d;
         if (d < 0) break;
       }
     }
+    for (auto& [key, list] : wants) {
+      const auto [domain, ci] = key;
+      const Cell& cell = g.cells[ci];
+      bool exchange = opt_.nvlink_exchange && list.size() > 1;
+      for (const FragmentRef& rep : cell.replicas) exchange = exchange && ir_.domain[SrcGlobal(rep.rank)] != domain;
+      // Needers of identical boxes form a group; groups must not overlap.
+      std::stable_sort(list.begin(), list.end(), [](const auto& x, const auto& y) { return x.second < y.second; });
+      std::vector<std::pair<size_t, size_t>> groups;
+      for (size_t i = 0; i < list.size();) {
+        size_t j = i;
+        while (j < list.size() && list[j].second == list[i].second) ++j;
+        groups.push_back({i, j});
+        i = j;
+      }
+      for (size_t x = 0; exchange && x < groups.size(); ++x)
+        for (size_t y = x + 1; exchange && y < groups.size(); ++y)
+          exchange = !list[groups[x].first].second.intersects(list[groups[y].first].second);
+      for (auto [i, j] : groups) {
+        const Box& box = list[i].second;
+        if (!exchange || j - i == 1) {
+          for (size_t k = i; k < j; ++k) AddPieces(t, cell, box, list[k].first, {}, list[k].first.rank, pieces);
+          continue;
+        }
+        // Stripes of the box, each entering at the least-loaded needer.
+        const uint64_t n = j - i, bytes = box.volume() * esize;
+        const uint64_t stripes = std::clamp<uint64_t>(bytes / stripe_min, 1, n);
+        for (const Box& stripe : SplitBox(box, (box.volume() + stripes - 1) / stripes)) {
+          size_t entry = i;
+          for (size_t k = i + 1; k < j; ++k) {
+            uint32_t gk = DstGlobal(list[k].first.rank), ge = DstGlobal(list[entry].first.rank);
+            if (entry_load_[gk] < entry_load_[ge]) entry = k;
+          }
+          std::vector<FragmentRef> others;
+          for (size_t k = i; k < j; ++k)
+            if (k != entry) others.push_back(list[k].first);
+          AddPieces(t, cell, stripe, list[entry].first, others, list[entry].first.rank, pieces);
+        }
+      }
+    }
   }
-  // Order so that each stretch of pieces is close to a matching of senders to
-  // receivers (rotate partners), then place each in the earliest round where
-  // both ends have budget left.
-  uint32_t n = static_cast<uint32_t>(ir_.ranks.size());
-  std::stable_sort(pieces.begin(), pieces.end(), [&](const DPiece& x, const DPiece& y) {
-    uint32_t rx = (x.b + n - x.a) % n, ry = (y.b + n - y.a) % n;
-    if (rx != ry) return rx < ry;
-    if (x.a != y.a) return x.a < y.a;
-    return false;
+  Schedule(pieces);
+  EmitDirect(pieces);
+}
+
+// Splits piece `idx` (queue[head]) so that its first part needs at most
+// `avail` bytes: the first part replaces it at the head of the queue, the
+// rest follow it. False if no part that small keeps every region in format.
+bool Router::SplitFront(std::vector<DPiece>& pieces, uint32_t idx, uint64_t avail, std::vector<uint32_t>& queue,
+                        size_t head) {
+  const DPiece p = pieces[idx];
+  const uint64_t esize = DtypeBytes(model_.tensors[p.tensor].dtype);
+  const int64_t max_elems = static_cast<int64_t>((avail - (p.staged ? kAlign : 0)) / esize);
+  if (max_elems <= 0) return false;
+  std::vector<Box> parts = SplitBox(p.box, max_elems);
+  if (parts.size() < 2) return false;
+  for (const Box& x : parts) {
+    bool ok = RegionFits(SrcRegion(p.s, x)) && RegionFits(DstRegion(p.d, x));
+    for (uint32_t k = 0; ok && k < p.fwd_count; ++k) ok = RegionFits(DstRegion(fwd_pool_[p.fwd_begin + k], x));
+    if (!ok) return false;
+  }
+  std::vector<uint32_t> ids;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    DPiece q = p;
+    q.box = parts[i];
+    q.bytes = static_cast<uint64_t>(parts[i].volume()) * esize;
+    if (i == 0) {
+      pieces[idx] = q;
+      ids.push_back(idx);
+    } else {
+      ids.push_back(static_cast<uint32_t>(pieces.size()));
+      pieces.push_back(q);
+    }
+  }
+  queue.insert(queue.begin() + static_cast<std::ptrdiff_t>(head) + 1, ids.begin() + 1, ids.end());
+  return true;
+}
+
+// Places every piece in a round, filling rounds one at a time: each round
+// takes pieces pair by pair, the pairs whose sender or receiver has the most
+// bytes still to move first, while both ends (and, for a piece forwarded in
+// its domain, every other needer one round later) have staging budget left.
+// The busiest NICs thus carry a full budget in every round and finish
+// together, instead of a few stragglers holding up later rounds; rotation
+// order (receiver minus sender) breaks ties, so a round is close to a matching
+// of senders to receivers and no NIC is converged on by many senders at once.
+void Router::Schedule(std::vector<DPiece>& pieces) {
+  const uint32_t n = static_cast<uint32_t>(ir_.ranks.size());
+  auto rot = [n](uint32_t a, uint32_t b) { return (b + n - a) % n; };
+  std::vector<uint32_t> order(pieces.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](uint32_t i, uint32_t j) {
+    const DPiece &x = pieces[i], &y = pieces[j];
+    if (rot(x.a, x.b) != rot(y.a, y.b)) return rot(x.a, x.b) < rot(y.a, y.b);
+    return x.a < y.a;
   });
-  std::vector<size_t> lowest(n, 0);
-  for (DPiece& p : pieces) {
-    if (p.a == p.b) {
+  struct Pair {
+    uint32_t a, b;
+    std::vector<uint32_t> queue;  // pieces, in order
+    size_t head = 0;
+  };
+  std::vector<Pair> pairs;
+  std::vector<uint64_t> rem_out(n, 0), rem_in(n, 0);
+  for (uint32_t i : order) {
+    DPiece& p = pieces[i];
+    if (p.a == p.b) {  // a local copy
       p.round = 0;
       continue;
     }
-    uint64_t need = p.staged ? AlignUp(p.bytes) : p.bytes;
-    size_t r = std::max(lowest[p.a], lowest[p.b]);
-    // A piece larger than the budget (sent straight between buffers) takes a round of its own.
-    while ((Used(p.a, r) + need > cap_ && Used(p.a, r) > 0) || (Used(p.b, r) + need > cap_ && Used(p.b, r) > 0)) ++r;
-    Used(p.a, r) += need;
-    Used(p.b, r) += need;
-    p.round = r;
-    for (uint32_t x : {p.a, p.b})
-      while (Used(x, lowest[x]) + cap_ / 64 > cap_) ++lowest[x];
+    if (pairs.empty() || pairs.back().a != p.a || pairs.back().b != p.b) pairs.push_back({p.a, p.b, {}, 0});
+    pairs.back().queue.push_back(i);
+    rem_out[p.a] += p.bytes;
+    rem_in[p.b] += p.bytes;
   }
-  // Emit: messages grouped by (round, sender, receiver).
+  auto need_of = [](const DPiece& p) { return p.staged ? AlignUp(p.bytes) : p.bytes; };
+  // Pace the network: R rounds are needed at least for the busiest rank's
+  // staging; spread every rank's network bytes evenly over them, so that a
+  // round never carries more through one NIC than the slowest rank needs.
+  std::vector<uint64_t> held(n, 0), net_total(n, 0);
+  for (const DPiece& p : pieces) {
+    if (p.a == p.b) continue;
+    held[p.a] += need_of(p);
+    held[p.b] += need_of(p);
+    for (uint32_t k = 0; k < p.fwd_count; ++k) held[DstGlobal(fwd_pool_[p.fwd_begin + k].rank)] += need_of(p);
+    if (ChannelOf(p.a, p.b) == Channel::net) net_total[p.a] += p.bytes;
+  }
+  std::vector<uint64_t> net_in(n, 0);
+  for (const DPiece& p : pieces)
+    if (p.a != p.b && ChannelOf(p.a, p.b) == Channel::net) net_in[p.b] += p.bytes;
+  uint64_t rounds = 1, busiest_net = 0;
+  for (uint32_t g = 0; g < n; ++g) {
+    rounds = std::max<uint64_t>(rounds, (held[g] + cap_ - 1) / cap_);
+    busiest_net = std::max({busiest_net, net_total[g], net_in[g]});
+  }
+  const uint64_t net_cap = std::clamp<uint64_t>(busiest_net / rounds + busiest_net / rounds / 32, kMinSplit, cap_);
+  std::vector<std::vector<uint64_t>> net_out_used(n), net_in_used(n);
+  auto net_room = [&](const DPiece& p, size_t r) -> uint64_t {
+    if (ChannelOf(p.a, p.b) != Channel::net) return cap_;
+    uint64_t o = At(net_out_used[p.a], r), i = At(net_in_used[p.b], r);
+    return net_cap - std::min(net_cap, std::max(o, i));
+  };
+  std::vector<uint32_t> active(pairs.size());
+  std::iota(active.begin(), active.end(), 0);
+  for (size_t r = 0; !active.empty(); ++r) {
+    std::stable_sort(active.begin(), active.end(), [&](uint32_t x, uint32_t y) {
+      const Pair &u = pairs[x], &v = pairs[y];
+      return std::max(rem_out[u.a], rem_in[u.b]) > std::max(rem_out[v.a], rem_in[v.b]);
+    });
+    for (uint32_t pi : active) {
+      Pair& q = pairs[pi];
+      while (q.head < q.queue.size()) {
+        const uint32_t idx = q.queue[q.head];
+        const uint64_t need = need_of(pieces[idx]);
+        // Budget left for this piece in round r at both ends (and its forward targets in r+1).
+        auto room = [&](uint32_t rank, size_t rr) { return Used(rank, rr) == 0 ? cap_ : cap_ - std::min(cap_, Used(rank, rr)); };
+        uint64_t avail = std::min({room(pieces[idx].a, r), room(pieces[idx].b, r), net_room(pieces[idx], r)});
+        for (uint32_t k = 0; k < pieces[idx].fwd_count; ++k)
+          avail = std::min(avail, room(DstGlobal(fwd_pool_[pieces[idx].fwd_begin + k].rank), r + 1));
+        const bool alone = Used(pieces[idx].a, r) == 0 && Used(pieces[idx].b, r) == 0 && pieces[idx].fwd_count == 0;
+        if (need > avail && !alone) {
+          // Fill the round: split off the part of the piece that fits, if worth a message.
+          if (avail < kMinSplit || !SplitFront(pieces, idx, avail, q.queue, q.head)) break;
+        }
+        DPiece& p = pieces[q.queue[q.head]];
+        const uint64_t used = need_of(p);
+        Used(p.a, r) += used;
+        Used(p.b, r) += used;
+        for (uint32_t k = 0; k < p.fwd_count; ++k) Used(DstGlobal(fwd_pool_[p.fwd_begin + k].rank), r + 1) += used;
+        p.round = r;
+        if (ChannelOf(p.a, p.b) == Channel::net) At(net_out_used[p.a], r) += p.bytes, At(net_in_used[p.b], r) += p.bytes;
+        rem_out[p.a] -= p.bytes;
+        rem_in[p.b] -= p.bytes;
+        ++q.head;
+      }
+    }
+    active.erase(std::remove_if(active.begin(), active.end(),
+                                [&](uint32_t pi) { return pairs[pi].head == pairs[pi].queue.size(); }),
+                 active.end());
+  }
+}
+
+// Emits messages grouped by (round, sender, receiver); forwards of exchanged
+// pieces go out one round later from the entry GPU's staging.
+void Router::EmitDirect(const std::vector<DPiece>& pieces) {
+  uint32_t n = static_cast<uint32_t>(ir_.ranks.size());
   std::vector<size_t> order(pieces.size());
   std::iota(order.begin(), order.end(), 0);
+  auto fwd_less = [&](const DPiece& x, const DPiece& y) {
+    if (x.fwd_count != y.fwd_count) return x.fwd_count < y.fwd_count;
+    for (uint32_t k = 0; k < x.fwd_count; ++k) {
+      const FragmentRef &u = fwd_pool_[x.fwd_begin + k], &v = fwd_pool_[y.fwd_begin + k];
+      if (u.rank != v.rank) return u.rank < v.rank;
+    }
+    return false;
+  };
   std::stable_sort(order.begin(), order.end(), [&](size_t i, size_t j) {
     const DPiece &x = pieces[i], &y = pieces[j];
     if (x.round != y.round) return x.round < y.round;
     uint32_t rx = (x.b + n - x.a) % n, ry = (y.b + n - y.a) % n;
     if (rx != ry) return rx < ry;
     if (x.a != y.a) return x.a < y.a;
-    return x.staged > y.staged;
+    if (x.staged != y.staged) return x.staged > y.staged;
+    return fwd_less(x, y);
   });
   for (size_t i = 0; i < order.size();) {
     const DPiece& first = pieces[order[i]];
@@ -339,6 +546,13 @@ void Router::Direct() {
     if (total > 0) {
       uint64_t oa = Alloc(first.a, first.round, total), ob = Alloc(first.b, first.round, total);
       uint64_t pos = 0;
+      // Forwards: per other needer, runs of adjacent pieces become one message.
+      struct Run {
+        uint32_t to;
+        uint64_t begin = 0, end = 0;
+        std::vector<std::pair<size_t, FragmentRef>> parts;  // piece, its fragment on `to`
+      };
+      std::vector<Run> runs;
       for (size_t k = i; k < j; ++k) {
         const DPiece& p = pieces[order[k]];
         if (!p.staged) continue;
@@ -357,6 +571,19 @@ void Router::Direct() {
         up.bytes = p.bytes;
         up.dst = B.AddRegion(DstRegion(p.d, p.box));
         B.round(p.round).unpack.push_back(up);
+        for (uint32_t f = 0; f < p.fwd_count; ++f) {
+          const FragmentRef& o = fwd_pool_[p.fwd_begin + f];
+          uint32_t to = DstGlobal(o.rank);
+          Run* run = nullptr;
+          for (Run& r : runs)
+            if (r.to == to && r.end == pos) run = &r;
+          if (!run) {
+            runs.push_back({to, pos, pos, {}});
+            run = &runs.back();
+          }
+          run->end = pos + AlignUp(p.bytes);
+          run->parts.push_back({order[k], o});
+        }
         pos += AlignUp(p.bytes);
       }
       Step snd, rcv;
@@ -368,6 +595,34 @@ void Router::Direct() {
       A.round(first.round).comm.push_back(snd);
       B.round(first.round).comm.push_back(rcv);
       Count(first.a, first.b, total);
+      const size_t next = first.round + 1;
+      for (const Run& run : runs) {
+        RankProgram& G = ir_.ranks[run.to];
+        const uint64_t len = run.end - run.begin;
+        uint64_t og = Alloc(run.to, next, len);
+        Step fw, fr;
+        fw.kind = StepKind::forward, fr.kind = StepKind::recv;
+        fw.channel = fr.channel = ChannelOf(first.b, run.to);
+        fw.peer = run.to, fr.peer = first.b;
+        fw.staging = ob + run.begin, fr.staging = og;
+        fw.bytes = fr.bytes = len;
+        B.round(next).comm.push_back(fw);
+        G.round(next).comm.push_back(fr);
+        send_load_[first.b] += len;
+        Count(first.b, run.to, len);
+        uint64_t at = og;
+        for (const auto& [pi, frag] : run.parts) {
+          const DPiece& p = pieces[pi];
+          Step up;
+          up.kind = StepKind::unpack;
+          up.wire = model_.tensors[p.tensor].dtype;
+          up.staging = at;
+          up.bytes = p.bytes;
+          up.dst = G.AddRegion(DstRegion(frag, p.box));
+          G.round(next).unpack.push_back(up);
+          at += AlignUp(p.bytes);
+        }
+      }
     }
     for (size_t k = i; k < j; ++k) {
       const DPiece& p = pieces[order[k]];
@@ -600,9 +855,20 @@ PlanIR Router::Run() {
     for (uint32_t i = 0; i < ns; ++i) ir_.src_global.push_back(i);
     for (uint32_t j = 0; j < nd; ++j) ir_.dst_global.push_back(j);
   } else {
-    total = ns + nd;
-    for (uint32_t i = 0; i < ns; ++i) ir_.src_global.push_back(i);
-    for (uint32_t j = 0; j < nd; ++j) ir_.dst_global.push_back(ns + j);
+    // Training ranks fill domains from global rank 0 (train_per_domain GPUs
+    // of each); inference ranks follow.
+    const uint64_t gpd = static_cast<uint64_t>(cluster_.gpus_per_domain);
+    const uint64_t tpd = cluster_.train_per_domain ? cluster_.train_per_domain : gpd;
+    const uint64_t ipd = cluster_.infer_per_domain ? cluster_.infer_per_domain : gpd;
+    for (uint32_t i = 0; i < ns; ++i) ir_.src_global.push_back(static_cast<uint32_t>(i / tpd * gpd + i % tpd));
+    // With a per-domain count for either side the two sides use disjoint
+    // domains: inference starts on the next fresh one.
+    const bool fresh = cluster_.train_per_domain || cluster_.infer_per_domain;
+    const uint64_t base = !ns ? 0 : fresh ? (ir_.src_global.back() / gpd + 1) * gpd : ir_.src_global.back() + 1;
+    for (uint32_t j = 0; j < nd; ++j) ir_.dst_global.push_back(static_cast<uint32_t>(base + j / ipd * gpd + j % ipd));
+    const uint64_t last = nd ? ir_.dst_global.back() : (ns ? ir_.src_global.back() : 0);
+    if (last >= (uint64_t{1} << 31)) throw Error(cluster_.file + ": more than 2^31 global ranks");
+    total = static_cast<uint32_t>(last + 1);
   }
   ir_.ranks.resize(total);
   for (uint32_t g = 0; g < total; ++g) ir_.domain.push_back(static_cast<uint32_t>(g / cluster_.gpus_per_domain));
@@ -632,6 +898,8 @@ PlanIR Router::Run() {
     }
   }
   send_load_.assign(total, 0);
+  entry_load_.assign(total, 0);
+  piece_cap_ = cap_ / 2;
   used_.assign(total, {});
   arena_.assign(total, {});
   if (opt_.strategy == "direct") Direct();

@@ -501,7 +501,8 @@ ClusterSpec ParseCluster(const json& root, const std::string& file) {
   Reader r(file);
   r.Format(root, "reshard.cluster/1");
   r.Keys(root, "", {"format", "name", "gpus_per_domain", "nic_gbps", "nvlink_GBps", "hbm_GBps", "nic_latency_us",
-                    "nvlink_latency_us", "placement", "sources", "notes"});
+                    "nvlink_latency_us", "placement", "train_gpus_per_domain", "infer_gpus_per_domain", "sources",
+                    "notes"});
   ClusterSpec c;
   c.file = file;
   c.name = r.String(r.Get(root, "", "name"), "/name");
@@ -515,6 +516,16 @@ ClusterSpec ParseCluster(const json& root, const std::string& file) {
     std::string p = r.String(root["placement"], "/placement");
     if (p == "colocated") c.colocated = true;
     else if (p != "disjoint") r.Fail("/placement", "unknown placement '" + p + "', expected 'disjoint' or 'colocated'");
+  }
+  for (auto [key, field] : {std::pair{"train_gpus_per_domain", &c.train_per_domain},
+                            std::pair{"infer_gpus_per_domain", &c.infer_per_domain}}) {
+    if (!root.contains(key)) continue;
+    const std::string path = std::string("/") + key;
+    if (c.colocated) r.Fail(path, "only with \"placement\": \"disjoint\" (colocated ranks share every GPU)");
+    *field = r.Int(root[key], path, 1);
+    if (*field > c.gpus_per_domain)
+      r.Fail(path, std::to_string(*field) + " is more than the " + std::to_string(c.gpus_per_domain) +
+                       " GPUs of a domain (/gpus_per_domain)");
   }
   return c;
 }

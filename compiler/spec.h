@@ -93,6 +93,10 @@ struct ClusterSpec {
   double nic_gbps = 400, nvlink_GBps = 450, hbm_GBps = 3350;
   double nic_latency_us = 5, nvlink_latency_us = 1;
   bool colocated = false;
+  /// Disjoint placement: how many GPUs of each NVLink domain the training and
+  /// the inference side use (0: all). With either set, inference starts on a
+  /// fresh domain; without, it follows the training ranks.
+  int64_t train_per_domain = 0, infer_per_domain = 0;
 };
 
 /// Parsers: `text` is the file's contents, `file` its name for messages.

@@ -15,15 +15,18 @@ namespace reshard::testing {
 
 inline std::string SourceDir() { return RESHARD_SOURCE_DIR; }
 inline std::string Sample(const std::string& rel) { return SourceDir() + "/samples/" + rel; }
+inline nlohmann::json LoadSample(const std::string& rel) { return LoadJson(Sample(rel)); }
 
 /// Compiles specs held in memory; returns the plan bytes.
 inline std::vector<uint8_t> CompileJson(const nlohmann::json& model, const nlohmann::json& train,
                                         const nlohmann::json& infer, const nlohmann::json& cluster,
-                                        const std::string& strategy = "direct", uint64_t staging_mb = 64) {
+                                        const std::string& strategy = "direct", uint64_t staging_mb = 64,
+                                        bool nvlink_exchange = true) {
   CompileInputs in = ParseInputs(model, train, infer, cluster);
   CompileOptions opt;
   opt.strategy = strategy;
   opt.staging_mb = staging_mb;
+  opt.nvlink_exchange = nvlink_exchange;
   return EmitPlan(in, BuildPlan(in, opt));
 }
 

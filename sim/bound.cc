@@ -107,7 +107,13 @@ LowerBound ComputeLowerBound(const Plan& plan, const ClusterSpec& cluster) {
   const uint32_t n = plan.num_ranks();
   const uint32_t gpd = static_cast<uint32_t>(std::max<int64_t>(1, cluster.gpus_per_domain));
   const uint32_t ndomains = n ? (n - 1) / gpd + 1 : 0;
-  auto gpus_in = [&](uint32_t d) { return std::min(gpd, n - d * gpd); };
+  // GPUs of the job per domain (a domain's idle GPUs carry nothing of it).
+  std::vector<uint32_t> in_domain(ndomains, 0);
+  for (uint32_t g = 0; g < n; ++g) {
+    const fb::Program& prog = plan.program(g);
+    if (prog.src_rank() >= 0 || prog.dst_rank() >= 0 || (prog.fragments() && prog.fragments()->size())) ++in_domain[g / gpd];
+  }
+  auto gpus_in = [&](uint32_t d) { return in_domain[d]; };
   const auto* tensors = root.tensors();
   const uint32_t ntensors = tensors ? tensors->size() : 0;
 
@@ -164,13 +170,14 @@ LowerBound ComputeLowerBound(const Plan& plan, const ClusterSpec& cluster) {
   LowerBound lb;
   uint32_t source_gpus = 0;
   for (uint32_t d = 0; d < ndomains; ++d) {
+    if (!gpus_in(d)) continue;
     const double nics = gpus_in(d) * m.nic_Bps;
     if (source_domain[d]) source_gpus += gpus_in(d);
     const double a = in[d] / nics;
     if (a > lb.ingress_s) lb.ingress_s = a, lb.ingress_domain = d, lb.ingress_bytes = in[d];
     lb.egress_s = std::max(lb.egress_s, only[d] / nics);
     uint64_t dom_need = 0;
-    for (uint32_t g = d * gpd; g < d * gpd + gpus_in(d); ++g) {
+    for (uint32_t g = d * gpd; g < std::min(n, (d + 1) * gpd); ++g) {
       dom_need += gpu_need[g];
       lb.nvlink_s = std::max(lb.nvlink_s, gpu_need[g] / (m.nic_Bps + m.nvlink_Bps));
     }

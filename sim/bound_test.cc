@@ -53,11 +53,13 @@ TEST(BoundTest, ADomainTakesInWhatItsGpusNeedOnceOverAllItsNics) {
   EXPECT_EQ(lb.ingress_domain, 1u);
   EXPECT_DOUBLE_EQ(lb.ingress_s, 4e6 / (2 * kNic));
   EXPECT_EQ(lb.egress_bytes, 4000000u);
-  // Only domain 0 holds it: it leaves over domain 0's two NICs.
-  EXPECT_DOUBLE_EQ(lb.egress_s, 4e6 / (2 * kNic));
+  // Only domain 0 holds it: it leaves over the NICs of domain 0's GPUs in the job;
+  // rank 1 holds and needs nothing, so its NIC does not count.
+  EXPECT_DOUBLE_EQ(lb.egress_s, 4e6 / kNic);
   EXPECT_EQ(lb.needed_bytes, 8000000u);
   EXPECT_DOUBLE_EQ(lb.nvlink_s, 4e6 / (kNic + kNv));
-  EXPECT_DOUBLE_EQ(lb.seconds, 4e6 / (2 * kNic) + 10e-6);
+  EXPECT_DOUBLE_EQ(lb.seconds, 4e6 / kNic + 10e-6);
+  EXPECT_STREQ(lb.binding(), "source egress over NICs");
 }
 
 TEST(BoundTest, NeedsOfOneDomainAreUnitedAcrossItsGpus) {

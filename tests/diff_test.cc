@@ -206,15 +206,15 @@ TEST(DiffTest, StagingChangeChangesRoundsNotBytes) {
 }
 
 // dgx-h100 puts the 8 training and 4 inference ranks of tiny-dense in two
-// NVLink domains (all traffic over the network); gb200-nvl72 in one (all NVLink).
+// NVLink domains (all traffic over the network); a shared GB200 NVL72 rack in one (all NVLink).
 TEST(DiffTest, ClusterChangeMovesBytesBetweenChannels) {
   TempDir dir;
   std::string a = TinyDense(dir, "dgx.rsplan", "infer.json", "clusters/dgx-h100.json");
-  std::string b = TinyDense(dir, "nvl72.rsplan", "infer.json", "clusters/gb200-nvl72.json");
+  std::string b = TinyDense(dir, "nvl72.rsplan", "infer.json", "../tests/data/nvl72-shared.json");
   json sa = ShowJson(dir, a), sb = ShowJson(dir, b);
   json d = DiffJson(dir, a, b, 1);
   EXPECT_EQ(Input(d, "cluster")["a"], "dgx-h100");
-  EXPECT_EQ(Input(d, "cluster")["b"], "gb200-nvl72");
+  EXPECT_EQ(Input(d, "cluster")["b"], "gb200-nvl72-shared");
   EXPECT_EQ(Input(d, "domains")["a"], "2 NVLink domains");
   EXPECT_EQ(Input(d, "domains")["b"], "1 NVLink domain");
   EXPECT_FALSE(Input(d, "digest").is_null());

@@ -99,7 +99,7 @@ TEST(VizTest, SvgHasOneCellPerRankPairAddingUpToShow) {
 TEST(VizTest, HtmlIsSelfContainedXhtmlWithEverySection) {
   if (!HavePython()) GTEST_SKIP() << "python3 not found (needed to parse the HTML)";
   TempDir dir;
-  std::string plan = TinyDense(dir, "tiny.rsplan", "infer.json", "clusters/gb200-nvl72.json");
+  std::string plan = TinyDense(dir, "tiny.rsplan", "infer.json", "../tests/data/nvl72-shared.json");
   json show = ShowJson(dir, plan);
   std::string out = dir.File("tiny.html");
   json x = RenderAndParse(dir, plan, out);

@@ -20,7 +20,7 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
   struct Opts {
     std::string model, from, to, cluster, out, strategy = "direct";
     uint64_t staging_mb = 512;
-    bool quiet = false, json = false;
+    bool quiet = false, json = false, no_exchange = false;
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("--model", o->model, "model spec (reshard.model/1)")->required()->check(CLI::ExistingFile);
@@ -40,6 +40,10 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
       ->check(CLI::IsMember({"direct", "gather"}));
   cmd->add_option("--staging-mb", o->staging_mb, "staging memory per rank in MiB (2..4095, default 512); work is split into rounds to fit")
       ->check(CLI::Range(2, 4095));
+  cmd->add_flag("--no-nvlink-exchange", o->no_exchange,
+               "direct: every GPU pulls what it needs over the network itself, even when other GPUs of its\n"
+               "NVLink domain need the same region (by default such a region enters the domain once,\n"
+               "striped over the domain's NICs, and is forwarded over NVLink)");
   cmd->add_flag("-q,--quiet", o->quiet, "print nothing on success");
   cmd->add_flag("--json", o->json, "print the summary as JSON");
   cmd->callback([o, &exit_code] {
@@ -48,6 +52,7 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
     CompileOptions opt;
     opt.strategy = o->strategy;
     opt.staging_mb = o->staging_mb;
+    opt.nvlink_exchange = !o->no_exchange;
     PlanIR ir = BuildPlan(in, opt);
     std::vector<uint8_t> bytes = EmitPlan(in, ir);
     WriteFileAtomic(o->out, bytes);

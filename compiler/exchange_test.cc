@@ -1,0 +1,119 @@
+// NVLink exchange and placement: a region several GPUs of one destination
+// domain need enters the domain once and is forwarded over NVLink; plans with
+// and without exchange validate and move the same destination elements.
+#include <gtest/gtest.h>
+
+#include "compiler/random_specs.h"
+#include "compiler/test.h"
+
+namespace reshard {
+namespace {
+
+using testing::CompileJson;
+using testing::LoadSample;
+
+nlohmann::json Cluster(int gpus_per_domain, nlohmann::json extra = nlohmann::json::object()) {
+  nlohmann::json c = testing::TinyCluster(gpus_per_domain);
+  c.update(extra);
+  return c;
+}
+
+struct Totals {
+  uint64_t net = 0, nvlink = 0, forwards = 0;
+  ValidateReport report;
+};
+
+Totals Compile(const std::string& infer, const nlohmann::json& cluster, bool exchange) {
+  auto bytes = CompileJson(LoadSample("tiny-dense/model.json"), LoadSample("tiny-dense/train.json"),
+                           LoadSample("tiny-dense/" + infer), cluster, "direct", 64, exchange);
+  Totals t;
+  Plan plan = Plan::from_bytes(bytes, "x.rsplan");
+  t.net = plan.root().total_net_bytes();
+  t.nvlink = plan.root().total_nvlink_bytes();
+  for (uint32_t g = 0; g < plan.num_ranks(); ++g)
+    for (const fb::Step* s : *plan.program(g).steps()) t.forwards += s->kind() == fb::StepKind::forward;
+  t.report = testing::ValidateBytes(bytes);
+  return t;
+}
+
+// tiny-dense: 8 training ranks (domains 0 and 1 of 4 GPUs), 4 inference ranks
+// TP1 x DP4 in domain 2, each needing the whole model.
+TEST(ExchangeTest, AReplicatedRegionEntersTheDomainOnceAndIsForwarded) {
+  Totals on = Compile("infer-tp1-dp4.json", Cluster(4), true);
+  Totals off = Compile("infer-tp1-dp4.json", Cluster(4), false);
+  ASSERT_TRUE(on.report.ok()) << on.report.errors[0];
+  ASSERT_TRUE(off.report.ok()) << off.report.errors[0];
+  EXPECT_EQ(on.report.dest_elements, off.report.dest_elements);
+  // Without exchange every inference GPU pulls the model over the network.
+  EXPECT_EQ(off.nvlink, 0u);
+  EXPECT_EQ(off.forwards, 0u);
+  // With it the model crosses the network once and three copies go over NVLink
+  // (forwards of several pieces carry the 256-byte alignment gaps between them).
+  EXPECT_EQ(on.nvlink, 3 * on.net);
+  EXPECT_GE(on.net * 4, off.net);
+  EXPECT_LE(on.net * 4, off.net + 4 * 256 * on.forwards);
+  EXPECT_GT(on.forwards, 0u);
+}
+
+TEST(ExchangeTest, OnlyRegionsSeveralGpusNeedAreForwarded) {
+  // TP4: the four inference GPUs need disjoint shards of the matrices; only the
+  // replicated norms are shared.
+  Totals on = Compile("infer.json", Cluster(4), true);
+  Totals off = Compile("infer.json", Cluster(4), false);
+  ASSERT_TRUE(on.report.ok()) << on.report.errors[0];
+  EXPECT_GT(on.forwards, 0u);
+  EXPECT_LT(on.net, off.net);
+  EXPECT_GE(on.net + on.nvlink, off.net);
+  EXPECT_LE(on.net + on.nvlink, off.net + 256 * on.forwards);
+  EXPECT_LT(on.nvlink * 5, on.net);  // norms are a small part of the model
+}
+
+TEST(ExchangeTest, RandomLayoutsValidateWithAndWithoutExchange) {
+  int forwarded = 0;
+  for (int seed = 1; seed <= 120; ++seed) {
+    RandomSpecs s = MakeRandomSpecs(seed);
+    for (bool exchange : {true, false}) {
+      std::vector<uint8_t> bytes;
+      std::string err = testing::ErrorOf([&] { bytes = CompileJson(s.model, s.train, s.infer, s.cluster, "direct", 2, exchange); });
+      ASSERT_EQ(err, "") << "seed " << seed;
+      ValidateReport rep = testing::ValidateBytes(bytes);
+      ASSERT_TRUE(rep.ok()) << "seed " << seed << " exchange " << exchange << ": " << rep.errors[0];
+      Plan plan = Plan::from_bytes(bytes, "r.rsplan");
+      if (exchange && plan.root().total_nvlink_bytes() > 0) ++forwarded;
+    }
+  }
+  EXPECT_GT(forwarded, 10);  // the generator does produce replicas inside destination domains
+}
+
+TEST(PlacementTest, PerDomainCountsLeaveSparesAndStartInferenceOnAFreshDomain) {
+  // 8 training ranks, 3 per domain of 4: global 0-2, 4-6, 8-9; inference (4 ranks, 2 per
+  // domain) starts on the next fresh domain (12): 12-13, 16-17.
+  auto bytes = CompileJson(LoadSample("tiny-dense/model.json"), LoadSample("tiny-dense/train.json"),
+                           LoadSample("tiny-dense/infer.json"),
+                           Cluster(4, {{"train_gpus_per_domain", 3}, {"infer_gpus_per_domain", 2}}));
+  Plan plan = Plan::from_bytes(bytes, "p.rsplan");
+  std::vector<uint32_t> src(plan.root().src_global()->begin(), plan.root().src_global()->end());
+  std::vector<uint32_t> dst(plan.root().dst_global()->begin(), plan.root().dst_global()->end());
+  EXPECT_EQ(src, (std::vector<uint32_t>{0, 1, 2, 4, 5, 6, 8, 9}));
+  EXPECT_EQ(dst, (std::vector<uint32_t>{12, 13, 16, 17}));
+  EXPECT_EQ(plan.num_ranks(), 18u);
+  EXPECT_EQ(plan.program(3).steps()->size(), 0u);  // a spare GPU does nothing
+  EXPECT_TRUE(testing::ValidateBytes(bytes).ok());
+}
+
+TEST(PlacementTest, BadPerDomainCountsAreClearErrors) {
+  auto err = [](nlohmann::json extra) {
+    return testing::ErrorOf([&] {
+      CompileJson(LoadSample("tiny-dense/model.json"), LoadSample("tiny-dense/train.json"),
+                  LoadSample("tiny-dense/infer.json"), Cluster(4, extra));
+    });
+  };
+  EXPECT_EQ(err({{"infer_gpus_per_domain", 5}}),
+            "cluster.json: /infer_gpus_per_domain: 5 is more than the 4 GPUs of a domain (/gpus_per_domain)");
+  EXPECT_EQ(err({{"train_gpus_per_domain", 0}}), "cluster.json: /train_gpus_per_domain: expected an integer >= 1, got 0");
+  EXPECT_EQ(err({{"placement", "colocated"}, {"infer_gpus_per_domain", 2}}),
+            "cluster.json: /infer_gpus_per_domain: only with \"placement\": \"disjoint\" (colocated ranks share every GPU)");
+}
+
+}  // namespace
+}  // namespace reshard

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Simulated refit times (issues 4 and 5): for each seed configuration, the
+# physical lower bound, `gather` and `direct` predicted by `reshard simulate`,
+# and the ratios; NVIDIA's reported times printed beside them. Simulation is
+# deterministic: the predicted seconds do not vary between runs; the wall time
+# of the DeepSeek-V3 simulation is a median of REPS runs. Usage:
+#   tools/bench/simulate_bench.sh [REPS]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+REPS=${1:-3}
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+ninja -C build -j2 reshard >/dev/null
+BIN=build/reshard
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+S=samples
+
+median() { sort -g | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
+field() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2"; }
+
+# sim NAME STRATEGY MODEL TRAIN INFER CLUSTER [compile flags...] -> $TMP/NAME.STRATEGY.json
+sim() {
+  local name=$1 st=$2 m=$3 t=$4 i=$5 c=$6
+  shift 6
+  "$BIN" compile -q --model "$m" --from "$t" --to "$i" --cluster "$c" --strategy "$st" "$@" -o "$TMP/plan.rsplan"
+  "$BIN" simulate "$TMP/plan.rsplan" --cluster "$c" --json -q >"$TMP/$name.$st.json"
+}
+
+row() {  # name model train infer cluster nvidia
+  local name=$1 m=$2 t=$3 i=$4 c=$5 nvidia=$6
+  sim "$name" direct "$m" "$t" "$i" "$c"
+  sim "$name" gather "$m" "$t" "$i" "$c"
+  local lb d g dw gw
+  lb=$(field "$TMP/$name.direct.json" lower_bound_seconds)
+  d=$(field "$TMP/$name.direct.json" predicted_seconds)
+  g=$(field "$TMP/$name.gather.json" predicted_seconds)
+  dw=$(field "$TMP/$name.direct.json" wall_seconds)
+  gw=$(field "$TMP/$name.gather.json" wall_seconds)
+  python3 - "$name" "$lb" "$g" "$d" "$nvidia" "$dw" "$gw" <<'PY'
+import sys
+name, lb, g, d, nv, dw, gw = sys.argv[1], *map(float, sys.argv[2:5]), sys.argv[5], *map(float, sys.argv[6:8])
+print(f"| {name} | {lb:.2f} s | {g:.2f} s | {d:.2f} s | {g / d:.1f}x | {d / lb:.2f}x | {nv} | {dw:.0f} s / {gw:.0f} s |")
+PY
+}
+
+echo "| configuration | lower bound | gather | direct | gather/direct | direct/bound | NVIDIA reported (baseline -> Reshard) | simulation wall (direct / gather) |"
+echo "|---|---|---|---|---|---|---|---|"
+row "Qwen3-235B TP4 PP8 EP16 -> TP8 DP16, DGX H100" $S/qwen3-235b/model.json $S/qwen3-235b/train-tp4-pp8-ep16.json \
+  $S/qwen3-235b/infer-tp8-dp16.json $S/clusters/dgx-h100.json "6.4 s -> 1.9 s"
+row "DeepSeek-V3 PP16 EP16 -> TP32 DP8, DGX H100" $S/deepseek-v3/model.json $S/deepseek-v3/train-pp16-ep16.json \
+  $S/deepseek-v3/infer-tp32-dp8.json $S/clusters/dgx-h100.json "14.9 s -> 2.6 s"
+row "DeepSeek-V3 PP16 EP16 -> TP32 DP8, GB200 NVL72" $S/deepseek-v3/model.json $S/deepseek-v3/train-pp16-ep16.json \
+  $S/deepseek-v3/infer-tp32-dp8.json $S/clusters/gb200-nvl72.json "6.1 s -> 2.3 s"
+row "MoE 2.4T 1024 -> 512 ranks, DGX H100" $S/moe-2.4t/model.json $S/moe-2.4t/train-1024.json \
+  $S/moe-2.4t/infer-512.json $S/clusters/dgx-h100.json "4.3 s (Reshard)"
+
+# Wall time of simulating the DeepSeek-V3 direct plan (target: under 60 s).
+"$BIN" compile -q --model $S/deepseek-v3/model.json --from $S/deepseek-v3/train-pp16-ep16.json \
+  --to $S/deepseek-v3/infer-tp32-dp8.json --cluster $S/clusters/dgx-h100.json -o "$TMP/ds.rsplan"
+walls=()
+for _ in $(seq "$REPS"); do
+  /usr/bin/time -f "%e" -o "$TMP/t" "$BIN" simulate "$TMP/ds.rsplan" --cluster $S/clusters/dgx-h100.json -q >/dev/null
+  walls+=("$(cat "$TMP/t")")
+done
+echo
+echo "simulate DeepSeek-V3 direct plan (DGX H100): median $(printf '%s\n' "${walls[@]}" | median) s of $REPS runs (target < 60 s)"
