@@ -10,7 +10,8 @@
 
 namespace reshard {
 
-/// The dtypes the CPU kernels convert between (fp8 and e8m0 come later).
+/// The dtypes the CPU kernels convert between element by element (fp8 and
+/// e8m0 are only moved as they are, or converted by quant ops: quant.h).
 inline bool KernelSupports(fb::Dtype d) {
   return d == fb::Dtype::bf16 || d == fb::Dtype::fp16 || d == fb::Dtype::fp32;
 }

@@ -65,6 +65,10 @@ Executor::Executor(const fb::Program& program, Transport& transport) : program_(
       rounds_.push_back(std::move(round));
     }
   }
+  quant_.assign(nsteps, nullptr);
+  if (program.quant_ops() != nullptr) {
+    for (const fb::QuantOp* op : *program.quant_ops()) quant_[op->step()] = op;
+  }
   const uint32_t nbuf = program.buffers() ? program.buffers()->size() : 0;
   writers_.assign(nbuf, 0);
   written_.resize(nsteps);
@@ -72,10 +76,19 @@ Executor::Executor(const fb::Program& program, Transport& transport) : program_(
     const fb::Step& s = *program.steps()->Get(i);
     bool writes = s.kind() == fb::StepKind::unpack || s.kind() == fb::StepKind::copy ||
                   (s.kind() == fb::StepKind::recv && s.dst() != kNone);
-    if (!writes) continue;
-    const fb::Region& r = *program.regions()->Get(s.dst());
-    if (r.buffer() == kNone) continue;
-    written_[i] = BuffersOf(r);
+    // A quantize op also writes the scales it computes.
+    const fb::QuantOp* op = quant_[i];
+    if (op != nullptr && op->kind() == fb::QuantKind::quantize) {
+      const fb::Region& r = *program.regions()->Get(op->scale());
+      if (r.buffer() != kNone) written_[i] = BuffersOf(r);
+    }
+    if (writes) {
+      const fb::Region& r = *program.regions()->Get(s.dst());
+      if (r.buffer() != kNone) {
+        std::vector<uint32_t> more = BuffersOf(r);
+        written_[i].insert(written_[i].end(), more.begin(), more.end());
+      }
+    }
     for (uint32_t b : written_[i]) ++writers_[b];
   }
   send_seq_.assign(transport.size(), 0);
@@ -89,6 +102,20 @@ RegionView Executor::View(uint32_t region, fb::Dtype wire, const std::vector<cha
   // Every buffer a region addresses has one dtype per plan (the compiler emits
   // regions over buffers of one dtype); the first one's is used.
   return ViewOf(r, buffers.data(), program_.buffers()->Get(r.buffer())->dtype());
+}
+
+QuantArgs Executor::QuantOf(const fb::QuantOp& op, const fb::Step& s, const std::vector<char*>& buffers,
+                           char* const* staging) const {
+  QuantArgs a;
+  a.kind = op.kind();
+  a.src = View(s.src(), s.wire(), buffers, staging);
+  a.dst = View(s.dst(), s.wire(), buffers, staging);
+  a.scale = View(op.scale(), op.scale_dtype(), buffers, staging);
+  for (int k = 0; k < 2; ++k) {
+    a.origin[k] = op.origin()->Get(k);
+    a.block[k] = op.block()->Get(k);
+  }
+  return a;
 }
 
 char* Executor::Direct(uint32_t region, const std::vector<char*>& buffers) const {
@@ -143,7 +170,17 @@ RunStats Executor::Run(const std::vector<char*>& buffers, char* staging) {
       // The views hold the address of `at_staging`: a device's Copy reads it
       // before returning, so the array may live in this scope only.
       char* const at_staging[1] = {staging + s.staging()};
-      if (s.kind() == fb::StepKind::pack) {
+      if (quant_[i] != nullptr) {
+        // Quant steps address staging through regions (never at s.staging()).
+        QuantArgs args = QuantOf(*quant_[i], s, buffers, staging_base);
+        rs.bytes_local += ViewElements(args.dst) * DtypeSize(args.dst.dtype);
+        try {
+          kernels.Quant(args);
+        } catch (const std::exception& e) {
+          throw Error(at + "step " + std::to_string(i) + " (" + StepKindName(s.kind()) + ") of round " +
+                      std::to_string(r) + ": " + e.what());
+        }
+      } else if (s.kind() == fb::StepKind::pack) {
         RegionView src = View(s.src(), s.wire(), buffers, staging_base);
         kernels.Copy(src, ContiguousView(at_staging, 0, ViewElements(src), s.wire()));
         rs.bytes_local += s.bytes();

@@ -64,6 +64,8 @@ class Executor {
   };
 
   RegionView View(uint32_t region, fb::Dtype wire, const std::vector<char*>& buffers, char* const* staging) const;
+  QuantArgs QuantOf(const fb::QuantOp& op, const fb::Step& s, const std::vector<char*>& buffers,
+                    char* const* staging) const;
   char* Direct(uint32_t region, const std::vector<char*>& buffers) const;
   void Wrote(uint32_t step, std::vector<uint64_t>& remaining) const;
   std::string WrittenReport(const std::vector<uint64_t>& remaining) const;
@@ -74,6 +76,7 @@ class Executor {
   std::vector<uint64_t> writers_;                // per buffer: steps writing into it
   std::vector<std::vector<uint32_t>> written_;   // per step: buffers it writes
   std::vector<uint64_t> send_seq_, recv_seq_;    // per peer, persist across runs
+  std::vector<const fb::QuantOp*> quant_;        // per step: its QuantOp or null
 };
 
 }  // namespace reshard

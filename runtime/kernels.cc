@@ -8,6 +8,7 @@
 #include "runtime/dtype.h"
 #include "runtime/error.h"
 #include "runtime/modes.h"
+#include "runtime/quant.h"
 
 namespace reshard {
 namespace {
@@ -37,7 +38,13 @@ void Convert(const char* s, int64_t ss, char* d, int64_t ds, uint64_t n) {
 
 InnerFn Pick(fb::Dtype s, fb::Dtype d) {
   using fb::Dtype;
-  if (s == d) return DtypeSize(s) == 4 ? SameCopy<uint32_t> : SameCopy<uint16_t>;
+  if (s == d) {
+    switch (DtypeSize(s)) {
+      case 4: return SameCopy<uint32_t>;
+      case 2: return SameCopy<uint16_t>;
+      default: return SameCopy<uint8_t>;  // fp8 values, e8m0 scales: moved, never converted here
+    }
+  }
   if (s == Dtype::bf16 && d == Dtype::fp16) return Convert<Dtype::bf16, Dtype::fp16>;
   if (s == Dtype::bf16 && d == Dtype::fp32) return Convert<Dtype::bf16, Dtype::fp32>;
   if (s == Dtype::fp16 && d == Dtype::bf16) return Convert<Dtype::fp16, Dtype::bf16>;
@@ -163,6 +170,10 @@ void CopyRegion(const RegionView& src_in, const RegionView& dst_in) {
   }
 }
 
+void Kernels::Quant(const QuantArgs& args) {
+  throw Error("the " + name() + " kernels cannot run quantize or dequantize steps");
+}
+
 namespace {
 
 class HostKernels : public Kernels {
@@ -172,6 +183,7 @@ class HostKernels : public Kernels {
   char* Allocate(size_t bytes) override { return new char[std::max<size_t>(bytes, 1)]; }
   void Release(char* p) noexcept override { delete[] p; }
   void Copy(const RegionView& src, const RegionView& dst) override { CopyRegion(src, dst); }
+  void Quant(const QuantArgs& args) override { QuantRegion(args); }
   void Finish() override {}
 };
 

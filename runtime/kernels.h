@@ -44,6 +44,16 @@ uint64_t ViewElements(const RegionView& v);
 /// equal dtype are memcpy'ed.
 void CopyRegion(const RegionView& src, const RegionView& dst);
 
+/// A QuantOp resolved against memory (see QuantOp in schema/plan.fbs): views
+/// in quant form (modes outer..., rows, cols), not simplified. `scale.dtype`
+/// is fp32 or e8m0. runtime/quant.h has the rules and the CPU reference.
+struct QuantArgs {
+  fb::QuantKind kind = fb::QuantKind::quantize;
+  RegionView src, dst, scale;
+  uint32_t origin[2] = {0, 0};
+  uint32_t block[2] = {1, 1};
+};
+
 /// Where a session's memory lives and its local steps (pack, copy, unpack)
 /// run: CpuKernels() on host memory, or a device's (runtime/cuda/
 /// device_kernels.h). A transport names the kernels of the memory it moves
@@ -64,6 +74,9 @@ class Kernels {
   /// Starts copying `src` into `dst` (CopyRegion's contract); the copy may
   /// still be running when it returns. Copies run in the order started.
   virtual void Copy(const RegionView& src, const RegionView& dst) = 0;
+  /// Starts a block-scaled conversion (runtime/quant.h), in order with the
+  /// copies. Kernels without one throw reshard::Error.
+  virtual void Quant(const QuantArgs& args);
   /// Waits until every copy started so far is done; throws reshard::Error on
   /// a device fault.
   virtual void Finish() = 0;

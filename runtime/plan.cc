@@ -11,6 +11,9 @@
 #include <set>
 #include <sstream>
 
+#include "runtime/dtype.h"
+#include "runtime/quant.h"
+
 #include "runtime/error.h"
 
 namespace reshard {
@@ -344,6 +347,62 @@ void Plan::Impl::CheckProgram(uint32_t rank, const fb::Program& p) const {
     }
   };
 
+  // Quant ops: one per step at most, on local steps only.
+  std::vector<const fb::QuantOp*> quant(nsteps, nullptr);
+  if (p.quant_ops() != nullptr) {
+    for (uint32_t q = 0; q < p.quant_ops()->size(); ++q) {
+      const fb::QuantOp* op = p.quant_ops()->Get(q);
+      const std::string qat = at + "quant op " + std::to_string(q) + ": ";
+      if (op->step() >= nsteps) {
+        Fail(qat + "step " + std::to_string(op->step()) + " out of range (the program has " + std::to_string(nsteps) +
+             " steps)");
+      }
+      if (quant[op->step()] != nullptr) Fail(qat + "step " + std::to_string(op->step()) + " has two quant ops");
+      quant[op->step()] = op;
+    }
+  }
+  // The element conversions plain (non-quant) steps may ask of the kernels.
+  auto check_convert = [&](const std::string& sat, fb::Dtype from, fb::Dtype to) {
+    if (from == to || (KernelSupports(from) && KernelSupports(to))) return;
+    Fail(sat + "converts " + DtypeName(from) + " to " + DtypeName(to) +
+         " without a quant op (quantized buffers are read and written by quantize and dequantize steps)");
+  };
+  auto dtype_of = [&](const fb::Region& r, fb::Dtype staging_dtype) {
+    return r.buffer() == kNone ? staging_dtype : p.buffers()->Get(r.buffer())->dtype();
+  };
+  auto check_quant = [&](const std::string& sat, const fb::Step& s, const fb::QuantOp& op) {
+    if (s.kind() != fb::StepKind::pack && s.kind() != fb::StepKind::unpack && s.kind() != fb::StepKind::copy) {
+      Fail(sat + "has a quant op, which only pack, unpack and copy steps take");
+    }
+    if (static_cast<unsigned>(op.kind()) > static_cast<unsigned>(fb::QuantKind::MAX)) {
+      Fail(sat + "unknown quant kind " + std::to_string(static_cast<unsigned>(op.kind())));
+    }
+    if (op.scale_dtype() != fb::Dtype::fp32 && op.scale_dtype() != fb::Dtype::e8m0) {
+      Fail(sat + "scale dtype " + DtypeName(op.scale_dtype()) + ", expected fp32 or e8m0");
+    }
+    const bool src_staging = s.kind() == fb::StepKind::unpack, dst_staging = s.kind() == fb::StepKind::pack;
+    const bool copy = s.kind() == fb::StepKind::copy;
+    if (s.src() == kNone || s.dst() == kNone) Fail(sat + "a quant step names both its src and dst regions");
+    const fb::Region& a = check_region(sat, s.src(), "src", s.wire(), !src_staging, src_staging || copy);
+    const fb::Region& b = check_region(sat, s.dst(), "dst", s.wire(), !dst_staging, dst_staging || copy);
+    const fb::Region& c = check_region(sat, op.scale(), "scale", op.scale_dtype(), true, true);
+    if (c.buffer() != kNone && p.buffers()->Get(c.buffer())->dtype() != op.scale_dtype()) {
+      Fail(sat + "scale region is in buffer " + Quote(names[c.buffer()]) + " of " +
+           DtypeName(p.buffers()->Get(c.buffer())->dtype()) + ", the op's scales are " + DtypeName(op.scale_dtype()));
+    }
+    QuantArgs args;
+    args.kind = op.kind();
+    args.src = ViewOf(a, nullptr, dtype_of(a, s.wire()));
+    args.dst = ViewOf(b, nullptr, dtype_of(b, s.wire()));
+    args.scale = ViewOf(c, nullptr, op.scale_dtype());
+    for (int k = 0; k < 2; ++k) args.origin[k] = op.origin()->Get(k), args.block[k] = op.block()->Get(k);
+    try {
+      CheckQuantArgs(args);
+    } catch (const Error& e) {
+      Fail(sat + e.what());
+    }
+  };
+
   for (uint32_t i = 0; i < nsteps; ++i) {
     const fb::Step& s = *p.steps()->Get(i);
     const std::string sat = at + "step " + std::to_string(i) + " (" + StepKindName(s.kind()) + "): ";
@@ -358,6 +417,10 @@ void Plan::Impl::CheckProgram(uint32_t rank, const fb::Program& p) const {
       Fail(sat + "dep " + std::to_string(s.dep()) + " is not supported yet (must be 0xFFFFFFFF)");
     }
     const fb::StepKind kind = s.kind();
+    if (quant[i] != nullptr) {
+      check_quant(sat, s, *quant[i]);
+      continue;
+    }
     if (kind == fb::StepKind::send || kind == fb::StepKind::recv || kind == fb::StepKind::forward) {
       if (s.peer() >= num_ranks) {
         Fail(sat + "peer " + std::to_string(s.peer()) + " out of range (the plan has " + std::to_string(num_ranks) +
@@ -370,6 +433,7 @@ void Plan::Impl::CheckProgram(uint32_t rank, const fb::Program& p) const {
         const fb::Region& r = check_region(sat, s.src(), "src", s.wire(), true, false);
         check_bytes(sat, r, "src", s.bytes(), s.wire());
         check_range(sat, s.staging(), s.bytes());
+        check_convert(sat, dtype_of(r, s.wire()), s.wire());
         break;
       }
       case fb::StepKind::copy: {
@@ -379,6 +443,7 @@ void Plan::Impl::CheckProgram(uint32_t rank, const fb::Program& p) const {
           Fail(sat + "src region " + FormatRegion(a) + " has " + std::to_string(RegionElements(a)) +
                " elements, dst region " + FormatRegion(b) + " has " + std::to_string(RegionElements(b)));
         }
+        check_convert(sat, dtype_of(a, s.wire()), dtype_of(b, s.wire()));
         break;
       }
       case fb::StepKind::send:
@@ -404,6 +469,7 @@ void Plan::Impl::CheckProgram(uint32_t rank, const fb::Program& p) const {
         break;
       case fb::StepKind::unpack: {
         const fb::Region& d = check_region(sat, s.dst(), "dst", s.wire(), true, false);
+        check_convert(sat, s.wire(), dtype_of(d, s.wire()));
         if (s.src() == kNone) {
           check_bytes(sat, d, "dst", s.bytes(), s.wire());
           check_range(sat, s.staging(), s.bytes());

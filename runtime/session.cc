@@ -51,22 +51,9 @@ Session::Session(const Plan& plan, uint32_t global_rank, Transport& transport)
   if (transport.rank() != global_rank) {
     throw Error(at + "the transport is rank " + std::to_string(transport.rank()) + "'s");
   }
+  // Every dtype of the schema moves; which conversions a step may ask for
+  // Plan::program has checked.
   const uint32_t nbuf = program_.buffers() ? program_.buffers()->size() : 0;
-  for (uint32_t b = 0; b < nbuf; ++b) {
-    const fb::Buffer* buf = program_.buffers()->Get(b);
-    if (!KernelSupports(buf->dtype())) {
-      throw Error(at + "buffer '" + buf->name()->str() + "' has dtype " + DtypeName(buf->dtype()) +
-                  ", which this runtime cannot move yet");
-    }
-  }
-  const uint32_t nsteps = program_.steps() ? program_.steps()->size() : 0;
-  for (uint32_t i = 0; i < nsteps; ++i) {
-    const fb::Step* s = program_.steps()->Get(i);
-    if (!KernelSupports(s->wire())) {
-      throw Error(at + "step " + std::to_string(i) + " (" + StepKindName(s->kind()) + "): wire dtype " +
-                  DtypeName(s->wire()) + " is not supported by this runtime yet");
-    }
-  }
   staging_ = kernels_.Allocate(staging_bytes_);
   bound_.assign(nbuf, nullptr);
 }

@@ -116,7 +116,7 @@ TEST(SessionTest, TransportMustMatch) {
   }
 }
 
-TEST(SessionTest, RefusesDtypesWithoutKernels) {
+TEST(SessionTest, RefusesConversionsWithoutKernels) {
   PlanSpec spec = LocalPlan();
   spec.programs[0].buffers[2].dtype = D::fp8_e4m3;
   spec.programs[0].steps[2] = MakeStep(K::unpack, kNone, kNone, 3, 0, 256, D::fp32);
@@ -127,7 +127,9 @@ TEST(SessionTest, RefusesDtypesWithoutKernels) {
     Session s(plan, 0, t);
     FAIL();
   } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "rank 0: buffer 'half' has dtype fp8_e4m3, which this runtime cannot move yet");
+    EXPECT_STREQ(e.what(),
+                 "p.rsplan: rank 0: step 2 (unpack): converts fp32 to fp8_e4m3 without a quant op (quantized buffers "
+                 "are read and written by quantize and dequantize steps)");
   }
 }
 

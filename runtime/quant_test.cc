@@ -1,0 +1,255 @@
+#include "runtime/quant.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "runtime/dtype.h"
+#include "runtime/error.h"
+
+namespace reshard {
+namespace {
+
+using D = fb::Dtype;
+
+TEST(E4m3Test, EncodesByHand) {
+  EXPECT_EQ(FloatToE4m3(1.0f), 0x38);
+  EXPECT_EQ(FloatToE4m3(-1.0f), 0xb8);
+  EXPECT_EQ(FloatToE4m3(0.0f), 0x00);
+  EXPECT_EQ(FloatToE4m3(-0.0f), 0x80);
+  EXPECT_EQ(FloatToE4m3(448.0f), 0x7e);
+  EXPECT_EQ(FloatToE4m3(0x1p-6f), 0x08);   // smallest normal
+  EXPECT_EQ(FloatToE4m3(144.0f), 0x71);    // 1.125 * 2^7
+}
+
+TEST(E4m3Test, RoundsToNearestEven) {
+  EXPECT_EQ(FloatToE4m3(1.0625f), 0x38);   // tie between 1 and 1.125: even mantissa 0
+  EXPECT_EQ(FloatToE4m3(1.1875f), 0x3a);   // tie between 1.125 and 1.25: even mantissa 2
+  EXPECT_EQ(FloatToE4m3(1.07f), 0x39);     // above the tie
+  EXPECT_EQ(FloatToE4m3(149.333f), 0x71);  // 144 is nearer than 160
+  EXPECT_EQ(FloatToE4m3(0x1.ep-7f), 0x08); // 0.9375 * 2^-6 rounds up into the normals
+}
+
+TEST(E4m3Test, SaturatesAndKeepsNan) {
+  EXPECT_EQ(FloatToE4m3(464.0f), 0x7e);    // would round to 512 without saturation
+  EXPECT_EQ(FloatToE4m3(1e30f), 0x7e);
+  EXPECT_EQ(FloatToE4m3(INFINITY), 0x7e);
+  EXPECT_EQ(FloatToE4m3(-INFINITY), 0xfe);
+  EXPECT_EQ(FloatToE4m3(NAN), 0x7f);
+  EXPECT_EQ(FloatToE4m3(-NAN) & 0x7f, 0x7f);
+  EXPECT_TRUE(std::isnan(E4m3ToFloat(0x7f)));
+  EXPECT_TRUE(std::isnan(E4m3ToFloat(0xff)));
+  EXPECT_EQ(E4m3ToFloat(0x7e), 448.0f);
+  EXPECT_EQ(E4m3ToFloat(0xfe), -448.0f);
+}
+
+TEST(E4m3Test, Subnormals) {
+  EXPECT_EQ(FloatToE4m3(0x1p-9f), 0x01);        // smallest subnormal
+  EXPECT_EQ(FloatToE4m3(0x1p-10f), 0x00);       // tie between 0 and 2^-9: even is 0
+  EXPECT_EQ(FloatToE4m3(0x1.8p-9f), 0x02);      // tie between 1 and 2 units: even is 2
+  EXPECT_EQ(FloatToE4m3(0x1.4p-9f), 0x01);      // 1.25 units
+  EXPECT_EQ(FloatToE4m3(-7 * 0x1p-9f), 0x87);   // largest subnormal, negative
+  EXPECT_EQ(FloatToE4m3(1e-30f), 0x00);
+  EXPECT_EQ(E4m3ToFloat(0x01), 0x1p-9f);
+  EXPECT_EQ(E4m3ToFloat(0x07), 7 * 0x1p-9f);
+  // Every finite code point survives a round trip.
+  for (int q = 0; q < 256; ++q) {
+    if ((q & 0x7f) == 0x7f) continue;
+    EXPECT_EQ(FloatToE4m3(E4m3ToFloat(static_cast<uint8_t>(q))), q) << q;
+  }
+}
+
+TEST(ScaleTest, Fp32AndE8m0ByHand) {
+  EXPECT_EQ(ScaleFromAmax(448.0f, false), 1.0f);
+  EXPECT_EQ(ScaleFromAmax(3.0f, false), 3.0f / 448.0f);
+  EXPECT_EQ(ScaleFromAmax(0.0f, false), 1.0f);         // zero block
+  EXPECT_EQ(ScaleFromAmax(1e-45f, false), 1.0f);       // amax / 448 underflows
+  EXPECT_EQ(ScaleFromAmax(3.0f, true), 0x1p-7f);       // floor(log2 3) - 8
+  EXPECT_EQ(ScaleFromAmax(448.0f, true), 1.0f);
+  EXPECT_EQ(ScaleFromAmax(500.0f, true), 1.0f);        // 500 then saturates to 448
+  EXPECT_EQ(ScaleFromAmax(512.0f, true), 2.0f);
+  EXPECT_EQ(ScaleFromAmax(0.0f, true), 1.0f);
+  EXPECT_EQ(ScaleFromAmax(0x1p-140f, true), 0x1p-127f);  // clamped, float subnormal amax
+  EXPECT_EQ(ScaleBits(0x1p-7f, true), 120u);
+  EXPECT_EQ(ScaleBits(0x1p-127f, true), 0u);
+  EXPECT_EQ(E8m0ToFloat(120), 0x1p-7f);
+  EXPECT_EQ(E8m0ToFloat(0), 0x1p-127f);
+  EXPECT_TRUE(std::isnan(E8m0ToFloat(0xff)));
+  EXPECT_EQ(FloorLog2(0x1p-140f), -140);
+  EXPECT_EQ(FloorLog2(0x1p-149f), -149);
+  EXPECT_EQ(AmaxStep(AmaxStep(AmaxStep(0, NAN), -INFINITY), -2.0f), 2.0f);
+}
+
+// Memory for one view in quant form, row-major.
+struct Mem {
+  std::vector<char> bytes;
+  char* base[1];
+  RegionView view;
+  Mem(D dtype, std::vector<uint64_t> shape) {
+    uint64_t n = 1;
+    for (uint64_t s : shape) n *= s;
+    bytes.assign(n * DtypeSize(dtype), 0);
+    base[0] = bytes.data();
+    view.buffers = base;
+    view.ndim = static_cast<int>(shape.size());
+    uint64_t stride = 1;
+    for (int k = view.ndim - 1; k >= 0; --k) view.shape[k] = shape[k], view.stride[k] = stride, stride *= shape[k];
+    view.dtype = dtype;
+  }
+  void SetBf16(const std::vector<float>& v) {
+    for (size_t i = 0; i < v.size(); ++i) StoreFromFloat(bytes.data() + 2 * i, D::bf16, v[i]);
+  }
+  uint8_t Byte(size_t i) const { return static_cast<uint8_t>(bytes[i]); }
+  float Fp32(size_t i) const {
+    float f;
+    std::memcpy(&f, bytes.data() + 4 * i, 4);
+    return f;
+  }
+  float Bf16(size_t i) const { return LoadAsFloat(bytes.data() + 2 * i, D::bf16); }
+};
+
+TEST(QuantRegionTest, Fp32BlockScalesWithZeroBlockNanAndInfinity) {
+  // 2x4 values, blocks of 2x2: the left block {1, -2, 3, 0.5}, the right one zeros but a NaN and -inf.
+  Mem src(D::bf16, {2, 4}), dst(D::fp8_e4m3, {2, 4}), scale(D::fp32, {1, 2});
+  src.SetBf16({1, -2, 0, NAN, 3, 0.5f, -INFINITY, 0});
+  QuantArgs a;
+  a.kind = fb::QuantKind::quantize;
+  a.src = src.view, a.dst = dst.view, a.scale = scale.view;
+  a.block[0] = 2, a.block[1] = 2;
+  QuantRegion(a);
+  EXPECT_EQ(scale.Fp32(0), 3.0f / 448.0f);
+  EXPECT_EQ(scale.Fp32(1), 1.0f);  // nothing finite but zeros
+  // 1/s = 149.3 -> 144; -2/s = -298.7 -> -288; 3/s = 448; 0.5/s = 74.7 -> 72.
+  EXPECT_EQ(dst.Byte(0), 0x71);
+  EXPECT_EQ(dst.Byte(1), 0xf9);
+  EXPECT_EQ(dst.Byte(4), 0x7e);
+  EXPECT_EQ(dst.Byte(5), 0x69);
+  EXPECT_EQ(dst.Byte(2), 0x00);
+  EXPECT_EQ(dst.Byte(3), 0x7f);  // NaN stays NaN
+  EXPECT_EQ(dst.Byte(6), 0xfe);  // -inf saturates
+  EXPECT_EQ(dst.Byte(7), 0x00);
+  // Back: q * s rounded to bf16.
+  Mem back(D::bf16, {2, 4});
+  QuantArgs d;
+  d.kind = fb::QuantKind::dequantize;
+  d.src = dst.view, d.dst = back.view, d.scale = scale.view;
+  d.block[0] = 2, d.block[1] = 2;
+  QuantRegion(d);
+  EXPECT_EQ(back.Bf16(0), Bf16ToFloat(FloatToBf16(144.0f * (3.0f / 448.0f))));
+  EXPECT_EQ(back.Bf16(4), 3.0f);
+  EXPECT_TRUE(std::isnan(back.Bf16(3)));
+  EXPECT_EQ(back.Bf16(6), -448.0f);
+}
+
+TEST(QuantRegionTest, Mxfp8E8m0ScalesAndSaturation) {
+  // Blocks of 1x2 (MXFP8 uses 1x32; the rule is the same).
+  Mem src(D::bf16, {1, 6}), dst(D::fp8_e4m3, {1, 6}), scale(D::e8m0, {1, 3});
+  src.SetBf16({1, -2, 3, 0.5f, 500, 1});
+  QuantArgs a;
+  a.src = src.view, a.dst = dst.view, a.scale = scale.view;
+  a.block[0] = 1, a.block[1] = 2;
+  QuantRegion(a);
+  EXPECT_EQ(scale.Byte(0), 127 - 8 + 1);  // amax 2: 2^(1-8)
+  EXPECT_EQ(scale.Byte(1), 127 - 8 + 1);  // amax 3: floor(log2 3) = 1
+  EXPECT_EQ(scale.Byte(2), 127);          // amax 500: 2^0
+  EXPECT_EQ(dst.Byte(0), 0x70);           // 1 * 2^7 = 128
+  EXPECT_EQ(dst.Byte(1), 0xf8);           // -256
+  EXPECT_EQ(dst.Byte(2), 0x7c);           // 384
+  EXPECT_EQ(dst.Byte(3), 0x68);           // 64
+  EXPECT_EQ(dst.Byte(4), 0x7e);           // 500 saturates to 448
+  EXPECT_EQ(dst.Byte(5), 0x38);           // 1
+}
+
+TEST(QuantRegionTest, PerChannelAndPerTensorAreBlockShapes) {
+  Mem src(D::bf16, {2, 3});
+  src.SetBf16({1, 2, 4, -8, 0, 0});
+  {
+    Mem dst(D::fp8_e4m3, {2, 3}), scale(D::fp32, {2, 1});
+    QuantArgs a;
+    a.src = src.view, a.dst = dst.view, a.scale = scale.view;
+    a.block[0] = 1, a.block[1] = 3;  // one scale per output channel (row)
+    QuantRegion(a);
+    EXPECT_EQ(scale.Fp32(0), 4.0f / 448.0f);
+    EXPECT_EQ(scale.Fp32(1), 8.0f / 448.0f);
+    EXPECT_EQ(dst.Byte(2), 0x7e);
+    EXPECT_EQ(dst.Byte(3), 0xfe);
+  }
+  {
+    Mem dst(D::fp8_e4m3, {2, 3}), scale(D::fp32, {1, 1});
+    QuantArgs a;
+    a.src = src.view, a.dst = dst.view, a.scale = scale.view;
+    a.block[0] = 2, a.block[1] = 3;  // one scale for the tensor
+    QuantRegion(a);
+    EXPECT_EQ(scale.Fp32(0), 8.0f / 448.0f);
+    EXPECT_EQ(dst.Byte(3), 0xfe);
+    EXPECT_EQ(dst.Byte(2), FloatToE4m3(4.0f / (8.0f / 448.0f)));  // 224
+    EXPECT_EQ(dst.Byte(2), 0x76);
+  }
+}
+
+TEST(QuantRegionTest, QuantizeKeepsASubBoxOfWholeBlocks) {
+  // A destination that holds rows 1..3, cols 2..4 of a 3x4 block cover (blocks 2x2,
+  // the last block row partial at the tensor edge) still gets every block's scale.
+  Mem src(D::fp32, {3, 4});
+  for (int i = 0; i < 12; ++i) StoreFromFloat(src.bytes.data() + 4 * i, D::fp32, static_cast<float>(i + 1));
+  Mem dst(D::fp8_e4m3, {2, 2}), scale(D::fp32, {2, 2});
+  QuantArgs a;
+  a.src = src.view, a.dst = dst.view, a.scale = scale.view;
+  a.block[0] = 2, a.block[1] = 2;
+  a.origin[0] = 1, a.origin[1] = 2;
+  QuantRegion(a);
+  EXPECT_EQ(scale.Fp32(0), 6.0f / 448.0f);   // {1,2,5,6}
+  EXPECT_EQ(scale.Fp32(1), 8.0f / 448.0f);   // {3,4,7,8}
+  EXPECT_EQ(scale.Fp32(2), 10.0f / 448.0f);  // {9,10}
+  EXPECT_EQ(scale.Fp32(3), 12.0f / 448.0f);  // {11,12}
+  EXPECT_EQ(dst.Byte(0), FloatToE4m3(7.0f / (8.0f / 448.0f)));
+  EXPECT_EQ(dst.Byte(1), 0x7e);  // 8 is its block's amax
+  EXPECT_EQ(dst.Byte(2), FloatToE4m3(11.0f / (12.0f / 448.0f)));
+  EXPECT_EQ(dst.Byte(3), 0x7e);
+  // Dequantizing that sub-box: its first element sits at (1, 0) of block (0, 1).
+  Mem back(D::fp32, {2, 2}), sub_scale(D::fp32, {2, 1});
+  std::memcpy(sub_scale.bytes.data(), scale.bytes.data() + 4, 4);
+  std::memcpy(sub_scale.bytes.data() + 4, scale.bytes.data() + 12, 4);
+  QuantArgs d;
+  d.kind = fb::QuantKind::dequantize;
+  d.src = dst.view, d.dst = back.view, d.scale = sub_scale.view;
+  d.block[0] = 2, d.block[1] = 2;
+  d.origin[0] = 1, d.origin[1] = 0;
+  QuantRegion(d);
+  EXPECT_EQ(back.Fp32(1), 8.0f);
+  EXPECT_EQ(back.Fp32(3), 12.0f);
+  EXPECT_EQ(back.Fp32(0), E4m3ToFloat(dst.Byte(0)) * (8.0f / 448.0f));
+}
+
+TEST(QuantRegionTest, ShapeErrors) {
+  Mem src(D::bf16, {2, 4}), dst(D::fp8_e4m3, {2, 4}), scale(D::fp32, {1, 1});
+  QuantArgs a;
+  a.src = src.view, a.dst = dst.view, a.scale = scale.view;
+  a.block[0] = 2, a.block[1] = 2;
+  try {
+    QuantRegion(a);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "quantize: scale (1,1) should have 1x2 blocks of 2x2 for src (2,4)");
+  }
+  a.scale = Mem(D::bf16, {1, 2}).view;
+  try {
+    CheckQuantArgs(a);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "quantize: scales are fp32 or e8m0, not bf16");
+  }
+  a.scale = scale.view;
+  a.dst = src.view;
+  try {
+    CheckQuantArgs(a);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "quantize: dst is bf16, expected fp8_e4m3");
+  }
+}
+
+}  // namespace
+}  // namespace reshard
