@@ -48,11 +48,21 @@ CompileInputs LoadInputs(const std::string& model, const std::string& from, cons
 PlanIR BuildPlan(const CompileInputs& in, const CompileOptions& opt) {
   Expansion src = Expand(in.model, in.src);
   Expansion dst = Expand(in.model, in.dst);
+  // Scale tensors are numbered after the model's: the training side's, then
+  // the inference side's.
+  const int nt = static_cast<int>(in.model.tensors.size()), nsrc = static_cast<int>(src.scales.size());
+  for (RankLayout& rl : dst.ranks)
+    for (Fragment& f : rl.fragments)
+      if (f.tensor >= nt) f.tensor += nsrc;
+  for (ScaleTensor& s : dst.scales) s.side = 1;
   RouteOptions ro;
   ro.strategy = opt.strategy;
   ro.staging_bytes = opt.staging_mb << 20;
   ro.nvlink_exchange = opt.nvlink_exchange;
-  return Route(in.model, in.cluster, in.src, src, in.dst, dst, ro);
+  PlanIR ir = Route(in.model, in.cluster, in.src, src, in.dst, dst, ro);
+  ir.scales = src.scales;
+  ir.scales.insert(ir.scales.end(), dst.scales.begin(), dst.scales.end());
+  return ir;
 }
 
 }  // namespace reshard

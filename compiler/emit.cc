@@ -41,6 +41,12 @@ fb::Step ToFb(const Step& s) {
                   static_cast<fb::Channel>(s.channel), ToFb(s.wire), 0, 0);
 }
 
+fb::QuantOp ToFb(const QuantOpIR& q, uint32_t step) {
+  return fb::QuantOp(step, q.scale, flatbuffers::span<const uint32_t, 2>(q.origin),
+                     flatbuffers::span<const uint32_t, 2>(q.block), static_cast<fb::QuantKind>(q.kind),
+                     ToFb(q.scale_dtype), 0);
+}
+
 using ShapeCache = std::map<std::vector<int64_t>, flatbuffers::Offset<flatbuffers::Vector<uint64_t>>>;
 
 flatbuffers::Offset<fb::Program> EmitProgram(flatbuffers::FlatBufferBuilder& b, ShapeCache& shapes, uint32_t rank,
@@ -67,15 +73,20 @@ flatbuffers::Offset<fb::Program> EmitProgram(flatbuffers::FlatBufferBuilder& b, 
   for (const auto& r : p.regions) regs.push_back(ToFb(r));
   auto regions = b.CreateVectorOfStructs(regs);
   std::vector<fb::Step> steps;
+  std::vector<fb::QuantOp> quants;
   std::vector<uint32_t> begin;
   for (const Round& r : p.rounds) {
     begin.push_back(static_cast<uint32_t>(steps.size()));
     for (const auto* list : {&r.local, &r.comm, &r.unpack})
-      for (const Step& s : *list) steps.push_back(ToFb(s));
+      for (const Step& s : *list) {
+        if (s.quant >= 0) quants.push_back(ToFb(p.quant_ops[s.quant], static_cast<uint32_t>(steps.size())));
+        steps.push_back(ToFb(s));
+      }
   }
   begin.push_back(static_cast<uint32_t>(steps.size()));
   auto stepv = b.CreateVectorOfStructs(steps);
   auto beginv = b.CreateVector(begin);
+  auto quantv = quants.empty() ? 0 : b.CreateVectorOfStructs(quants);
   fb::ProgramBuilder pb(b);
   pb.add_rank(rank);
   pb.add_src_rank(p.src_rank);
@@ -86,6 +97,7 @@ flatbuffers::Offset<fb::Program> EmitProgram(flatbuffers::FlatBufferBuilder& b, 
   pb.add_regions(regions);
   pb.add_steps(stepv);
   pb.add_round_begin(beginv);
+  if (!quants.empty()) pb.add_quant_ops(quantv);
   return pb.Finish();
 }
 
@@ -100,6 +112,16 @@ std::vector<uint8_t> EmitPlan(const CompileInputs& in, const PlanIR& ir) {
     std::vector<uint64_t> lo(t.lo.begin(), t.lo.end()), hi(t.hi.begin(), t.hi.end());
     tensors.push_back(fb::CreateTensor(b, b.CreateString(t.name), ToFb(t.dtype), b.CreateVectorOfStrings(stack),
                                        b.CreateVector(lo), b.CreateVector(hi)));
+  }
+  for (const ScaleTensor& s : ir.scales) {
+    const TensorSpec& t = in.model.tensors[s.of];
+    std::vector<std::string> stack;
+    for (int d : t.stack) stack.push_back(in.model.dims[d].first);
+    std::vector<uint64_t> lo, hi, block;
+    for (int d = 0; d < s.box.ndim; ++d) lo.push_back(s.box.lo[d]), hi.push_back(s.box.hi[d]), block.push_back(s.block[d]);
+    tensors.push_back(fb::CreateTensor(b, b.CreateString(s.name), ToFb(s.dtype), b.CreateVectorOfStrings(stack),
+                                       b.CreateVector(lo), b.CreateVector(hi), s.of, static_cast<uint8_t>(s.side),
+                                       b.CreateVector(block)));
   }
   auto tensorv = b.CreateVector(tensors);
   std::vector<flatbuffers::Offset<fb::Program>> blobs;

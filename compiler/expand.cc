@@ -223,6 +223,30 @@ void Expander::ExpandRule(const BufferRule& rule, const std::vector<int>& parts)
     name_dim.push_back(d);
     instanced[d] = true;
   }
+  // A quantized rule's parts each get a scale tensor: one element per block.
+  std::vector<int> rule_scales;
+  if (rule.quant) {
+    for (int pi : parts) {
+      const TensorSpec& t = model_.tensors[pi];
+      if (nshape < 2)
+        Fail(rule.quant->path, "tensor " + Quote(t.name) + " has " + std::to_string(nshape) +
+                                   " dim in its shape; quantized tensors need at least 2 (rows, cols)");
+      ScaleTensor st;
+      st.of = pi;
+      st.dtype = rule.quant->scale_dtype;
+      st.name = t.name + "#scale";
+      st.box.ndim = t.ndim();
+      for (int d = 0; d < t.ndim(); ++d) {
+        const int q = d - (t.ndim() - 2);  // 0: rows, 1: cols
+        const int64_t full = t.hi[d] - t.lo[d];
+        st.block[d] = q < 0 ? 1 : (rule.quant->block[q] ? std::min(rule.quant->block[q], full) : full);
+        st.box.lo[d] = t.lo[d] / st.block[d];
+        st.box.hi[d] = (t.hi[d] + st.block[d] - 1) / st.block[d];
+      }
+      rule_scales.push_back(static_cast<int>(e_.scales.size()));
+      e_.scales.push_back(st);
+    }
+  }
   std::vector<int64_t> gs(parts.size(), 0);
   if (rule.fuse == Fuse::interleave) {
     for (size_t j = 0; j < parts.size(); ++j) {
@@ -315,42 +339,79 @@ void Expander::ExpandRule(const BufferRule& rule, const std::vector<int>& parts)
       if (instanced[d]) bstride[d] = ninst, count[d] = extent(h0[d]), ninst *= count[d];
     RankLayout& rl = e_.ranks[r];
     uint32_t base = static_cast<uint32_t>(rl.buffers.size());
-    Dtype dtype = rule.dtype ? *rule.dtype : t0.dtype;
-    std::vector<int64_t> idx(ns, 0);
-    for (int64_t i = 0; i < ninst; ++i) {
-      int64_t rem = i;
-      for (int d = ns - 1; d >= 0; --d)
-        if (instanced[d]) idx[d] = rem % count[d], rem /= count[d];
-      std::string name = name_tmpl.text[0];
-      for (size_t k = 0; k < name_dim.size(); ++k) {
-        int d = name_dim[k];
-        for (const Piece& pc : h0[d]) {
-          if (idx[d] >= pc.local && idx[d] < pc.local + pc.size()) {
-            name += std::to_string(name_tmpl.local[k] ? pc.pre + (idx[d] - pc.local) : pc.lo + (idx[d] - pc.local));
-            break;
+    Dtype dtype = rule.quant ? Dtype::fp8_e4m3 : rule.dtype ? *rule.dtype : t0.dtype;
+    // One buffer per instance, named by `tmpl` (the data's or the scales' name).
+    auto add_buffers = [&](const NameTemplate& tmpl, const std::string& path, Dtype dt, const std::vector<int64_t>& shape) {
+      std::vector<int64_t> idx(ns, 0);
+      for (int64_t i = 0; i < ninst; ++i) {
+        int64_t rem = i;
+        for (int d = ns - 1; d >= 0; --d)
+          if (instanced[d]) idx[d] = rem % count[d], rem /= count[d];
+        std::string name = tmpl.text[0];
+        for (size_t k = 0; k < name_dim.size(); ++k) {
+          int d = name_dim[k];
+          for (const Piece& pc : h0[d]) {
+            if (idx[d] >= pc.local && idx[d] < pc.local + pc.size()) {
+              name += std::to_string(tmpl.local[k] ? pc.pre + (idx[d] - pc.local) : pc.lo + (idx[d] - pc.local));
+              break;
+            }
+          }
+          name += tmpl.text[k + 1];
+        }
+        auto [it, fresh] = names_[r].emplace(name, rule.path);
+        if (!fresh)
+          Fail(path, "buffer name " + Quote(name) + " is produced twice on rank " + std::to_string(r) + " (also by " +
+                         it->second + "); buffer rules overlap");
+        rl.buffers.push_back({name, dt, shape});
+      }
+    };
+    add_buffers(name_tmpl, rule.path + "/name", dtype, phys);
+    // Per dim, the list of (global lo, global hi, memory position) segments
+    // of one part; one fragment per combination of segments.
+    struct Seg {
+      int64_t lo, hi, pos;
+    };
+    const int nd = ns + nshape;
+    auto add_fragments = [&](int tensor, const std::vector<std::vector<Seg>>& segs, int64_t first_buffer,
+                             const std::vector<int64_t>& strides) {
+      std::vector<size_t> k(nd, 0);
+      while (true) {
+        Fragment f;
+        f.tensor = tensor;
+        f.box.ndim = nd;
+        int64_t buf = first_buffer, off = 0;
+        for (int d = 0; d < nd; ++d) {
+          const Seg& s = segs[d][k[d]];
+          f.box.lo[d] = s.lo;
+          f.box.hi[d] = s.hi;
+          if (d < ns && instanced[d]) {
+            buf += s.pos * bstride[d];
+            f.stride[d] = bstride[d];
+            f.buffer_dims |= 1u << d;
+          } else {
+            off += s.pos * strides[phys_of[d]];
+            f.stride[d] = strides[phys_of[d]];
           }
         }
-        name += name_tmpl.text[k + 1];
+        f.buffer = static_cast<uint32_t>(buf);
+        f.offset = static_cast<uint64_t>(off);
+        if (tensor < static_cast<int>(e_.by_tensor.size()))
+          e_.by_tensor[tensor].push_back({static_cast<int>(r), static_cast<int>(rl.fragments.size())});
+        rl.fragments.push_back(f);
+        int d = nd - 1;
+        while (d >= 0 && ++k[d] == segs[d].size()) k[d--] = 0;
+        if (d < 0) break;
       }
-      auto [it, fresh] = names_[r].emplace(name, rule.path);
-      if (!fresh)
-        Fail(rule.path + "/name", "buffer name " + Quote(name) + " is produced twice on rank " + std::to_string(r) +
-                                      " (also by " + it->second + "); buffer rules overlap");
-      rl.buffers.push_back({name, dtype, phys});
-    }
+    };
     // Fragments: one per combination of pieces (and per interleave group).
+    std::vector<std::vector<std::vector<Seg>>> part_segs;
     for (size_t j = 0; j < parts.size(); ++j) {
       const Holding& hj = *hs[j];
-      int nd = ns + nshape;
       int64_t concat_off = 0;
       if (rule.fuse == Fuse::concat)
         for (size_t i = 0; i < j; ++i) concat_off += extent((*hs[i])[ns + rule.fuse_dim]);
       int64_t group_off = 0;
       for (size_t i = 0; i < j; ++i) group_off += gs[i];
-      // Per dim, the list of (global lo, global hi, memory position) segments.
-      struct Seg {
-        int64_t lo, hi, pos;
-      };
       std::vector<std::vector<Seg>> segs(nd);
       for (int d = 0; d < nd; ++d) {
         bool il = rule.fuse == Fuse::interleave && d == ns + rule.fuse_dim;
@@ -366,34 +427,57 @@ void Expander::ExpandRule(const BufferRule& rule, const std::vector<int>& parts)
           }
         }
       }
-      std::vector<size_t> k(nd, 0);
-      while (true) {
-        Fragment f;
-        f.tensor = parts[j];
-        f.box.ndim = nd;
-        int64_t buf = base, off = 0;
-        for (int d = 0; d < nd; ++d) {
-          const Seg& s = segs[d][k[d]];
-          f.box.lo[d] = s.lo;
-          f.box.hi[d] = s.hi;
-          if (d < ns && instanced[d]) {
-            buf += s.pos * bstride[d];
-            f.stride[d] = bstride[d];
-            f.buffer_dims |= 1u << d;
-          } else {
-            off += s.pos * pstride[phys_of[d]];
-            f.stride[d] = pstride[phys_of[d]];
-          }
+      add_fragments(parts[j], segs, base, pstride);
+      part_segs.push_back(std::move(segs));
+    }
+    if (!rule.quant) continue;
+    // Scales: per part, the blocks its content touches, in a buffer of their
+    // own beside each data buffer (kept stack dims alike, concatenated parts
+    // concatenated alike). A block dim held in several pieces would need
+    // scales of blocks in between; layouts do not do that.
+    std::vector<std::vector<std::vector<Seg>>> scale_segs(parts.size(), std::vector<std::vector<Seg>>(nd));
+    std::vector<int64_t> scale_trailing(nshape, 0);
+    for (size_t j = 0; j < parts.size(); ++j) {
+      const ScaleTensor& st = e_.scales[rule_scales[j]];
+      for (int d = 0; d < nd; ++d) {
+        const int64_t b = st.block[d];
+        if (b == 1) {
+          scale_segs[j][d] = part_segs[j][d];
+        } else {
+          if (part_segs[j][d].size() != 1)
+            Fail(rule.quant->path, "rank " + std::to_string(r) + " holds dim " + DimName(model_.tensors[parts[j]], d) +
+                                       " of " + Quote(model_.tensors[parts[j]].name) + " in " +
+                                       std::to_string(part_segs[j][d].size()) +
+                                       " pieces; a quantized dim must be held in one piece");
+          const Seg& x = part_segs[j][d][0];
+          scale_segs[j][d].push_back({x.lo / b, (x.hi + b - 1) / b, 0});
         }
-        f.buffer = static_cast<uint32_t>(buf);
-        f.offset = static_cast<uint64_t>(off);
-        e_.by_tensor[parts[j]].push_back({static_cast<int>(r), static_cast<int>(rl.fragments.size())});
-        rl.fragments.push_back(f);
-        int d = nd - 1;
-        while (d >= 0 && ++k[d] == segs[d].size()) k[d--] = 0;
-        if (d < 0) break;
+        if (d < ns) continue;
+        // The part's extent in scales along this dim: its elements (b = 1) or the blocks it touches.
+        const int64_t ext = b == 1 ? extent((*hs[j])[d]) : scale_segs[j][d][0].hi - scale_segs[j][d][0].lo;
+        if (rule.fuse == Fuse::concat && d - ns == rule.fuse_dim) {
+          if (b != 1) scale_segs[j][d][0].pos = scale_trailing[d - ns];
+          scale_trailing[d - ns] += ext;
+        } else if (j == 0) {
+          scale_trailing[d - ns] = ext;
+        } else if (scale_trailing[d - ns] != ext) {
+          Fail(rule.quant->path, "on rank " + std::to_string(r) + ", the parts' scales cover " +
+                                     std::to_string(scale_trailing[d - ns]) + " and " + std::to_string(ext) +
+                                     " blocks on dim " + std::to_string(d - ns) + ", which is not fused");
+        }
       }
     }
+    std::vector<int64_t> sphys;
+    for (int d = 0; d < ns; ++d)
+      if (!instanced[d]) sphys.push_back(extent(h0[d]));
+    for (int64_t x : scale_trailing) sphys.push_back(x);
+    std::vector<int64_t> sstride(sphys.size(), 1);
+    for (int k = static_cast<int>(sphys.size()) - 2; k >= 0; --k) sstride[k] = sstride[k + 1] * sphys[k + 1];
+    const uint32_t sbase = static_cast<uint32_t>(rl.buffers.size());
+    add_buffers(ParseNameTemplate(rule.quant->scale_name), rule.quant->path + "/scale_name", rule.quant->scale_dtype,
+                sphys);
+    for (size_t j = 0; j < parts.size(); ++j)
+      add_fragments(static_cast<int>(model_.tensors.size()) + rule_scales[j], scale_segs[j], sbase, sstride);
   }
 }
 

@@ -42,9 +42,25 @@ struct FragmentRef {
   int index = 0;  // into RankLayout::fragments
 };
 
+/// The scales of a quantized tensor as one layout stores them: a logical
+/// tensor of its own whose element c is the scale of the block of tensor `of`
+/// spanning [c_d * block_d, (c_d + 1) * block_d) per dim (clipped to the
+/// tensor). Block extents are 1 on every dim but the last two.
+struct ScaleTensor {
+  int of = 0;
+  Dtype dtype = Dtype::fp32;    // fp32 or e8m0
+  std::array<int64_t, kMaxDims> block{};
+  Box box;                      // in blocks
+  std::string name;             // "<tensor>#scale"
+  int side = 0;                 // 0 training, 1 inference (set when both expansions meet)
+};
+
 struct Expansion {
   std::vector<RankLayout> ranks;
   std::vector<std::vector<FragmentRef>> by_tensor;  // per model tensor
+  /// Scale tensors; a fragment of scale tensor k names tensor
+  /// model.tensors.size() + k and is not listed in by_tensor.
+  std::vector<ScaleTensor> scales;
 };
 
 /// Throws reshard::Error naming the layout file and JSON path of the offending rule.

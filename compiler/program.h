@@ -3,6 +3,7 @@
 // it as FlatBuffers (the only file that includes the generated header).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -24,6 +25,19 @@ struct Step {
   uint32_t peer = 0;
   uint64_t staging = 0, bytes = 0;
   uint32_t src = kNoRegion, dst = kNoRegion;
+  int32_t quant = -1;  // index into RankProgram::quant_ops: the step converts block-scaled FP8
+};
+
+enum class QuantKind : uint8_t { dequantize = 0, quantize = 1 };
+
+/// A block-scaled conversion of one pack, unpack or copy step (QuantOp in
+/// schema/plan.fbs): its src, dst and `scale` regions are in quant form,
+/// modes (outer..., rows, cols).
+struct QuantOpIR {
+  QuantKind kind = QuantKind::quantize;
+  uint32_t scale = kNoRegion;
+  std::array<uint32_t, 2> origin{0, 0}, block{1, 1};
+  Dtype scale_dtype = Dtype::fp32;
 };
 
 /// One round of a rank: local steps (pack, copy), then communication posted
@@ -40,9 +54,14 @@ struct RankProgram {
   std::vector<Fragment> fragments;
   std::vector<uint8_t> roles;    // per fragment: 0 source content, 1 destination need
   std::vector<StridedRegion> regions;
+  std::vector<QuantOpIR> quant_ops;
   std::vector<Round> rounds;
   uint64_t staging_bytes = 0;
 
+  int32_t AddQuant(const QuantOpIR& q) {
+    quant_ops.push_back(q);
+    return static_cast<int32_t>(quant_ops.size() - 1);
+  }
   uint32_t AddRegion(const StridedRegion& r) {
     regions.push_back(r);
     return static_cast<uint32_t>(regions.size() - 1);
@@ -58,6 +77,9 @@ struct PlanIR {
   uint64_t staging_limit = 0;
   std::vector<uint32_t> src_global, dst_global, domain;
   std::vector<RankProgram> ranks;  // by global rank
+  /// Scale tensors of both layouts (training first), numbered after the
+  /// model's tensors in fragments and in the plan's tensor table.
+  std::vector<ScaleTensor> scales;
   uint64_t net_bytes = 0, nvlink_bytes = 0;
   size_t num_rounds = 0;
 };

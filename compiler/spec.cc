@@ -373,6 +373,49 @@ AxisSpec ParseAxis(const Reader& r, const json& v, const std::string& path, cons
   return a;
 }
 
+// A buffer rule's "quant": the format, its scales and the scale buffer's name.
+QuantSpec ParseQuant(const Reader& r, const json& v, const std::string& rule_path, const BufferRule& b) {
+  const std::string path = rule_path + "/quant";
+  r.Object(v, path);
+  r.Keys(v, path, {"format", "scale", "block", "scale_name"});
+  QuantSpec q;
+  q.path = path;
+  q.format = r.String(r.Get(v, path, "format"), path + "/format");
+  if (q.format == "mxfp8") {
+    if (v.contains("scale")) r.Fail(path + "/scale", "mxfp8 always has e8m0 scales over blocks of 1x32; leave out \"scale\"");
+    if (v.contains("block")) r.Fail(path + "/block", "mxfp8 always has e8m0 scales over blocks of 1x32; leave out \"block\"");
+    q.scale = "block";
+    q.block = {1, 32};
+    q.scale_dtype = Dtype::e8m0;
+  } else if (q.format == "fp8_e4m3") {
+    q.scale = r.String(r.Get(v, path, "scale"), path + "/scale");
+    static const std::vector<std::string> scales = {"block", "channel", "tensor"};
+    if (std::find(scales.begin(), scales.end(), q.scale) == scales.end())
+      r.Fail(path + "/scale", "unknown scale '" + q.scale + "', expected 'block', 'channel' or 'tensor'" + DidYouMean(q.scale, scales));
+    if (q.scale == "block") {
+      auto block = r.IntList(r.Get(v, path, "block"), path + "/block", 1);
+      if (block.size() != 2) r.Fail(path + "/block", "expected [rows, cols], got " + std::to_string(block.size()) + " entries");
+      q.block = {block[0], block[1]};
+    } else {
+      if (v.contains("block")) r.Fail(path + "/block", "only \"scale\": \"block\" takes a block shape");
+      q.block = {q.scale == "channel" ? 1 : 0, 0};
+    }
+  } else {
+    r.Fail(path + "/format", "unknown quant format '" + q.format + "', expected 'fp8_e4m3' or 'mxfp8'" +
+                                 DidYouMean(q.format, {"fp8_e4m3", "mxfp8"}));
+  }
+  q.scale_name = r.String(r.Get(v, path, "scale_name"), path + "/scale_name");
+  const NameTemplate data = ParseNameTemplate(b.name), scale = ParseNameTemplate(q.scale_name);
+  if (data.dims != scale.dims || data.local != scale.local)
+    r.Fail(path + "/scale_name", "placeholders must be those of the buffer's name, in the same order");
+  if (q.scale_name == b.name) r.Fail(path + "/scale_name", "the scale buffer needs a name of its own");
+  if (b.fuse == Fuse::interleave) r.Fail(path, "a buffer fused with \"interleave\" cannot be quantized");
+  if (b.shape) r.Fail(path, "a padded buffer (\"shape\") cannot be quantized");
+  if (b.dtype && *b.dtype != Dtype::fp8_e4m3)
+    r.Fail(rule_path + "/dtype", std::string("a quantized buffer holds fp8_e4m3, not ") + DtypeString(*b.dtype));
+  return q;
+}
+
 }  // namespace
 
 LayoutSpec ParseLayout(const json& root, const std::string& file, const ModelSpec& model) {
@@ -481,7 +524,7 @@ LayoutSpec ParseLayout(const json& root, const std::string& file, const ModelSpe
         r.Fail(path, "a buffer of " + std::to_string(b.parts.size()) + " parts needs \"concat\" or \"interleave\"");
       if (bj.contains("shape")) b.shape = r.IntList(bj["shape"], path + "/shape", 1);
       if (bj.contains("dtype")) b.dtype = r.ParseDtype(bj["dtype"], path + "/dtype");
-      if (bj.contains("quant")) r.Fail(path + "/quant", "quantized buffers are not supported yet");
+      if (bj.contains("quant")) b.quant = ParseQuant(r, bj["quant"], path, b);
       // Every placeholder of the name must be a stack dim of the parts.
       for (const auto& p : ParseNameTemplate(b.name).dims) {
         int d = model.dim_index(p);

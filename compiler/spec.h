@@ -3,6 +3,7 @@
 // files; every later pass works on these structs.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -68,6 +69,19 @@ struct Mesh {
 
 enum class Fuse { none, concat, interleave };
 
+/// How a buffer stores its parts quantized (layout `quant`): FP8 E4M3 values
+/// with one scale per block of the last two logical dims, the scales in a
+/// buffer of their own. `block` counts elements of (rows, cols); 0 spans the
+/// whole dim (per-channel: {1, 0}, per-tensor: {0, 0}).
+struct QuantSpec {
+  std::string format;            // "fp8_e4m3" or "mxfp8"
+  std::string scale;             // "block", "channel", "tensor" (mxfp8: "block")
+  std::array<int64_t, 2> block{0, 0};
+  Dtype scale_dtype = Dtype::fp32;  // fp32 inverse scales, or e8m0 (mxfp8)
+  std::string scale_name;        // name template of the scale buffer
+  std::string path;
+};
+
 struct BufferRule {
   std::string name;              // template with {dim} / {dim.local}
   std::vector<std::string> parts;
@@ -76,6 +90,7 @@ struct BufferRule {
   int64_t groups = 0;
   std::optional<std::vector<int64_t>> shape;  // padded physical trailing dims
   std::optional<Dtype> dtype;
+  std::optional<QuantSpec> quant;
   std::string path;
 };
 

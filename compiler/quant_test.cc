@@ -1,0 +1,164 @@
+// Quantized layouts: the `quant` rule, scale buffers and scale fragments.
+#include <gtest/gtest.h>
+
+#include "compiler/expand.h"
+#include "compiler/test.h"
+
+namespace reshard {
+namespace {
+
+using nlohmann::json;
+using testing::ErrorOf;
+
+json Model() {
+  return json::parse(R"({"format": "reshard.model/1", "name": "q", "dtype": "bf16", "dims": {"layer": 2},
+    "tensors": [{"name": "layers.{layer}.gate", "shape": [8, 12]},
+                {"name": "layers.{layer}.up", "shape": [8, 12]},
+                {"name": "layers.{layer}.down", "shape": [12, 8]},
+                {"name": "layers.{layer}.norm", "shape": [12]}]})");
+}
+
+json Train() {
+  return json::parse(R"({"format": "reshard.layout/1", "name": "train", "ranks": 2,
+    "meshes": {"dense": [["tp", 2]]},
+    "placements": [{"match": "*", "mesh": "dense"}]})");
+}
+
+// TP2 over rows of gate/up (4 rows each per rank) and columns of down.
+json Infer(json quant) {
+  json i = json::parse(R"({"format": "reshard.layout/1", "name": "infer", "ranks": 2,
+    "meshes": {"dense": [["tp", 2]]},
+    "placements": [{"match": "layers.{layer}.down", "tp": {"shard": 1}},
+                   {"match": "layers.{layer}.norm"},
+                   {"match": "*", "tp": {"shard": 0}}],
+    "buffers": [{"name": "layers.{layer}.gate_up", "parts": ["layers.{layer}.gate", "layers.{layer}.up"], "concat": 0},
+                {"name": "layers.{layer}.down", "tensor": "layers.{layer}.down"}]})");
+  i["buffers"][0]["quant"] = quant;
+  i["buffers"][0]["quant"]["scale_name"] = "layers.{layer}.gate_up_scale";
+  return i;
+}
+
+CompileInputs Inputs(const json& infer) { return ParseInputs(Model(), Train(), infer, testing::TinyCluster()); }
+
+std::string ParseError(const json& infer) { return ErrorOf([&] { Expand(Inputs(infer).model, Inputs(infer).dst); }); }
+
+const BufferDesc* Find(const RankLayout& rl, const std::string& name) {
+  for (const BufferDesc& b : rl.buffers)
+    if (b.name == name) return &b;
+  return nullptr;
+}
+
+TEST(QuantLayout, BlockScalesCoverTheBlocksARankTouches) {
+  // Blocks of 2x8: rank 1 holds rows 4..8 of gate and of up: block rows 2..4, block cols 0..2 (12 = 8 + 4).
+  CompileInputs in = Inputs(Infer(json::parse(R"({"format": "fp8_e4m3", "scale": "block", "block": [2, 8]})")));
+  Expansion e = Expand(in.model, in.dst);
+  ASSERT_EQ(e.scales.size(), 2u);
+  EXPECT_EQ(e.scales[0].name, "layers.{layer}.gate#scale");
+  EXPECT_EQ(e.scales[0].of, 0);
+  EXPECT_EQ(e.scales[0].dtype, Dtype::fp32);
+  EXPECT_EQ(e.scales[0].box.str(), "[0:2, 0:4, 0:2]");
+  const RankLayout& r1 = e.ranks[1];
+  const BufferDesc* data = Find(r1, "layers.0.gate_up");
+  const BufferDesc* scale = Find(r1, "layers.0.gate_up_scale");
+  ASSERT_TRUE(data && scale);
+  EXPECT_EQ(data->dtype, Dtype::fp8_e4m3);
+  EXPECT_EQ(data->shape, (std::vector<int64_t>{8, 12}));
+  EXPECT_EQ(scale->dtype, Dtype::fp32);
+  EXPECT_EQ(scale->shape, (std::vector<int64_t>{4, 2}));  // gate's 2 block rows, then up's
+  // The down buffer stays bf16 and gets no scales.
+  EXPECT_EQ(Find(r1, "layers.0.down")->dtype, Dtype::bf16);
+  int scale_frags = 0;
+  for (const Fragment& f : r1.fragments) {
+    if (f.tensor < 4) continue;
+    ++scale_frags;
+    const bool up = f.tensor == 5;
+    EXPECT_EQ(f.box.str(), "[0:2, 2:4, 0:2]");  // one buffer per layer
+    EXPECT_EQ(f.buffer_dims, 1u);
+    EXPECT_EQ(f.offset, up ? 4u : 0u);  // up's scales after gate's two rows of 2
+    EXPECT_EQ(f.stride[1], 2);
+  }
+  EXPECT_EQ(scale_frags, 2);
+  for (const auto& list : e.by_tensor)
+    for (const FragmentRef& fr : list) EXPECT_LT(e.ranks[fr.rank].fragments[fr.index].tensor, 4);
+}
+
+TEST(QuantLayout, ShardEdgesCuttingABlockShareItsScale) {
+  // Blocks of 8 rows: both ranks hold half of block row 0 and both keep its scale.
+  CompileInputs in = Inputs(Infer(json::parse(R"({"format": "fp8_e4m3", "scale": "block", "block": [8, 8]})")));
+  Expansion e = Expand(in.model, in.dst);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(Find(e.ranks[r], "layers.1.gate_up_scale")->shape, (std::vector<int64_t>{2, 2}));
+    for (const Fragment& f : e.ranks[r].fragments)
+      if (f.tensor >= 4) EXPECT_EQ(f.box.str(), "[0:2, 0:1, 0:2]");
+  }
+}
+
+TEST(QuantLayout, ChannelTensorAndMxfp8Scales) {
+  CompileInputs ch = Inputs(Infer(json::parse(R"({"format": "fp8_e4m3", "scale": "channel"})")));
+  Expansion e = Expand(ch.model, ch.dst);
+  EXPECT_EQ(e.scales[0].box.str(), "[0:2, 0:8, 0:1]");
+  EXPECT_EQ(Find(e.ranks[0], "layers.0.gate_up_scale")->shape, (std::vector<int64_t>{8, 1}));
+  CompileInputs te = Inputs(Infer(json::parse(R"({"format": "fp8_e4m3", "scale": "tensor"})")));
+  e = Expand(te.model, te.dst);
+  EXPECT_EQ(e.scales[1].box.str(), "[0:2, 0:1, 0:1]");
+  EXPECT_EQ(Find(e.ranks[0], "layers.0.gate_up_scale")->shape, (std::vector<int64_t>{2, 1}));
+  CompileInputs mx = Inputs(Infer(json::parse(R"({"format": "mxfp8"})")));
+  e = Expand(mx.model, mx.dst);
+  EXPECT_EQ(e.scales[0].dtype, Dtype::e8m0);
+  EXPECT_EQ(e.scales[0].block[1], 1);
+  EXPECT_EQ(e.scales[0].block[2], 12);  // a block of 32 clipped to the 12 columns
+  EXPECT_EQ(Find(e.ranks[1], "layers.1.gate_up_scale")->shape, (std::vector<int64_t>{8, 1}));
+  EXPECT_EQ(Find(e.ranks[1], "layers.1.gate_up_scale")->dtype, Dtype::e8m0);
+}
+
+TEST(QuantLayout, BadQuantRules) {
+  auto with = [](const char* q) { return Infer(json::parse(q)); };
+  EXPECT_EQ(ParseError(with(R"({"format": "fp8_e5m2", "scale": "block"})")),
+            "infer.json: /buffers/0/quant/format: unknown quant format 'fp8_e5m2', expected 'fp8_e4m3' or 'mxfp8'; "
+            "did you mean 'fp8_e4m3'?");
+  EXPECT_EQ(ParseError(with(R"({"format": "fp8_e4m3"})")),
+            "infer.json: /buffers/0/quant: missing required field 'scale'");
+  EXPECT_EQ(ParseError(with(R"({"format": "fp8_e4m3", "scale": "blok", "block": [2, 2]})")),
+            "infer.json: /buffers/0/quant/scale: unknown scale 'blok', expected 'block', 'channel' or 'tensor'; did you "
+            "mean 'block'?");
+  EXPECT_EQ(ParseError(with(R"({"format": "fp8_e4m3", "scale": "block", "block": [128]})")),
+            "infer.json: /buffers/0/quant/block: expected [rows, cols], got 1 entries");
+  EXPECT_EQ(ParseError(with(R"({"format": "fp8_e4m3", "scale": "block", "block": [0, 128]})")),
+            "infer.json: /buffers/0/quant/block/0: expected an integer >= 1, got 0");
+  EXPECT_EQ(ParseError(with(R"({"format": "fp8_e4m3", "scale": "tensor", "block": [1, 1]})")),
+            "infer.json: /buffers/0/quant/block: only \"scale\": \"block\" takes a block shape");
+  EXPECT_EQ(ParseError(with(R"({"format": "mxfp8", "block": [1, 32]})")),
+            "infer.json: /buffers/0/quant/block: mxfp8 always has e8m0 scales over blocks of 1x32; leave out \"block\"");
+  EXPECT_EQ(ParseError(with(R"({"format": "mxfp8", "scales": "x"})")),
+            "infer.json: /buffers/0/quant/scales: unknown field 'scales'; did you mean 'scale'?");
+  json i = with(R"({"format": "mxfp8"})");
+  i["buffers"][0]["quant"]["scale_name"] = "gate_up_scale";
+  EXPECT_EQ(ParseError(i),
+            "infer.json: /buffers/0/quant/scale_name: placeholders must be those of the buffer's name, in the same order");
+  i["buffers"][0]["quant"]["scale_name"] = "layers.{layer}.gate_up";
+  EXPECT_EQ(ParseError(i), "infer.json: /buffers/0/quant/scale_name: the scale buffer needs a name of its own");
+  i = with(R"({"format": "mxfp8"})");
+  i["buffers"][0]["dtype"] = "bf16";
+  EXPECT_EQ(ParseError(i), "infer.json: /buffers/0/dtype: a quantized buffer holds fp8_e4m3, not bf16");
+  i = with(R"({"format": "mxfp8"})");
+  i["buffers"][0].erase("concat");
+  i["buffers"][0]["interleave"] = {{"dim", 0}, {"groups", 2}};
+  EXPECT_EQ(ParseError(i), "infer.json: /buffers/0/quant: a buffer fused with \"interleave\" cannot be quantized");
+  i = with(R"({"format": "mxfp8"})");
+  i["buffers"][0]["shape"] = {8, 16};
+  EXPECT_EQ(ParseError(i), "infer.json: /buffers/0/quant: a padded buffer (\"shape\") cannot be quantized");
+  i = with(R"({"format": "mxfp8"})");
+  i["buffers"].push_back({{"name", "layers.{layer}.norm"}, {"tensor", "layers.{layer}.norm"},
+                          {"quant", {{"format", "mxfp8"}, {"scale_name", "layers.{layer}.norm_scale"}}}});
+  EXPECT_EQ(ParseError(i),
+            "infer.json: /buffers/2/quant: tensor 'layers.{layer}.norm' has 1 dim in its shape; quantized tensors need "
+            "at least 2 (rows, cols)");
+  i = with(R"({"format": "fp8_e4m3", "scale": "block", "block": [2, 2]})");
+  i["placements"][2]["tp"] = {{"shard", 0}, {"cyclic", 1}};
+  EXPECT_EQ(ParseError(i),
+            "infer.json: /buffers/0/quant: rank 0 holds dim 0 of 'layers.{layer}.gate' in 4 pieces; a quantized dim "
+            "must be held in one piece");
+}
+
+}  // namespace
+}  // namespace reshard
