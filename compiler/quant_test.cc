@@ -3,6 +3,7 @@
 
 #include "compiler/expand.h"
 #include "compiler/test.h"
+#include "runtime/test.h"
 
 namespace reshard {
 namespace {
@@ -158,6 +159,53 @@ TEST(QuantLayout, BadQuantRules) {
   EXPECT_EQ(ParseError(i),
             "infer.json: /buffers/0/quant: rank 0 holds dim 0 of 'layers.{layer}.gate' in 4 pieces; a quantized dim "
             "must be held in one piece");
+}
+
+}  // namespace
+}  // namespace reshard
+
+namespace reshard {
+namespace {
+
+using testing::QuantPath;
+using testing::QuantPlan;
+
+std::vector<std::string> Problems(const testing::PlanSpec& spec) {
+  ValidateReport r = testing::ValidateBytes(testing::BuildPlan(spec));
+  return r.errors;
+}
+
+TEST(QuantValidate, HandBuiltPathsAreCorrect) {
+  for (QuantPath path : {QuantPath::requantize, QuantPath::sender_quantizes, QuantPath::fp8_source}) {
+    ValidateReport r = testing::ValidateBytes(testing::BuildPlan(QuantPlan(path)));
+    EXPECT_TRUE(r.ok()) << static_cast<int>(path) << ": " << (r.errors.empty() ? "" : r.errors[0]);
+    // The destination's 16 values, and its 4 scales where it is quantized.
+    EXPECT_EQ(r.dest_elements, path == QuantPath::fp8_source ? 16u : 20u);
+  }
+}
+
+TEST(QuantValidate, PlantedFaults) {
+  testing::PlanSpec spec = QuantPlan(QuantPath::requantize);
+  fb::QuantOp& op = spec.programs[1].quant_ops[0];
+  op = testing::MakeQuant(op.step(), op.kind(), op.scale(), {2, 0}, {2, 4});
+  EXPECT_EQ(Problems(spec), (std::vector<std::string>{
+                                "rank 1 round 0 step 1 (unpack): writes w [2:4, 0:8] into the place of w [1:3, 0:8]",
+                                "rank 1: w [1:3, 0:8]: 16 of 16 elements are never written"}));
+  // The sender quantizes rows 1..4, which start inside block row 0.
+  spec = QuantPlan(QuantPath::sender_quantizes);
+  spec.programs[0].regions[0] = testing::MakeRegion(0, 8, {3, 8}, {8, 1});
+  spec.programs[0].quant_ops[0] = testing::MakeQuant(0, fb::QuantKind::quantize, 2, {0, 0}, {2, 4});
+  EXPECT_EQ(Problems(spec)[0], "rank 0 round 0 step 0 (pack): quantizes w [1:4, 0:8], which is not whole blocks of 2x4");
+  // The receiver never unpacks the scales the sender computed.
+  spec = QuantPlan(QuantPath::sender_quantizes);
+  spec.programs[1].steps.pop_back();
+  EXPECT_EQ(Problems(spec), std::vector<std::string>{"rank 1: w#scale [0:2, 0:2]: 4 of 4 elements are never written"});
+  // Dequantizing with blocks the source was not quantized over.
+  spec = QuantPlan(QuantPath::fp8_source);
+  spec.programs[0].quant_ops[0] = testing::MakeQuant(0, fb::QuantKind::dequantize, 3, {1, 0}, {2, 8});
+  spec.programs[0].regions[3] = testing::MakeRegion(1, 0, {2, 1}, {2, 1});
+  EXPECT_EQ(Problems(spec)[0],
+            "rank 0 round 0 step 0 (pack): dequantizes w [1:3, 0:8], which are not FP8 values over blocks of 2x8");
 }
 
 }  // namespace

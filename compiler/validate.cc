@@ -107,12 +107,32 @@ bool Invert(const Affine& f, const StridedRegion& r, Box& out) {
   return true;
 }
 
+// What a staged or sent range holds: values of (tensor, box); or, for
+// block-scaled FP8, the FP8 values of (tensor, box) quantized over blocks of
+// `block` (the last two dims), or the scales of those blocks (`box` then
+// counts blocks).
+enum class SegKind : uint8_t { values, fp8, scales };
 struct Seg {
   uint64_t bytes;
   int tensor;
   Box box;
   fb::Dtype wire;
+  SegKind kind = SegKind::values;
+  std::array<int64_t, 2> block{0, 0};
 };
+
+// The plan's tensor table as validate needs it: which tensors are scales of
+// which, and over which blocks.
+struct TensorInfo {
+  int scale_of = -1;
+  int side = 0;
+  std::array<int64_t, 2> block{0, 0};  // of a scale tensor: its blocks over the last two dims
+  bool unit_outer = true;              // of a scale tensor: blocks are 1 on every other dim
+  Box box;                              // logical box (in blocks for a scale tensor)
+  int scales[2] = {-1, -1};            // of a data tensor: its scale tensor per side
+};
+
+std::string BlockStr(const std::array<int64_t, 2>& b) { return std::to_string(b[0]) + "x" + std::to_string(b[1]); }
 using Staging = std::map<uint64_t, Seg>;  // byte offset -> segment
 
 struct Msg {
@@ -187,7 +207,9 @@ class Validator {
     for (int d = s.box.ndim - 1; d >= 0; --d) a.stride[d] = stride, stride *= s.box.extent(d);
     Box b;
     if (!Invert(a, r, b)) return false;
-    out = {static_cast<uint64_t>(b.volume()) * WireSize(wire), s.tensor, b, wire};
+    out = s;
+    out.bytes = static_cast<uint64_t>(b.volume()) * WireSize(wire);
+    out.box = b;
     return true;
   }
   void Write(Staging& st, uint64_t off, const Seg& s) {
@@ -204,7 +226,26 @@ class Validator {
     states_[rank].written_by[frag].push_back(where);
     report_.dest_elements += box.volume();
   }
-  // Destination write of (tensor, box) into region `dst` on `rank`.
+  fb::Dtype BufferDtype(uint32_t rank, uint32_t buffer) const {
+    return states_[rank].p->buffers()->Get(buffer)->dtype();
+  }
+  // What a region of a rank's source buffer holds, given the fragment it resolved to.
+  Seg SourceSeg(uint32_t rank, int frag, uint32_t buffer, const Box& box, fb::Dtype wire) const {
+    const int t = states_[rank].frags[0][frag].tensor;
+    Seg s{static_cast<uint64_t>(box.volume()) * WireSize(wire), t, box, wire};
+    if (info_[t].scale_of >= 0) {
+      s.kind = SegKind::scales;
+      s.tensor = info_[t].scale_of;
+      s.block = info_[t].block;
+    } else if (BufferDtype(rank, buffer) == fb::Dtype::fp8_e4m3 && info_[t].scales[0] >= 0) {
+      s.kind = SegKind::fp8;
+      s.block = info_[info_[t].scales[0]].block;
+    }
+    return s;
+  }
+  // Destination write of `what` into region `dst` on `rank`: values into a
+  // plain buffer, FP8 values into an FP8 buffer whose blocks they were
+  // quantized over, scales into the scale buffer of those blocks.
   void Land(uint32_t rank, const StridedRegion& dst, const Seg& what, const std::string& where) {
     int frag;
     Box box;
@@ -214,13 +255,65 @@ class Validator {
       return;
     }
     const Affine& f = states_[rank].frags[1][frag];
-    if (f.tensor != what.tensor || !(box == what.box)) {
-      Error(where + ": writes " + TensorName(what.tensor) + " " + what.box.str() + " into the place of " +
-            TensorName(f.tensor) + " " + box.str());
+    const TensorInfo& fi = info_[f.tensor];
+    const int of = fi.scale_of >= 0 ? fi.scale_of : f.tensor;
+    const std::string what_str = (what.kind == SegKind::scales ? "the scales of " : "") + TensorName(what.tensor) +
+                                 " " + what.box.str();
+    if (of != what.tensor || !(box == what.box) || (fi.scale_of >= 0) != (what.kind == SegKind::scales)) {
+      Error(where + ": writes " + what_str + " into the place of " + TensorName(f.tensor) + " " + box.str());
+      return;
+    }
+    const bool fp8_dst = fi.scale_of < 0 && BufferDtype(rank, dst.buffer) == fb::Dtype::fp8_e4m3 && fi.scales[1] >= 0;
+    if (fi.scale_of < 0 && fp8_dst != (what.kind == SegKind::fp8)) {
+      Error(where + ": writes " + (what.kind == SegKind::fp8 ? "FP8 values of " : "values of ") + what_str +
+            (fp8_dst ? " into a quantized buffer without quantizing them" : " into a buffer that is not quantized"));
+      return;
+    }
+    const std::array<int64_t, 2> want = fi.scale_of >= 0 ? fi.block : fp8_dst ? info_[fi.scales[1]].block
+                                                                              : std::array<int64_t, 2>{0, 0};
+    if (what.kind != SegKind::values && what.block != want) {
+      Error(where + ": writes " + what_str + " quantized over blocks of " + BlockStr(what.block) +
+            ", the destination's blocks are " + BlockStr(want));
       return;
     }
     Written(rank, frag, box, where);
   }
+  // The blocks (in block coordinates) that `box` of tensor `t` touches.
+  Box BlocksOf(const Box& box, const std::array<int64_t, 2>& block) const {
+    Box b = box;
+    for (int q = 0; q < 2; ++q) {
+      const int d = box.ndim - 2 + q;
+      b.lo[d] = box.lo[d] / block[q];
+      b.hi[d] = (box.hi[d] + block[q] - 1) / block[q];
+    }
+    return b;
+  }
+  // Whether `box` of tensor `t` is whole blocks (a block may end early only at the tensor's edge).
+  bool WholeBlocks(int t, const Box& box, const std::array<int64_t, 2>& block) const {
+    for (int q = 0; q < 2; ++q) {
+      const int d = box.ndim - 2 + q;
+      if (box.lo[d] % block[q] != 0) return false;
+      if (box.hi[d] % block[q] != 0 && box.hi[d] != info_[t].box.hi[d]) return false;
+    }
+    return true;
+  }
+  // What a local step's src region (staging, or a source buffer) holds; false after reporting why not.
+  bool ReadLocal(uint32_t rank, const StridedRegion& src, fb::Dtype wire, const std::string& where, Seg& out) {
+    if (src.buffer == kNoneIdx) {
+      if (ResolveStaging(rank, src, wire, out)) return true;
+      Error(where + ": staging region " + src.str() + " holds no data");
+      return false;
+    }
+    int frag;
+    Box box;
+    if (!Resolve(rank, 0, src, frag, box)) {
+      Error(where + ": source region " + src.str() + " is not the image of a box the rank holds");
+      return false;
+    }
+    out = SourceSeg(rank, frag, src.buffer, box, wire);
+    return true;
+  }
+  void Quant(uint32_t rank, size_t i, const fb::QuantOp& op);
   void Local(uint32_t rank, size_t i);
   void Unpack(uint32_t rank, size_t i);
   void PostSend(uint32_t rank, size_t i);
@@ -233,7 +326,106 @@ class Validator {
   ValidateReport report_;
   std::vector<RankState> states_;
   std::map<std::pair<uint32_t, uint32_t>, std::deque<Msg>> queues_;
+  std::vector<TensorInfo> info_;                      // per plan tensor
+  std::vector<std::vector<const fb::QuantOp*>> quant_;  // per rank, per step
 };
+
+// A quant step moves what plain steps move (boxes of values through
+// staging), and in addition: a quantize op must see whole blocks and writes
+// every scale of them; a dequantize op must read the scales of exactly the
+// blocks its FP8 values lie in. What it proves is where values come from,
+// not the arithmetic (the kernels are tested against the reference rules).
+void Validator::Quant(uint32_t rank, size_t i, const fb::QuantOp& op) {
+  RankState& st = states_[rank];
+  const fb::Step* s = st.p->steps()->Get(static_cast<uint32_t>(i));
+  const std::string where = Where(rank, i);
+  const StridedRegion src = ToRegion(*st.p->regions()->Get(s->src()));
+  const StridedRegion dst = ToRegion(*st.p->regions()->Get(s->dst()));
+  const StridedRegion scale = ToRegion(*st.p->regions()->Get(op.scale()));
+  const std::array<int64_t, 2> block{op.block()->Get(0), op.block()->Get(1)};
+  const bool quantize = op.kind() == fb::QuantKind::quantize;
+  Seg in;
+  if (!ReadLocal(rank, src, s->wire(), where, in)) return;
+  const int t = in.tensor;
+  const Box& b = in.box;
+  if (b.ndim < 2) {
+    Error(where + ": " + TensorName(t) + " has no rows and cols to quantize");
+    return;
+  }
+  Seg out = in;
+  Seg scales{0, t, BlocksOf(b, block), op.scale_dtype(), SegKind::scales, block};
+  if (quantize) {
+    if (in.kind != SegKind::values) {
+      Error(where + ": quantizes " + TensorName(t) + " " + b.str() + ", which are not plain values");
+      return;
+    }
+    if (!WholeBlocks(t, b, block)) {
+      Error(where + ": quantizes " + TensorName(t) + " " + b.str() + ", which is not whole blocks of " + BlockStr(block));
+      return;
+    }
+    // dst is the sub-box at `origin` of the dst region's extent.
+    out.kind = SegKind::fp8;
+    out.block = block;
+    out.wire = fb::Dtype::fp8_e4m3;
+    for (int q = 0; q < 2; ++q) {
+      const int d = b.ndim - 2 + q;
+      out.box.lo[d] = b.lo[d] + op.origin()->Get(q);
+      out.box.hi[d] = out.box.lo[d] + dst.shape[dst.ndim - 2 + q];
+    }
+  } else {
+    if (in.kind != SegKind::fp8 || in.block != block) {
+      Error(where + ": dequantizes " + TensorName(t) + " " + b.str() + ", which are not FP8 values over blocks of " +
+            BlockStr(block));
+      return;
+    }
+    for (int q = 0; q < 2; ++q) {
+      if (b.lo[b.ndim - 2 + q] % block[q] != op.origin()->Get(q)) {
+        Error(where + ": origin (" + std::to_string(op.origin()->Get(0)) + "," + std::to_string(op.origin()->Get(1)) +
+              ") is not where " + TensorName(t) + " " + b.str() + " starts in its block");
+        return;
+      }
+    }
+    out.kind = SegKind::values;
+    out.block = {0, 0};
+    out.wire = s->wire();
+  }
+  out.bytes = static_cast<uint64_t>(out.box.volume()) * WireSize(out.wire);
+  scales.bytes = static_cast<uint64_t>(scales.box.volume()) * WireSize(op.scale_dtype());
+  // The scales: written by a quantize op, read by a dequantize op.
+  if (quantize) {
+    if (scale.buffer == kNoneIdx) {
+      if (!scale.Coalesced().contiguous()) Error(where + ": scale region " + scale.str() + " is not contiguous in staging");
+      else Write(st.staging, scale.offset * WireSize(op.scale_dtype()), scales);
+    } else {
+      Land(rank, scale, scales, where);
+    }
+  } else {
+    Seg have;
+    bool ok;
+    if (scale.buffer == kNoneIdx) {
+      ok = ResolveStaging(rank, scale, op.scale_dtype(), have);
+    } else {
+      int frag;
+      ok = Resolve(rank, 0, scale, frag, have.box);
+      if (ok) have = SourceSeg(rank, frag, scale.buffer, have.box, op.scale_dtype());
+    }
+    if (!ok || have.kind != SegKind::scales || have.tensor != t || !(have.box == scales.box) || have.block != block) {
+      Error(where + ": scale region " + scale.str() + " does not hold the scales of " + TensorName(t) + " blocks " +
+            scales.box.str() + " of " + BlockStr(block));
+      return;
+    }
+  }
+  // The converted values.
+  if (dst.buffer == kNoneIdx) {
+    if (!dst.Coalesced().contiguous()) {
+      Error(where + ": staging region " + dst.str() + " is not contiguous");
+      return;
+    }
+    Write(st.staging, dst.offset * WireSize(out.wire), out);
+  } else {
+    Land(rank, dst, out, where);
+  }
+}
 
 void Validator::Local(uint32_t rank, size_t i) {
   RankState& st = states_[rank];
@@ -250,24 +442,12 @@ void Validator::Local(uint32_t rank, size_t i) {
     }
     uint64_t bytes = static_cast<uint64_t>(box.volume()) * WireSize(s->wire());
     if (bytes != s->bytes()) Error(where + ": packs " + std::to_string(bytes) + " bytes, the step says " + std::to_string(s->bytes()));
-    Write(st.staging, s->staging(), {bytes, st.frags[0][frag].tensor, box, s->wire()});
+    Write(st.staging, s->staging(), SourceSeg(rank, frag, r.buffer, box, s->wire()));
   } else if (s->kind() == fb::StepKind::copy) {
     StridedRegion src = ToRegion(*st.p->regions()->Get(s->src()));
     StridedRegion dst = ToRegion(*st.p->regions()->Get(s->dst()));
     Seg what;
-    if (src.buffer == kNoneIdx) {
-      if (!ResolveStaging(rank, src, s->wire(), what)) {
-        Error(where + ": staging region " + src.str() + " holds no data");
-        return;
-      }
-    } else {
-      int frag;
-      if (!Resolve(rank, 0, src, frag, what.box)) {
-        Error(where + ": source region " + src.str() + " is not the image of a box the rank holds");
-        return;
-      }
-      what.tensor = st.frags[0][frag].tensor;
-    }
+    if (!ReadLocal(rank, src, s->wire(), where, what)) return;
     Land(rank, dst, what, where);
   }
 }
@@ -286,7 +466,7 @@ void Validator::PostSend(uint32_t rank, size_t i) {
     if (!r.Coalesced().contiguous() || !Resolve(rank, 0, r, frag, box)) {
       Error(m.where + ": sends region " + r.str() + " straight from a buffer, but it is not a contiguous box the rank holds");
     } else {
-      m.segs.push_back({0, {static_cast<uint64_t>(box.volume()) * WireSize(s->wire()), st.frags[0][frag].tensor, box, s->wire()}});
+      m.segs.push_back({0, SourceSeg(rank, frag, r.buffer, box, s->wire())});
     }
   } else {
     uint64_t lo = s->staging(), hi = lo + s->bytes();
@@ -387,6 +567,28 @@ void Validator::Coverage() {
 ValidateReport Validator::Run() {
   uint32_t n = plan_.num_ranks();
   states_.resize(n);
+  const uint32_t nt = plan_.tensors() ? plan_.tensors()->size() : 0;
+  info_.resize(nt);
+  for (uint32_t k = 0; k < nt; ++k) {
+    const fb::Tensor& t = *plan_.tensors()->Get(k);
+    TensorInfo& ti = info_[k];
+    ti.box.ndim = t.lo() ? static_cast<int>(std::min<uint32_t>(t.lo()->size(), kMaxDims)) : 0;
+    for (int d = 0; d < ti.box.ndim && t.hi() && d < static_cast<int>(t.hi()->size()); ++d)
+      ti.box.lo[d] = static_cast<int64_t>(t.lo()->Get(d)), ti.box.hi[d] = static_cast<int64_t>(t.hi()->Get(d));
+    if (t.scale_of() < 0 || static_cast<uint32_t>(t.scale_of()) >= nt || !t.block() || t.block()->size() < 2) continue;
+    ti.scale_of = t.scale_of();
+    ti.side = t.side() ? 1 : 0;
+    const uint32_t nb = t.block()->size();
+    ti.block = {static_cast<int64_t>(t.block()->Get(nb - 2)), static_cast<int64_t>(t.block()->Get(nb - 1))};
+    for (uint32_t d = 0; d + 2 < nb; ++d) ti.unit_outer = ti.unit_outer && t.block()->Get(d) == 1;
+  }
+  for (uint32_t k = 0; k < nt; ++k) {
+    if (info_[k].scale_of < 0) continue;
+    info_[info_[k].scale_of].scales[info_[k].side] = static_cast<int>(k);
+    if (!info_[k].unit_outer)
+      Error("tensor " + TensorName(static_cast<int>(k)) + ": scale blocks span more than the last two dims");
+  }
+  quant_.resize(n);
   for (uint32_t r = 0; r < n; ++r) {
     RankState& st = states_[r];
     st.p = &program_(r);
@@ -424,6 +626,10 @@ ValidateReport Validator::Run() {
         }
       }
     }
+    quant_[r].assign(st.p->steps() ? st.p->steps()->size() : 0, nullptr);
+    if (st.p->quant_ops())
+      for (const fb::QuantOp* op : *st.p->quant_ops())
+        if (op->step() < quant_[r].size()) quant_[r][op->step()] = op;
     st.written.resize(st.frags[1].size());
     st.written_by.resize(st.frags[1].size());
     if (st.p->staging_bytes() > plan_.staging_limit())
@@ -448,9 +654,15 @@ ValidateReport Validator::Run() {
         size_t b = st.p->round_begin()->Get(static_cast<uint32_t>(st.round));
         size_t e = st.p->round_begin()->Get(static_cast<uint32_t>(st.round + 1));
         auto kind = [&](size_t i) { return st.p->steps()->Get(static_cast<uint32_t>(i))->kind(); };
+        auto local = [&](size_t i) {
+          if (quant_[r][i] != nullptr) Quant(r, i, *quant_[r][i]);
+          else if (kind(i) == fb::StepKind::unpack) Unpack(r, i);
+          else Local(r, i);
+          ++report_.steps;
+        };
         if (st.phase == 0) {
           for (size_t i = b; i < e; ++i)
-            if (kind(i) == fb::StepKind::pack || kind(i) == fb::StepKind::copy) Local(r, i), ++report_.steps;
+            if (kind(i) == fb::StepKind::pack || kind(i) == fb::StepKind::copy) local(i);
           for (size_t i = b; i < e; ++i)
             if (kind(i) == fb::StepKind::send || kind(i) == fb::StepKind::forward) PostSend(r, i), ++report_.steps;
           st.phase = 1;
@@ -471,7 +683,7 @@ ValidateReport Validator::Run() {
         }
         if (st.phase == 2) {
           for (size_t i = b; i < e; ++i)
-            if (kind(i) == fb::StepKind::unpack) Unpack(r, i), ++report_.steps;
+            if (kind(i) == fb::StepKind::unpack) local(i);
           ++st.round;
           st.phase = 0;
           progress = true;

@@ -3,6 +3,18 @@
 // through the rank's fragment tables; staging contents and messages are
 // tracked as boxes, never as elements, so trillion-parameter plans check in
 // seconds.
+//
+// Quantized buffers (block-scaled FP8) hold derived values, so what is proven
+// for them is their provenance, not their arithmetic: every FP8 element of a
+// destination is written exactly once, with the FP8 values of the right
+// logical element, quantized over the destination's own blocks by a quantize
+// op that saw whole blocks of the right source values (on the receiver, or on
+// the sender and then moved unchanged); every scale element is written exactly
+// once, by such an op or moved unchanged from one; and a dequantize op reads
+// the scales of exactly the blocks its FP8 values lie in. That the FP8 bits
+// and scales are the reference quantization of those values is the kernels'
+// contract, tested against runtime/quant.h, and `reshard run` compares every
+// element and scale with the reference.
 #pragma once
 
 #include <cstdint>

@@ -8,6 +8,9 @@
 
 #include "runtime/dtype.h"
 #include "runtime/error.h"
+#include "runtime/gloo_transport.h"
+#include "runtime/synthetic.h"
+#include "runtime/test.h"
 
 namespace reshard {
 namespace {
@@ -248,6 +251,87 @@ TEST(QuantRegionTest, ShapeErrors) {
     FAIL();
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(), "quantize: dst is bf16, expected fp8_e4m3");
+  }
+}
+
+}  // namespace
+}  // namespace reshard
+
+namespace reshard {
+namespace {
+
+using testing::QuantPath;
+
+// Runs both ranks of a quant plan over Gloo; per rank "" or what was wrong.
+std::vector<testing::RankOutcome> RunQuantPlan(const std::vector<uint8_t>& bytes) {
+  testing::TempDir dir;
+  return testing::RunRanks(2, [&](int rank) -> std::string {
+    Plan plan = Plan::from_bytes(bytes, "q.rsplan");
+    GlooOptions options;
+    options.store_dir = dir.path();
+    options.timeout = std::chrono::milliseconds(20000);
+    GlooTransport transport(static_cast<uint32_t>(rank), 2, options);
+    SyntheticRun run = RunSynthetic(plan, static_cast<uint32_t>(rank), transport);
+    std::string msg = run.check.wrong ? std::to_string(run.check.wrong) + " wrong of " + std::to_string(run.check.checked) : "";
+    for (const WrongElement& w : run.check.first) msg += "\n" + FormatWrong(w);
+    if (msg.empty() && rank == 1) return "checked " + std::to_string(run.check.checked);
+    return msg;
+  });
+}
+
+TEST(QuantGlooTest, EveryPathMatchesTheReferenceQuantization) {
+  // Rank 1 checks its 16 values and, when quantized, the 4 scales of the two block rows it touches.
+  for (auto [path, checked] : {std::pair{QuantPath::requantize, 20}, std::pair{QuantPath::sender_quantizes, 20},
+                               std::pair{QuantPath::fp8_source, 16}}) {
+    auto out = RunQuantPlan(testing::BuildPlan(testing::QuantPlan(path)));
+    ASSERT_EQ(out.size(), 2u);
+    EXPECT_EQ(out[0].exit_code, 0) << out[0].message;
+    EXPECT_EQ(out[0].message, "");
+    EXPECT_EQ(out[1].exit_code, 1) << out[1].message;  // RunRanks: a message means exit 1
+    EXPECT_EQ(out[1].message, "checked " + std::to_string(checked)) << static_cast<int>(path);
+  }
+}
+
+TEST(QuantGlooTest, AWrongOriginIsCaughtElementForElement) {
+  testing::PlanSpec spec = testing::QuantPlan(QuantPath::requantize);
+  fb::QuantOp& op = spec.programs[1].quant_ops[0];
+  op = testing::MakeQuant(op.step(), op.kind(), op.scale(), {2, 0}, {2, 4});  // rows 2..4 instead of 1..3
+  auto out = RunQuantPlan(testing::BuildPlan(spec));
+  EXPECT_NE(out[1].message.find(" wrong of 20\ntensor 'w' [1,0] in buffer 'w': expected "), std::string::npos)
+      << out[1].message;
+}
+
+TEST(QuantPlanTest, BadQuantOpsAreRefusedOnOpen) {
+  testing::PlanSpec spec = testing::QuantPlan(QuantPath::requantize);
+  spec.programs[1].quant_ops[0] =
+      testing::MakeQuant(1, fb::QuantKind::quantize, spec.programs[1].quant_ops[0].scale(), {1, 0}, {4, 4});
+  Plan plan = Plan::from_bytes(testing::BuildPlan(spec), "q.rsplan");
+  try {
+    plan.program(1);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "q.rsplan: rank 1: step 1 (unpack): quantize: scale (2,2) should have 1x2 blocks of 4x4 "
+                           "for src (4,8)");
+  }
+  spec = testing::QuantPlan(QuantPath::requantize);
+  spec.programs[1].quant_ops[0] =
+      testing::MakeQuant(0, fb::QuantKind::quantize, spec.programs[1].quant_ops[0].scale(), {1, 0}, {2, 4});
+  plan = Plan::from_bytes(testing::BuildPlan(spec), "q.rsplan");
+  try {
+    plan.program(1);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "q.rsplan: rank 1: step 0 (recv): has a quant op, which only pack, unpack and copy steps take");
+  }
+  spec = testing::QuantPlan(QuantPath::requantize);
+  spec.programs[1].quant_ops.clear();
+  plan = Plan::from_bytes(testing::BuildPlan(spec), "q.rsplan");
+  try {
+    plan.program(1);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "q.rsplan: rank 1: step 1 (unpack): converts bf16 to fp8_e4m3 without a quant op "
+                           "(quantized buffers are read and written by quantize and dequantize steps)");
   }
 }
 

@@ -5,10 +5,12 @@
 #include <cstdlib>
 #include <memory>
 #include <cstring>
+#include <map>
 #include <set>
 
 #include "runtime/dtype.h"
 #include "runtime/error.h"
+#include "runtime/quant.h"
 
 namespace reshard {
 namespace {
@@ -26,6 +28,7 @@ uint32_t Load(const char* p, size_t esize) {
     std::memcpy(&v, p, 4);
     return v;
   }
+  if (esize == 1) return static_cast<uint8_t>(*p);
   uint16_t v;
   std::memcpy(&v, p, 2);
   return v;
@@ -34,6 +37,8 @@ uint32_t Load(const char* p, size_t esize) {
 void Store(char* p, size_t esize, uint32_t bits) {
   if (esize == 4) {
     std::memcpy(p, &bits, 4);
+  } else if (esize == 1) {
+    *p = static_cast<char>(bits);
   } else {
     uint16_t v = static_cast<uint16_t>(bits);
     std::memcpy(p, &v, 2);
@@ -41,6 +46,8 @@ void Store(char* p, size_t esize, uint32_t bits) {
 }
 
 float BitsToFloat(uint32_t bits, fb::Dtype d) {
+  if (d == fb::Dtype::fp8_e4m3) return E4m3ToFloat(static_cast<uint8_t>(bits));
+  if (d == fb::Dtype::e8m0) return E8m0ToFloat(static_cast<uint8_t>(bits));
   char buf[4];
   Store(buf, DtypeSize(d), bits);
   return LoadAsFloat(buf, d);
@@ -89,6 +96,100 @@ void ForEachElement(const fb::Fragment& f, const fb::Tensor& t, const std::vecto
   }
 }
 
+// What every element of a plan's tensors should hold: the synthetic values,
+// quantized by the reference rules (runtime/quant.h) where a layout stores a
+// tensor quantized. A tensor quantized on the training side is, as a logical
+// tensor, its dequantized values (rounded to its dtype, as a sender sends
+// them); an inference-side quantization quantizes those.
+class Reference {
+ public:
+  explicit Reference(const fb::Plan& plan) : plan_(plan) {
+    const uint32_t n = plan.tensors() ? plan.tensors()->size() : 0;
+    for (uint32_t k = 0; k < n; ++k) {
+      const fb::Tensor& t = *plan.tensors()->Get(k);
+      if (t.scale_of() >= 0) scale_of_[{static_cast<uint32_t>(t.scale_of()), t.side() ? 1 : 0}] = k;
+    }
+  }
+
+  /// The bits element `c` (index `index`) of `tensor` should have in a
+  /// buffer of `dtype` on `side` (0 training, 1 inference).
+  uint32_t Bits(uint32_t tensor, uint64_t index, const uint64_t* c, fb::Dtype dtype, int side) {
+    const fb::Tensor& t = *plan_.tensors()->Get(tensor);
+    if (t.scale_of() >= 0) {
+      return ScaleBits(Scale(tensor, c), t.dtype() == fb::Dtype::e8m0);
+    }
+    if (dtype == fb::Dtype::fp8_e4m3) {
+      auto it = scale_of_.find({tensor, side});
+      if (it == scale_of_.end()) {
+        throw Error("tensor '" + t.name()->str() + "' is in an fp8_e4m3 buffer but the plan has no scales for it");
+      }
+      uint64_t b[6];
+      BlockOf(it->second, c, b);
+      return QuantizeValue(side == 0 ? Raw(tensor, index) : Logical(tensor, index, c), Scale(it->second, b));
+    }
+    const float v = side == 0 ? Raw(tensor, index) : Logical(tensor, index, c);
+    if (side == 0 && t.dtype() == dtype) return SyntheticBits(tensor, index, dtype);
+    return FloatToBits(v, dtype);
+  }
+
+ private:
+  float Raw(uint32_t tensor, uint64_t index) const {
+    const fb::Tensor& t = *plan_.tensors()->Get(tensor);
+    return SyntheticValue(tensor, index, t.dtype());
+  }
+  // The tensor's value as the training side sends it.
+  float Logical(uint32_t tensor, uint64_t index, const uint64_t* c) {
+    auto it = scale_of_.find({tensor, 0});
+    const float raw = Raw(tensor, index);
+    if (it == scale_of_.end()) return raw;
+    uint64_t b[6];
+    BlockOf(it->second, c, b);
+    const float s = Scale(it->second, b);
+    const fb::Dtype dt = plan_.tensors()->Get(tensor)->dtype();
+    return BitsToFloat(FloatToBits(DequantizeValue(QuantizeValue(raw, s), s), dt), dt);
+  }
+  void BlockOf(uint32_t scale, const uint64_t* c, uint64_t* b) const {
+    const fb::Tensor& k = *plan_.tensors()->Get(scale);
+    for (uint32_t d = 0; d < k.block()->size(); ++d) b[d] = c[d] / k.block()->Get(d);
+  }
+  // The scale of block `b` of scale tensor `scale`, from the amax of its values.
+  float Scale(uint32_t scale, const uint64_t* b) {
+    const fb::Tensor& k = *plan_.tensors()->Get(scale);
+    const uint32_t of = static_cast<uint32_t>(k.scale_of());
+    const fb::Tensor& t = *plan_.tensors()->Get(of);
+    const int n = static_cast<int>(k.block()->size());
+    uint64_t key = 0;
+    for (int d = 0; d < n; ++d) key = key * (k.hi()->Get(d) - k.lo()->Get(d)) + (b[d] - k.lo()->Get(d));
+    auto [it, fresh] = cache_.emplace(std::make_pair(scale, key), 0.0f);
+    if (!fresh) return it->second;
+    uint64_t lo[6], hi[6], c[6];
+    for (int d = 0; d < n; ++d) {
+      lo[d] = b[d] * k.block()->Get(d);
+      hi[d] = std::min<uint64_t>(lo[d] + k.block()->Get(d), t.hi()->Get(d));
+      c[d] = lo[d];
+    }
+    float amax = 0;
+    for (;;) {
+      uint64_t index = 0;
+      for (int d = 0; d < n; ++d) index = index * (t.hi()->Get(d) - t.lo()->Get(d)) + (c[d] - t.lo()->Get(d));
+      amax = AmaxStep(amax, k.side() == 0 ? Raw(of, index) : Logical(of, index, c));
+      int d = n - 1;
+      while (d >= 0 && ++c[d] == hi[d]) c[d] = lo[d], --d;
+      if (d < 0) break;
+    }
+    const float s = ScaleFromAmax(amax, k.dtype() == fb::Dtype::e8m0);
+    cache_[std::make_pair(scale, key)] = s;
+    return s;
+  }
+
+  const fb::Plan& plan_;
+  std::map<std::pair<uint32_t, int>, uint32_t> scale_of_;  // (tensor, side) -> its scale tensor
+  std::map<std::pair<uint32_t, uint64_t>, float> cache_;   // (scale tensor, block) -> scale
+};
+
+// 0 for a program's training-side fragments, 1 for its inference side's.
+int SideOf(const fb::Fragment& f) { return f.role() ? 1 : 0; }
+
 }  // namespace
 
 uint32_t SyntheticBits(uint32_t tensor, uint64_t index, fb::Dtype dtype) {
@@ -108,7 +209,8 @@ uint32_t SyntheticBits(uint32_t tensor, uint64_t index, fb::Dtype dtype) {
     case fb::Dtype::fp32:
       return (sign << 31) | (static_cast<uint32_t>(exp + 127) << 23) | (mant & 0x7fffff);
     default:
-      throw Error(std::string("no synthetic values for dtype ") + DtypeName(dtype) + " yet");
+      throw Error(std::string("no synthetic values for dtype ") + DtypeName(dtype) +
+                  "; quantized buffers hold the reference quantization of a wider tensor");
   }
 }
 
@@ -122,6 +224,10 @@ uint32_t PoisonBits(fb::Dtype dtype) {
       return 0x7fda;
     case fb::Dtype::fp16:
       return 0x7e5a;
+    case fb::Dtype::fp8_e4m3:
+      return 0x7f;
+    case fb::Dtype::e8m0:
+      return 0xff;
     default:
       return 0x7fc0dead;
   }
@@ -129,13 +235,12 @@ uint32_t PoisonBits(fb::Dtype dtype) {
 
 void FillSources(const Plan& plan, const fb::Program& program, const std::vector<char*>& buffers) {
   if (program.fragments() == nullptr) return;
+  Reference ref(plan.root());
   for (const fb::Fragment* f : *program.fragments()) {
     if (f->role() != 0) continue;
     const fb::Tensor& t = *plan.root().tensors()->Get(f->tensor());
-    ForEachElement(*f, t, buffers, program, [&](char* p, fb::Dtype dt, uint64_t index, const uint64_t*, uint32_t) {
-      uint32_t bits = t.dtype() == dt ? SyntheticBits(f->tensor(), index, dt)
-                                      : FloatToBits(SyntheticValue(f->tensor(), index, t.dtype()), dt);
-      Store(p, DtypeSize(dt), bits);
+    ForEachElement(*f, t, buffers, program, [&](char* p, fb::Dtype dt, uint64_t index, const uint64_t* c, uint32_t) {
+      Store(p, DtypeSize(dt), ref.Bits(f->tensor(), index, c, dt, SideOf(*f)));
     });
   }
 }
@@ -166,14 +271,14 @@ CheckResult CheckDestinations(const Plan& plan, const fb::Program& program, cons
                               size_t keep) {
   CheckResult result;
   if (program.fragments() == nullptr) return result;
+  Reference ref(plan.root());
   for (const fb::Fragment* f : *program.fragments()) {
     if (f->role() != 1) continue;
     const fb::Tensor& t = *plan.root().tensors()->Get(f->tensor());
     ForEachElement(*f, t, buffers, program,
                    [&](char* p, fb::Dtype dt, uint64_t index, const uint64_t* c, uint32_t buf) {
                      ++result.checked;
-                     uint32_t want = t.dtype() == dt ? SyntheticBits(f->tensor(), index, dt)
-                                                     : FloatToBits(SyntheticValue(f->tensor(), index, t.dtype()), dt);
+                     const uint32_t want = ref.Bits(f->tensor(), index, c, dt, SideOf(*f));
                      uint32_t got = Load(p, DtypeSize(dt));
                      if (got == want) return;
                      ++result.wrong;
@@ -199,7 +304,7 @@ std::string FormatWrong(const WrongElement& w) {
     if (i) s += ",";
     s += std::to_string(w.coord[i]);
   }
-  const int digits = DtypeSize(w.dtype) == 4 ? 8 : 4;
+  const int digits = 2 * static_cast<int>(DtypeSize(w.dtype));
   char buf[160];
   std::snprintf(buf, sizeof buf, "] in buffer '%s': expected %.9g (0x%0*x), got %.9g (0x%0*x)", w.buffer.c_str(),
                 w.expected, digits, w.expected_bits, w.got, digits, w.got_bits);

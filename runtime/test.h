@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -68,7 +69,17 @@ struct TensorSpec {
   std::string name;
   fb::Dtype dtype = fb::Dtype::fp32;
   std::vector<uint64_t> lo, hi;
+  int scale_of = -1;  // a scale tensor: the scales of tensor scale_of on `side`, over `block`
+  uint8_t side = 0;
+  std::vector<uint64_t> block;
 };
+
+/// A QuantOp of step `step`.
+inline fb::QuantOp MakeQuant(uint32_t step, fb::QuantKind kind, uint32_t scale, std::array<uint32_t, 2> origin,
+                             std::array<uint32_t, 2> block, fb::Dtype scale_dtype = fb::Dtype::fp32) {
+  return fb::QuantOp(step, scale, flatbuffers::span<const uint32_t, 2>(origin),
+                     flatbuffers::span<const uint32_t, 2>(block), kind, scale_dtype, 0);
+}
 
 struct ProgramSpec {
   uint32_t rank = 0;
@@ -77,6 +88,7 @@ struct ProgramSpec {
   uint64_t staging_bytes = 0;
   std::vector<fb::Region> regions;
   std::vector<fb::Step> steps;
+  std::vector<fb::QuantOp> quant_ops;
   /// Starts of rounds; Build closes the list with steps.size() unless raw_rounds.
   std::vector<uint32_t> round_begin;
   bool raw_rounds = false;
@@ -91,10 +103,17 @@ struct ProgramSpec {
     if (round_begin.empty()) Round();
     steps.push_back(s);
   }
+  /// Adds `s` with a quant op (its step field is filled in).
+  void QuantStep(fb::Step s, fb::QuantKind kind, uint32_t scale, std::array<uint32_t, 2> origin,
+                 std::array<uint32_t, 2> block, fb::Dtype scale_dtype = fb::Dtype::fp32) {
+    quant_ops.push_back(MakeQuant(static_cast<uint32_t>(steps.size()), kind, scale, origin, block, scale_dtype));
+    Step(s);
+  }
 };
 
 struct PlanSpec {
   uint32_t schema_version = kSchemaVersion;
+  uint64_t staging_limit = 0;  // bytes per rank (validate checks it)
   int64_t num_ranks = -1;  // -1: programs.size()
   std::vector<TensorSpec> tensors;
   std::vector<ProgramSpec> programs;
@@ -109,21 +128,22 @@ inline flatbuffers::Offset<fb::Program> BuildProgram(flatbuffers::FlatBufferBuil
     if (rb.back() != p.steps.size()) rb.push_back(static_cast<uint32_t>(p.steps.size()));
   }
   return fb::CreateProgramDirect(b, p.rank, -1, -1, &buffers, &p.fragments, p.staging_bytes, &p.regions, &p.steps,
-                                 &rb);
+                                 &rb, p.quant_ops.empty() ? nullptr : &p.quant_ops);
 }
 
 inline std::vector<uint8_t> BuildPlan(const PlanSpec& spec) {
   flatbuffers::FlatBufferBuilder b;
   std::vector<flatbuffers::Offset<fb::Tensor>> tensors;
   for (const TensorSpec& t : spec.tensors) {
-    tensors.push_back(fb::CreateTensorDirect(b, t.name.c_str(), t.dtype, nullptr, &t.lo, &t.hi));
+    tensors.push_back(fb::CreateTensorDirect(b, t.name.c_str(), t.dtype, nullptr, &t.lo, &t.hi, t.scale_of, t.side,
+                                             t.block.empty() ? nullptr : &t.block));
   }
   std::vector<flatbuffers::Offset<fb::Program>> blobs;
   for (const ProgramSpec& p : spec.programs) blobs.push_back(BuildProgram(b, p));
   uint32_t n = spec.num_ranks >= 0 ? static_cast<uint32_t>(spec.num_ranks) : static_cast<uint32_t>(spec.programs.size());
   std::vector<uint32_t> none;
   auto root = fb::CreatePlanDirect(b, spec.schema_version, "test", "digest", fb::Strategy::direct, "test-model",
-                                   "train", "infer", "local", 0, n, &none, &none, &none, &tensors, &blobs, 0, 0, 1);
+                                   "train", "infer", "local", spec.staging_limit, n, &none, &none, &none, &tensors, &blobs, 0, 0, 1);
   fb::FinishPlanBuffer(b, root);
   return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
 }
@@ -193,6 +213,84 @@ inline PlanSpec ForwardPlan() {
     p[d].Step(MakeStep(fb::StepKind::unpack, kNone, stage, dst, 0, 512, fb::Dtype::fp32));
   }
   spec.programs = p;
+  return spec;
+}
+
+// Block-scaled FP8 plans (quant_test in runtime/ and compiler/). Tensor w
+// bf16 [4,8] held whole by rank 0 (bf16, or FP8 with 2x4 block scales when
+// `fp8_source`); rank 1 needs rows 1..3, which cut both block rows.
+enum class QuantPath {
+  requantize,        // rank 0 sends rows 0..4 as bf16, rank 1 quantizes them
+  sender_quantizes,  // rank 0 quantizes rows 0..4 and sends rows 1..3 in FP8 plus the scales
+  fp8_source,        // rank 0 holds FP8 and dequantizes rows 1..3; rank 1 needs them as bf16
+};
+
+inline PlanSpec QuantPlan(QuantPath path) {
+  using K = fb::StepKind;
+  using D = fb::Dtype;
+  using Q = fb::QuantKind;
+  PlanSpec spec;
+  spec.staging_limit = 64;
+  spec.tensors.push_back({"w", D::bf16, {0, 0}, {4, 8}});
+  const bool fp8_dst = path != QuantPath::fp8_source;
+  // Scale tensor 1: w's scales on the side that is quantized.
+  spec.tensors.push_back({"w#scale", D::fp32, {0, 0}, {2, 2}, 0, static_cast<uint8_t>(fp8_dst ? 1 : 0), {2, 4}});
+  ProgramSpec p0, p1;
+  p0.rank = 0;
+  p1.rank = 1;
+  if (path == QuantPath::fp8_source) {
+    p0.buffers = {{"w", D::fp8_e4m3, {4, 8}}, {"w.scale", D::fp32, {2, 2}}};
+    p0.fragments.push_back(MakeFragment(1, 1, 0, {0, 0}, {2, 2}, {2, 1}, 0));
+  } else {
+    p0.buffers = {{"w", D::bf16, {4, 8}}};
+  }
+  p0.fragments.push_back(MakeFragment(0, 0, 0, {0, 0}, {4, 8}, {8, 1}, 0));
+  p1.buffers = {{"w", fp8_dst ? D::fp8_e4m3 : D::bf16, {2, 8}}};
+  p1.fragments.push_back(MakeFragment(0, 0, 0, {1, 0}, {3, 8}, {8, 1}, 1));
+  if (fp8_dst) {
+    p1.buffers.push_back({"w.scale", D::fp32, {2, 2}});
+    p1.fragments.push_back(MakeFragment(1, 1, 0, {0, 0}, {2, 2}, {2, 1}, 1));
+  }
+  const uint32_t rows = p0.Region(MakeRegion(0, 0, {4, 8}, {8, 1}));
+  const uint32_t dst = p1.Region(MakeRegion(0, 0, {2, 8}, {8, 1}));
+  switch (path) {
+    case QuantPath::requantize: {
+      p0.staging_bytes = 64;
+      p0.Step(MakeStep(K::pack, kNone, rows, kNone, 0, 64, D::bf16));
+      p0.Step(MakeStep(K::send, 1, kNone, kNone, 0, 64, D::bf16));
+      p1.staging_bytes = 64;
+      p1.Step(MakeStep(K::recv, 0, kNone, kNone, 0, 64, D::bf16));
+      const uint32_t stage = p1.Region(StagingRegion(0, {4, 8}, {8, 1}));
+      const uint32_t scale = p1.Region(MakeRegion(1, 0, {2, 2}, {2, 1}));
+      p1.QuantStep(MakeStep(K::unpack, kNone, stage, dst, 0, 16, D::bf16), Q::quantize, scale, {1, 0}, {2, 4});
+      break;
+    }
+    case QuantPath::sender_quantizes: {
+      // 16 FP8 bytes at 0, then the 4 fp32 scales at byte 16 (element 4).
+      p0.staging_bytes = 32;
+      const uint32_t q = p0.Region(StagingRegion(0, {2, 8}, {8, 1}));
+      const uint32_t scale = p0.Region(StagingRegion(4, {2, 2}, {2, 1}));
+      p0.QuantStep(MakeStep(K::pack, kNone, rows, q, 0, 16, D::fp8_e4m3), Q::quantize, scale, {1, 0}, {2, 4});
+      p0.Step(MakeStep(K::send, 1, kNone, kNone, 0, 32, D::fp8_e4m3));
+      p1.staging_bytes = 32;
+      p1.Step(MakeStep(K::recv, 0, kNone, kNone, 0, 32, D::fp8_e4m3));
+      const uint32_t sdst = p1.Region(MakeRegion(1, 0, {4}, {1}));
+      p1.Step(MakeStep(K::unpack, kNone, kNone, dst, 0, 16, D::fp8_e4m3));
+      p1.Step(MakeStep(K::unpack, kNone, kNone, sdst, 16, 16, D::fp32));
+      break;
+    }
+    case QuantPath::fp8_source: {
+      p0.staging_bytes = 32;
+      const uint32_t part = p0.Region(MakeRegion(0, 8, {2, 8}, {8, 1}));
+      const uint32_t out = p0.Region(StagingRegion(0, {2, 8}, {8, 1}));
+      const uint32_t scale = p0.Region(MakeRegion(1, 0, {2, 2}, {2, 1}));
+      p0.QuantStep(MakeStep(K::pack, kNone, part, out, 0, 32, D::bf16), Q::dequantize, scale, {1, 0}, {2, 4});
+      p0.Step(MakeStep(K::send, 1, kNone, kNone, 0, 32, D::bf16));
+      p1.Step(MakeStep(K::recv, 0, kNone, dst, 0, 32, D::bf16));
+      break;
+    }
+  }
+  spec.programs = {p0, p1};
   return spec;
 }
 
