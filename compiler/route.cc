@@ -25,6 +25,9 @@ namespace {
 
 constexpr uint64_t kAlign = 256;
 constexpr uint64_t kMinSplit = 4ull << 20;  // smallest part split off a piece to fill a round
+constexpr size_t kTreeDomains = 2;          // destination domains one source send reaches (relay trees)
+constexpr size_t kTreeFanout = 1;           // domains each entry GPU forwards a piece to
+constexpr double kFill = 0.9;               // staging share the pace of rounds plans for
 uint64_t AlignUp(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 bool RegionFits(const StridedRegion& r) {
@@ -132,6 +135,7 @@ CellGrid BuildCells(const Expansion& src, int tensor, int nd) {
 }
 
 struct DPiece;
+struct Hop;
 
 class Router {
  public:
@@ -186,8 +190,9 @@ class Router {
     (ChannelOf(a, b) == Channel::net ? ir_.net_bytes : ir_.nvlink_bytes) += bytes;
   }
 
-  void AddPieces(int t, const Cell& cell, const Box& piece, const FragmentRef& df,
-                 const std::vector<FragmentRef>& others, uint32_t salt, std::vector<DPiece>& pieces);
+  void AddPieces(int t, const Cell& cell, const Box& piece, const FragmentRef& df, const std::vector<Hop>& hops,
+                 uint32_t salt, std::vector<DPiece>& pieces);
+  uint32_t HolderOf(const DPiece& p, int32_t hop) const;
   void Schedule(std::vector<DPiece>& pieces);
   bool SplitFront(std::vector<DPiece>& pieces, uint32_t idx, uint64_t avail, std::vector<uint32_t>& queue,
                   size_t head);
@@ -207,7 +212,8 @@ class Router {
   uint64_t piece_cap_ = 0;                    // largest staged piece
   std::vector<uint64_t> send_load_;           // bytes each global rank sends
   std::vector<uint64_t> entry_load_;          // bytes entering each rank's domain through it (exchange)
-  std::vector<FragmentRef> fwd_pool_;         // other needers of exchanged pieces
+  std::vector<Hop> hop_pool_;                 // delivery trees of exchanged pieces
+  std::vector<uint64_t> relay_load_;          // bytes each rank forwards to other domains
   std::vector<std::vector<uint64_t>> used_;   // per global rank, per round: bytes scheduled
   std::vector<std::vector<uint64_t>> arena_;  // per global rank, per round: bytes allocated
 };
@@ -215,12 +221,28 @@ class Router {
 // ---------------------------------------------------------------- direct --
 //
 // Every destination need is cut by the source cells into pieces; one replica
-// sends each piece. With NVLink exchange, a piece that several GPUs of one
-// destination NVLink domain need enters the domain once: it is striped over
-// those GPUs (each stripe lands in the staging of the least-loaded of them,
-// so all of the domain's NICs carry load), and in the next round the entry
-// GPU forwards the stripe from its staging to the others over NVLink, while
-// its NIC already receives the next round.
+// sends each piece. With exchange (the default), a piece that several GPUs
+// need enters each destination NVLink domain once: it is striped over the
+// needers (each stripe lands in the staging of the domain's least-loaded
+// needer, so all of a domain's NICs carry load). The stripe travels a binary
+// tree over the domains that need it - the source sends it once, to the root
+// domain's entry GPU; each entry forwards it from its staging, one round
+// later, to the entries of two more domains over the network (their NICs'
+// otherwise idle egress) and to the other needers of its own domain over
+// NVLink - while its NIC already receives the next round.
+
+// A delivery of a piece beyond its first receiver: the holder `parent` (an
+// index into the piece's hops, or -1 for the piece's receiver b) forwards its
+// staged copy to `to` in round (the piece's round + level).
+struct Hop {
+  FragmentRef to;
+  uint32_t rank;
+  int32_t parent;
+  uint32_t level;
+  bool operator==(const Hop& o) const {
+    return rank == o.rank && parent == o.parent && level == o.level && to.rank == o.to.rank && to.index == o.to.index;
+  }
+};
 
 struct DPiece {
   int tensor;
@@ -230,23 +252,28 @@ struct DPiece {
   uint64_t bytes;
   bool staged;
   size_t round = 0;
-  uint32_t fwd_begin = 0, fwd_count = 0;  // other needers in b's domain (fwd_pool_), reached by forwards
+  uint32_t hop_begin = 0, hop_count = 0;  // its tree beyond b (hop_pool_)
 };
 
+uint32_t Router::HolderOf(const DPiece& p, int32_t h) const {
+  return h < 0 ? p.b : hop_pool_[p.hop_begin + h].rank;
+}
+
 void Router::AddPieces(int t, const Cell& cell, const Box& piece, const FragmentRef& df,
-                       const std::vector<FragmentRef>& others, uint32_t salt, std::vector<DPiece>& pieces) {
+                       const std::vector<Hop>& hops, uint32_t salt, std::vector<DPiece>& pieces) {
   const TensorSpec& ts = model_.tensors[t];
   const uint64_t esize = DtypeBytes(ts.dtype);
   int k = PickReplica(cell.replicas, salt);
   FragmentRef sf = cell.replicas[k];
   uint32_t a = SrcGlobal(sf.rank), b = DstGlobal(df.rank);
   send_load_[a] += piece.volume() * esize;
-  const bool exchange = !others.empty();
-  if (exchange) entry_load_[b] += piece.volume() * esize;
+  const bool relayed = !hops.empty();
+  const uint32_t hop_begin = static_cast<uint32_t>(hop_pool_.size());
+  hop_pool_.insert(hop_pool_.end(), hops.begin(), hops.end());
   // Split to fit the staging arena and the 4-mode region format. A piece
   // contiguous on both sides needs no staging: only the 4 GiB step limit.
   StridedRegion whole_s = SrcRegion(sf, piece), whole_d = DstRegion(df, piece);
-  bool contiguous = !exchange && whole_s.contiguous() && whole_d.contiguous();
+  bool contiguous = !relayed && whole_s.contiguous() && whole_d.contiguous();
   uint64_t max_bytes = contiguous ? (uint64_t{1} << 31) : piece_cap_;
   std::vector<Box> work = SplitBox(piece, std::max<int64_t>(1, static_cast<int64_t>(max_bytes / esize)));
   std::reverse(work.begin(), work.end());
@@ -255,35 +282,32 @@ void Router::AddPieces(int t, const Cell& cell, const Box& piece, const Fragment
     work.pop_back();
     StridedRegion rs = SrcRegion(sf, x), rd = DstRegion(df, x);
     bool fits = RegionFits(rs) && RegionFits(rd);
-    for (const FragmentRef& o : others) fits = fits && RegionFits(DstRegion(o, x));
+    for (const Hop& h : hops) fits = fits && RegionFits(DstRegion(h.to, x));
     if (!fits) {
       std::vector<Box> slices = SliceOuter(x);
       work.insert(work.end(), slices.rbegin(), slices.rend());
       continue;
     }
     DPiece p{t, x, sf, df, a, b, static_cast<uint64_t>(x.volume()) * esize, true};
-    p.staged = exchange || !(rs.contiguous() && rd.contiguous() &&
-                             src_.ranks[sf.rank].buffers[rs.buffer].dtype == ts.dtype &&
-                             dst_.ranks[df.rank].buffers[rd.buffer - ir_.ranks[b].dst_buffer_base].dtype == ts.dtype);
-    if (exchange) {
-      p.fwd_begin = static_cast<uint32_t>(fwd_pool_.size());
-      p.fwd_count = static_cast<uint32_t>(others.size());
-      fwd_pool_.insert(fwd_pool_.end(), others.begin(), others.end());
-    }
+    p.staged = relayed || !(rs.contiguous() && rd.contiguous() &&
+                            src_.ranks[sf.rank].buffers[rs.buffer].dtype == ts.dtype &&
+                            dst_.ranks[df.rank].buffers[rd.buffer - ir_.ranks[b].dst_buffer_base].dtype == ts.dtype);
+    p.hop_begin = hop_begin;
+    p.hop_count = static_cast<uint32_t>(hops.size());
     pieces.push_back(p);
   }
 }
 
 void Router::Direct() {
   std::vector<DPiece> pieces;
-  const uint64_t stripe_min = 4ull << 20;
+  const uint64_t stripe_min = 32ull << 20;
   for (int t = 0; t < static_cast<int>(model_.tensors.size()); ++t) {
     const TensorSpec& ts = model_.tensors[t];
     int nd = ts.ndim();
     CellGrid g = BuildCells(src_, t, nd);
     uint64_t esize = DtypeBytes(ts.dtype);
-    // Per destination domain, per source cell: who needs which box of it.
-    std::map<std::pair<uint32_t, int>, std::vector<std::pair<FragmentRef, Box>>> wants;
+    // Per source cell: who needs which box of it.
+    std::map<int, std::vector<std::pair<FragmentRef, Box>>> wants;
     for (const FragmentRef& df : dst_.by_tensor[t]) {
       const Box& need = DstFrag(df).box;
       std::array<int64_t, kMaxDims> s0{}, s1{}, cur{};
@@ -307,17 +331,14 @@ void Router::Direct() {
         for (int d = 0; d < nd; ++d) cellbox.lo[d] = g.bp[d][cur[d]], cellbox.hi[d] = g.bp[d][cur[d] + 1];
         Box piece = cellbox.intersect(need);
         if (it == g.index.end()) NoSource(t, df.rank, piece);
-        wants[{ir_.domain[DstGlobal(df.rank)], it->second}].push_back({df, piece});
+        wants[it->second].push_back({df, piece});
         int d = nd - 1;
         while (d >= 0 && ++cur[d] == s1[d]) cur[d] = s0[d], --d;
         if (d < 0) break;
       }
     }
-    for (auto& [key, list] : wants) {
-      const auto [domain, ci] = key;
+    for (auto& [ci, list] : wants) {
       const Cell& cell = g.cells[ci];
-      bool exchange = opt_.nvlink_exchange && list.size() > 1;
-      for (const FragmentRef& rep : cell.replicas) exchange = exchange && ir_.domain[SrcGlobal(rep.rank)] != domain;
       // Needers of identical boxes form a group; groups must not overlap.
       std::stable_sort(list.begin(), list.end(), [](const auto& x, const auto& y) { return x.second < y.second; });
       std::vector<std::pair<size_t, size_t>> groups;
@@ -327,28 +348,95 @@ void Router::Direct() {
         groups.push_back({i, j});
         i = j;
       }
+      bool exchange = opt_.nvlink_exchange;
       for (size_t x = 0; exchange && x < groups.size(); ++x)
         for (size_t y = x + 1; exchange && y < groups.size(); ++y)
           exchange = !list[groups[x].first].second.intersects(list[groups[y].first].second);
+      std::vector<bool> has_replica;  // per domain: a replica of the cell sits there
+      for (const FragmentRef& rep : cell.replicas) {
+        uint32_t d = ir_.domain[SrcGlobal(rep.rank)];
+        if (has_replica.size() <= d) has_replica.resize(d + 1, false);
+        has_replica[d] = true;
+      }
+      auto local = [&](uint32_t d) { return d < has_replica.size() && has_replica[d]; };
       for (auto [i, j] : groups) {
         const Box& box = list[i].second;
-        if (!exchange || j - i == 1) {
-          for (size_t k = i; k < j; ++k) AddPieces(t, cell, box, list[k].first, {}, list[k].first.rank, pieces);
+        // Needers by domain; those in a domain holding a replica take it straight from one.
+        std::map<uint32_t, std::vector<size_t>> by_domain;
+        for (size_t k = i; k < j; ++k) {
+          uint32_t d = ir_.domain[DstGlobal(list[k].first.rank)];
+          if (!exchange || local(d)) {
+            AddPieces(t, cell, box, list[k].first, {}, list[k].first.rank, pieces);
+          } else {
+            by_domain[d].push_back(k);
+          }
+        }
+        if (by_domain.empty()) continue;
+        size_t most = 0;
+        for (auto& [d, ks] : by_domain) most = std::max(most, ks.size());
+        if (by_domain.size() == 1 && most == 1) {  // one needer
+          size_t k = by_domain.begin()->second[0];
+          AddPieces(t, cell, box, list[k].first, {}, list[k].first.rank, pieces);
           continue;
         }
-        // Stripes of the box, each entering at the least-loaded needer.
-        const uint64_t n = j - i, bytes = box.volume() * esize;
-        const uint64_t stripes = std::clamp<uint64_t>(bytes / stripe_min, 1, n);
+        // Stripes, each delivered by its own tree with its own entry GPUs.
+        const uint64_t bytes = box.volume() * esize;
+        const uint64_t stripes = std::clamp<uint64_t>(bytes / stripe_min, 1, most);
         for (const Box& stripe : SplitBox(box, (box.volume() + stripes - 1) / stripes)) {
-          size_t entry = i;
-          for (size_t k = i + 1; k < j; ++k) {
-            uint32_t gk = DstGlobal(list[k].first.rank), ge = DstGlobal(list[entry].first.rank);
-            if (entry_load_[gk] < entry_load_[ge]) entry = k;
+          const uint64_t sbytes = stripe.volume() * esize;
+          std::vector<std::pair<uint32_t, std::vector<size_t>>> doms(by_domain.begin(), by_domain.end());
+          // Fixed partner domains (a tree per consecutive kTreeDomains), roles set by load below:
+          // pieces relayed between the same two GPUs then travel in one message.
+          std::vector<size_t> entry(doms.size());
+          for (size_t x = 0; x < doms.size(); ++x) {
+            entry[x] = doms[x].second[0];
+            for (size_t k : doms[x].second)
+              if (entry_load_[DstGlobal(list[k].first.rank)] < entry_load_[DstGlobal(list[entry[x]].first.rank)])
+                entry[x] = k;
+            entry_load_[DstGlobal(list[entry[x]].first.rank)] += sbytes;
           }
-          std::vector<FragmentRef> others;
-          for (size_t k = i; k < j; ++k)
-            if (k != entry) others.push_back(list[k].first);
-          AddPieces(t, cell, stripe, list[entry].first, others, list[entry].first.rank, pieces);
+          // Trees of at most kTreeDomains domains (one source send each), fan-out
+          // kTreeFanout. Tree positions with the most children go to the entries
+          // that have forwarded the least so far, so relaying spreads over all NICs.
+          // Deeper or wider trees save more source egress but burst a holder's
+          // NIC and tie more rounds together; pairs measured best (simulate).
+          for (size_t t0 = 0; t0 < doms.size(); t0 += kTreeDomains) {
+            const size_t m = std::min(kTreeDomains, doms.size() - t0);
+            auto kids = [m](size_t x) {
+              size_t c = 0;
+              for (size_t f = 1; f <= kTreeFanout; ++f) c += kTreeFanout * x + f < m;
+              return c;
+            };
+            std::vector<size_t> pos(m), by_load(m);
+            std::iota(pos.begin(), pos.end(), 0);
+            std::iota(by_load.begin(), by_load.end(), t0);
+            std::stable_sort(pos.begin(), pos.end(), [&](size_t u, size_t v) { return kids(u) > kids(v); });
+            auto relay = [&](size_t x) { return relay_load_[DstGlobal(list[entry[x]].first.rank)]; };
+            std::stable_sort(by_load.begin(), by_load.end(), [&](size_t u, size_t v) { return relay(u) < relay(v); });
+            std::vector<const std::vector<size_t>*> tdom(m);
+            std::vector<size_t> tentry(m);
+            for (size_t q = 0; q < m; ++q) tdom[pos[q]] = &doms[by_load[q]].second, tentry[pos[q]] = entry[by_load[q]];
+            for (size_t x = 0; x < m; ++x) relay_load_[DstGlobal(list[tentry[x]].first.rank)] += kids(x) * sbytes;
+            std::vector<Hop> hops;
+            std::vector<int32_t> entry_hop(m, -1);  // hop index of each domain's entry
+            std::vector<uint32_t> depth(m, 0);
+            for (size_t x = 1; x < m; ++x) {
+              size_t up = (x - 1) / kTreeFanout;
+              depth[x] = depth[up] + 1;
+              const FragmentRef& to = list[tentry[x]].first;
+              entry_hop[x] = static_cast<int32_t>(hops.size());
+              hops.push_back({to, DstGlobal(to.rank), entry_hop[up], depth[x]});
+            }
+            for (size_t x = 0; x < m; ++x) {
+              for (size_t k : *tdom[x]) {
+                if (k == tentry[x]) continue;
+                const FragmentRef& to = list[k].first;
+                hops.push_back({to, DstGlobal(to.rank), entry_hop[x], depth[x] + 1});
+              }
+            }
+            const FragmentRef& root = list[tentry[0]].first;
+            AddPieces(t, cell, stripe, root, hops, root.rank, pieces);
+          }
         }
       }
     }
@@ -366,11 +454,27 @@ bool Router::SplitFront(std::vector<DPiece>& pieces, uint32_t idx, uint64_t avai
   const uint64_t esize = DtypeBytes(model_.tensors[p.tensor].dtype);
   const int64_t max_elems = static_cast<int64_t>((avail - (p.staged ? kAlign : 0)) / esize);
   if (max_elems <= 0) return false;
-  std::vector<Box> parts = SplitBox(p.box, max_elems);
-  if (parts.size() < 2) return false;
+  // The first part that fits, and the rest of the piece in as few boxes as
+  // possible (adjacent parts merged back), so that filling a round adds one
+  // or two pieces, not many.
+  std::vector<Box> split = SplitBox(p.box, max_elems);
+  if (split.size() < 2) return false;
+  std::vector<Box> parts = {split[0]};
+  for (size_t i = 1; i < split.size(); ++i) {
+    Box& last = parts.back();
+    const Box& x = split[i];
+    int diff = -1, ndiff = 0;
+    for (int d = 0; d < x.ndim; ++d)
+      if (x.lo[d] != last.lo[d] || x.hi[d] != last.hi[d]) diff = d, ++ndiff;
+    if (parts.size() > 1 && ndiff == 1 && x.lo[diff] == last.hi[diff]) {
+      last.hi[diff] = x.hi[diff];
+    } else {
+      parts.push_back(x);
+    }
+  }
   for (const Box& x : parts) {
     bool ok = RegionFits(SrcRegion(p.s, x)) && RegionFits(DstRegion(p.d, x));
-    for (uint32_t k = 0; ok && k < p.fwd_count; ++k) ok = RegionFits(DstRegion(fwd_pool_[p.fwd_begin + k], x));
+    for (uint32_t k = 0; ok && k < p.hop_count; ++k) ok = RegionFits(DstRegion(hop_pool_[p.hop_begin + k].to, x));
     if (!ok) return false;
   }
   std::vector<uint32_t> ids;
@@ -392,12 +496,16 @@ bool Router::SplitFront(std::vector<DPiece>& pieces, uint32_t idx, uint64_t avai
 
 // Places every piece in a round, filling rounds one at a time: each round
 // takes pieces pair by pair, the pairs whose sender or receiver has the most
-// bytes still to move first, while both ends (and, for a piece forwarded in
-// its domain, every other needer one round later) have staging budget left.
-// The busiest NICs thus carry a full budget in every round and finish
-// together, instead of a few stragglers holding up later rounds; rotation
-// order (receiver minus sender) breaks ties, so a round is close to a matching
-// of senders to receivers and no NIC is converged on by many senders at once.
+// bytes still to move first, while every GPU the piece touches - its two ends
+// in the round, each holder of its tree in the rounds after - has staging
+// budget left, and no NIC carries more than its paced share of the round. The
+// pace: R rounds are needed at least for the busiest rank's staging; every
+// NIC's bytes are spread evenly over them, so the busiest NICs carry a full
+// share in every round and finish together instead of a few stragglers
+// holding up later rounds. Rotation order (receiver minus sender) breaks ties,
+// so a round is close to a matching of senders to receivers and no NIC is
+// converged on by many senders at once. A piece that does not fit whole is
+// split to fill the round.
 void Router::Schedule(std::vector<DPiece>& pieces) {
   const uint32_t n = static_cast<uint32_t>(ir_.ranks.size());
   auto rot = [n](uint32_t a, uint32_t b) { return (b + n - a) % n; };
@@ -423,35 +531,75 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
     }
     if (pairs.empty() || pairs.back().a != p.a || pairs.back().b != p.b) pairs.push_back({p.a, p.b, {}, 0});
     pairs.back().queue.push_back(i);
-    rem_out[p.a] += p.bytes;
-    rem_in[p.b] += p.bytes;
   }
+  // Bytes every NIC still has to carry, each direction (priorities of the fill).
+  auto account = [&](const DPiece& p, int64_t sign) {
+    auto add = [sign](uint64_t& x, uint64_t b) { x = sign > 0 ? x + b : x - std::min(x, b); };
+    add(rem_out[p.a], p.bytes);
+    add(rem_in[p.b], p.bytes);
+    for (uint32_t k = 0; k < p.hop_count; ++k) {
+      const Hop& h = hop_pool_[p.hop_begin + k];
+      const uint32_t from = HolderOf(p, h.parent);
+      if (ChannelOf(from, h.rank) == Channel::net) add(rem_out[from], p.bytes), add(rem_in[h.rank], p.bytes);
+    }
+  };
+  for (const DPiece& p : pieces)
+    if (p.a != p.b) account(p, +1);
   auto need_of = [](const DPiece& p) { return p.staged ? AlignUp(p.bytes) : p.bytes; };
-  // Pace the network: R rounds are needed at least for the busiest rank's
-  // staging; spread every rank's network bytes evenly over them, so that a
-  // round never carries more through one NIC than the slowest rank needs.
-  std::vector<uint64_t> held(n, 0), net_total(n, 0);
+  auto is_net = [&](uint32_t x, uint32_t y) { return ChannelOf(x, y) == Channel::net; };
+  std::vector<uint64_t> held(n, 0), net_out(n, 0), net_in(n, 0);
   for (const DPiece& p : pieces) {
     if (p.a == p.b) continue;
     held[p.a] += need_of(p);
     held[p.b] += need_of(p);
-    for (uint32_t k = 0; k < p.fwd_count; ++k) held[DstGlobal(fwd_pool_[p.fwd_begin + k].rank)] += need_of(p);
-    if (ChannelOf(p.a, p.b) == Channel::net) net_total[p.a] += p.bytes;
+    if (is_net(p.a, p.b)) net_out[p.a] += p.bytes, net_in[p.b] += p.bytes;
+    for (uint32_t k = 0; k < p.hop_count; ++k) {
+      const Hop& h = hop_pool_[p.hop_begin + k];
+      held[h.rank] += need_of(p);
+      uint32_t from = HolderOf(p, h.parent);
+      if (is_net(from, h.rank)) net_out[from] += p.bytes, net_in[h.rank] += p.bytes;
+    }
   }
-  std::vector<uint64_t> net_in(n, 0);
-  for (const DPiece& p : pieces)
-    if (p.a != p.b && ChannelOf(p.a, p.b) == Channel::net) net_in[p.b] += p.bytes;
   uint64_t rounds = 1, busiest_net = 0;
   for (uint32_t g = 0; g < n; ++g) {
-    rounds = std::max<uint64_t>(rounds, (held[g] + cap_ - 1) / cap_);
-    busiest_net = std::max({busiest_net, net_total[g], net_in[g]});
+    rounds = std::max<uint64_t>(rounds, static_cast<uint64_t>(std::ceil(held[g] / (kFill * cap_))));
+    busiest_net = std::max({busiest_net, net_out[g], net_in[g]});
   }
-  const uint64_t net_cap = std::clamp<uint64_t>(busiest_net / rounds + busiest_net / rounds / 32, kMinSplit, cap_);
-  std::vector<std::vector<uint64_t>> net_out_used(n), net_in_used(n);
-  auto net_room = [&](const DPiece& p, size_t r) -> uint64_t {
-    if (ChannelOf(p.a, p.b) != Channel::net) return cap_;
-    uint64_t o = At(net_out_used[p.a], r), i = At(net_in_used[p.b], r);
-    return net_cap - std::min(net_cap, std::max(o, i));
+  const uint64_t net_cap = std::clamp<uint64_t>((busiest_net + rounds - 1) / rounds, kMinSplit, cap_);
+  // Parts split off to fill a round are at least 1/16 of the round's share:
+  // smaller ones would buy little balance for many more steps.
+  const uint64_t min_split = std::max(kMinSplit, net_cap / 16);
+  std::vector<std::vector<uint64_t>> out_used(n), in_used(n);
+  auto room = [&](uint32_t rank, size_t r) { return Used(rank, r) == 0 ? cap_ : cap_ - std::min(cap_, Used(rank, r)); };
+  auto net_room = [&](uint32_t from, uint32_t to, size_t r) -> uint64_t {
+    if (!is_net(from, to)) return cap_;
+    return net_cap - std::min(net_cap, std::max(At(out_used[from], r), At(in_used[to], r)));
+  };
+  // The bytes piece p can take in round r at every GPU it touches.
+  // The bytes piece p can take in round r at every GPU it touches: staging
+  // (hard) and the paced network share (soft).
+  auto avail = [&](const DPiece& p, size_t r, bool with_net) {
+    uint64_t v = std::min(room(p.a, r), room(p.b, r));
+    if (with_net) v = std::min(v, net_room(p.a, p.b, r));
+    for (uint32_t k = 0; k < p.hop_count; ++k) {
+      const Hop& h = hop_pool_[p.hop_begin + k];
+      v = std::min(v, room(h.rank, r + h.level));
+      if (with_net) v = std::min(v, net_room(HolderOf(p, h.parent), h.rank, r + h.level));
+    }
+    return v;
+  };
+  auto take = [&](DPiece& p, size_t r) {
+    const uint64_t need = need_of(p);
+    Used(p.a, r) += need;
+    Used(p.b, r) += need;
+    if (is_net(p.a, p.b)) At(out_used[p.a], r) += p.bytes, At(in_used[p.b], r) += p.bytes;
+    for (uint32_t k = 0; k < p.hop_count; ++k) {
+      const Hop& h = hop_pool_[p.hop_begin + k];
+      const uint32_t from = HolderOf(p, h.parent);
+      Used(h.rank, r + h.level) += need;
+      if (is_net(from, h.rank)) At(out_used[from], r + h.level) += p.bytes, At(in_used[h.rank], r + h.level) += p.bytes;
+    }
+    p.round = r;
   };
   std::vector<uint32_t> active(pairs.size());
   std::iota(active.begin(), active.end(), 0);
@@ -464,26 +612,20 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
       Pair& q = pairs[pi];
       while (q.head < q.queue.size()) {
         const uint32_t idx = q.queue[q.head];
-        const uint64_t need = need_of(pieces[idx]);
-        // Budget left for this piece in round r at both ends (and its forward targets in r+1).
-        auto room = [&](uint32_t rank, size_t rr) { return Used(rank, rr) == 0 ? cap_ : cap_ - std::min(cap_, Used(rank, rr)); };
-        uint64_t avail = std::min({room(pieces[idx].a, r), room(pieces[idx].b, r), net_room(pieces[idx], r)});
-        for (uint32_t k = 0; k < pieces[idx].fwd_count; ++k)
-          avail = std::min(avail, room(DstGlobal(fwd_pool_[pieces[idx].fwd_begin + k].rank), r + 1));
-        const bool alone = Used(pieces[idx].a, r) == 0 && Used(pieces[idx].b, r) == 0 && pieces[idx].fwd_count == 0;
-        if (need > avail && !alone) {
+        const DPiece& p = pieces[idx];
+        const uint64_t free = avail(p, r, true), need = need_of(p);
+        // A piece larger than the budget (sent straight between buffers) takes a round of its own.
+        const bool alone = Used(p.a, r) == 0 && Used(p.b, r) == 0 && p.hop_count == 0;
+        // A piece that overshoots the network share by a little goes whole
+        // (fewer, larger steps) where staging allows.
+        const bool overshoot = need <= free + net_cap / 64 && need <= avail(p, r, false);
+        if (need > free && !alone && !overshoot) {
           // Fill the round: split off the part of the piece that fits, if worth a message.
-          if (avail < kMinSplit || !SplitFront(pieces, idx, avail, q.queue, q.head)) break;
+          if (free < min_split || !SplitFront(pieces, idx, free, q.queue, q.head)) break;
         }
-        DPiece& p = pieces[q.queue[q.head]];
-        const uint64_t used = need_of(p);
-        Used(p.a, r) += used;
-        Used(p.b, r) += used;
-        for (uint32_t k = 0; k < p.fwd_count; ++k) Used(DstGlobal(fwd_pool_[p.fwd_begin + k].rank), r + 1) += used;
-        p.round = r;
-        if (ChannelOf(p.a, p.b) == Channel::net) At(net_out_used[p.a], r) += p.bytes, At(net_in_used[p.b], r) += p.bytes;
-        rem_out[p.a] -= p.bytes;
-        rem_in[p.b] -= p.bytes;
+        DPiece& placed = pieces[q.queue[q.head]];
+        take(placed, r);
+        account(placed, -1);
         ++q.head;
       }
     }
@@ -493,17 +635,19 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
   }
 }
 
-// Emits messages grouped by (round, sender, receiver); forwards of exchanged
-// pieces go out one round later from the entry GPU's staging.
+// Emits messages grouped by (round, sender, receiver). The staged pieces of a
+// message lie in order in both staging areas; each hop of their trees then
+// forwards runs of them that lie contiguous at the holder in one message.
 void Router::EmitDirect(const std::vector<DPiece>& pieces) {
   uint32_t n = static_cast<uint32_t>(ir_.ranks.size());
   std::vector<size_t> order(pieces.size());
   std::iota(order.begin(), order.end(), 0);
-  auto fwd_less = [&](const DPiece& x, const DPiece& y) {
-    if (x.fwd_count != y.fwd_count) return x.fwd_count < y.fwd_count;
-    for (uint32_t k = 0; k < x.fwd_count; ++k) {
-      const FragmentRef &u = fwd_pool_[x.fwd_begin + k], &v = fwd_pool_[y.fwd_begin + k];
+  auto tree_less = [&](const DPiece& x, const DPiece& y) {
+    if (x.hop_count != y.hop_count) return x.hop_count < y.hop_count;
+    for (uint32_t k = 0; k < x.hop_count; ++k) {
+      const Hop &u = hop_pool_[x.hop_begin + k], &v = hop_pool_[y.hop_begin + k];
       if (u.rank != v.rank) return u.rank < v.rank;
+      if (u.parent != v.parent) return u.parent < v.parent;
     }
     return false;
   };
@@ -514,10 +658,79 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
     if (rx != ry) return rx < ry;
     if (x.a != y.a) return x.a < y.a;
     if (x.staged != y.staged) return x.staged > y.staged;
-    return fwd_less(x, y);
+    return tree_less(x, y);
   });
+  // The staged pieces of one round, with their staging offsets at b and at
+  // each hop; their trees are emitted together once the round's messages are
+  // out, so a holder forwards, per receiver, every run of pieces that lie
+  // contiguous in its staging - whichever messages brought them - as one message.
+  std::vector<size_t> staged;
+  std::vector<std::vector<uint64_t>> at;
+  uint32_t depth = 0;
+  size_t batch_round = 0;
+  auto flush = [&] {
+    for (uint32_t level = 1; level <= depth; ++level) {
+      const size_t round = batch_round + level;
+      struct Part {
+        uint32_t from, to;
+        uint64_t off;
+        size_t s;
+        uint32_t h;
+      };
+      std::vector<Part> parts;
+      for (size_t s = 0; s < staged.size(); ++s) {
+        const DPiece& p = pieces[staged[s]];
+        for (uint32_t h = 0; h < p.hop_count; ++h) {
+          const Hop& hop = hop_pool_[p.hop_begin + h];
+          if (hop.level == level) parts.push_back({HolderOf(p, hop.parent), hop.rank, at[s][hop.parent + 1], s, h});
+        }
+      }
+      std::sort(parts.begin(), parts.end(), [](const Part& x, const Part& y) {
+        return std::tie(x.from, x.to, x.off) < std::tie(y.from, y.to, y.off);
+      });
+      for (size_t u = 0; u < parts.size();) {
+        // A run: same holder and receiver, contiguous at the holder.
+        size_t v = u + 1;
+        uint64_t end = parts[u].off + AlignUp(pieces[staged[parts[u].s]].bytes);
+        while (v < parts.size() && parts[v].from == parts[u].from && parts[v].to == parts[u].to && parts[v].off == end)
+          end += AlignUp(pieces[staged[parts[v].s]].bytes), ++v;
+        const uint32_t from = parts[u].from, to = parts[u].to;
+        const uint64_t begin = parts[u].off, len = end - begin;
+        RankProgram& F = ir_.ranks[from];
+        RankProgram& G = ir_.ranks[to];
+        const uint64_t og = Alloc(to, round, len);
+        Step fw, fr;
+        fw.kind = StepKind::forward, fr.kind = StepKind::recv;
+        fw.channel = fr.channel = ChannelOf(from, to);
+        fw.peer = to, fr.peer = from;
+        fw.staging = begin, fr.staging = og;
+        fw.bytes = fr.bytes = len;
+        F.round(round).comm.push_back(fw);
+        G.round(round).comm.push_back(fr);
+        send_load_[from] += len;
+        Count(from, to, len);
+        for (size_t w = u; w < v; ++w) {
+          const DPiece& p = pieces[staged[parts[w].s]];
+          const uint64_t off = og + (parts[w].off - begin);
+          at[parts[w].s][parts[w].h + 1] = off;
+          Step up;
+          up.kind = StepKind::unpack;
+          up.wire = model_.tensors[p.tensor].dtype;
+          up.staging = off;
+          up.bytes = p.bytes;
+          up.dst = G.AddRegion(DstRegion(hop_pool_[p.hop_begin + parts[w].h].to, p.box));
+          G.round(round).unpack.push_back(up);
+        }
+        u = v;
+      }
+    }
+    staged.clear();
+    at.clear();
+    depth = 0;
+  };
   for (size_t i = 0; i < order.size();) {
     const DPiece& first = pieces[order[i]];
+    if (first.round != batch_round) flush(), batch_round = first.round;
     size_t j = i;
     while (j < order.size() && pieces[order[j]].round == first.round && pieces[order[j]].a == first.a &&
            pieces[order[j]].b == first.b)
@@ -546,13 +759,6 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
     if (total > 0) {
       uint64_t oa = Alloc(first.a, first.round, total), ob = Alloc(first.b, first.round, total);
       uint64_t pos = 0;
-      // Forwards: per other needer, runs of adjacent pieces become one message.
-      struct Run {
-        uint32_t to;
-        uint64_t begin = 0, end = 0;
-        std::vector<std::pair<size_t, FragmentRef>> parts;  // piece, its fragment on `to`
-      };
-      std::vector<Run> runs;
       for (size_t k = i; k < j; ++k) {
         const DPiece& p = pieces[order[k]];
         if (!p.staged) continue;
@@ -571,19 +777,10 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
         up.bytes = p.bytes;
         up.dst = B.AddRegion(DstRegion(p.d, p.box));
         B.round(p.round).unpack.push_back(up);
-        for (uint32_t f = 0; f < p.fwd_count; ++f) {
-          const FragmentRef& o = fwd_pool_[p.fwd_begin + f];
-          uint32_t to = DstGlobal(o.rank);
-          Run* run = nullptr;
-          for (Run& r : runs)
-            if (r.to == to && r.end == pos) run = &r;
-          if (!run) {
-            runs.push_back({to, pos, pos, {}});
-            run = &runs.back();
-          }
-          run->end = pos + AlignUp(p.bytes);
-          run->parts.push_back({order[k], o});
-        }
+        staged.push_back(order[k]);
+        at.push_back(std::vector<uint64_t>(p.hop_count + 1, 0));
+        at.back()[0] = ob + pos;
+        for (uint32_t h = 0; h < p.hop_count; ++h) depth = std::max(depth, hop_pool_[p.hop_begin + h].level);
         pos += AlignUp(p.bytes);
       }
       Step snd, rcv;
@@ -595,34 +792,6 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
       A.round(first.round).comm.push_back(snd);
       B.round(first.round).comm.push_back(rcv);
       Count(first.a, first.b, total);
-      const size_t next = first.round + 1;
-      for (const Run& run : runs) {
-        RankProgram& G = ir_.ranks[run.to];
-        const uint64_t len = run.end - run.begin;
-        uint64_t og = Alloc(run.to, next, len);
-        Step fw, fr;
-        fw.kind = StepKind::forward, fr.kind = StepKind::recv;
-        fw.channel = fr.channel = ChannelOf(first.b, run.to);
-        fw.peer = run.to, fr.peer = first.b;
-        fw.staging = ob + run.begin, fr.staging = og;
-        fw.bytes = fr.bytes = len;
-        B.round(next).comm.push_back(fw);
-        G.round(next).comm.push_back(fr);
-        send_load_[first.b] += len;
-        Count(first.b, run.to, len);
-        uint64_t at = og;
-        for (const auto& [pi, frag] : run.parts) {
-          const DPiece& p = pieces[pi];
-          Step up;
-          up.kind = StepKind::unpack;
-          up.wire = model_.tensors[p.tensor].dtype;
-          up.staging = at;
-          up.bytes = p.bytes;
-          up.dst = G.AddRegion(DstRegion(frag, p.box));
-          G.round(next).unpack.push_back(up);
-          at += AlignUp(p.bytes);
-        }
-      }
     }
     for (size_t k = i; k < j; ++k) {
       const DPiece& p = pieces[order[k]];
@@ -641,6 +810,7 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
     }
     i = j;
   }
+  flush();
 }
 
 // ---------------------------------------------------------------- gather --
@@ -899,6 +1069,7 @@ PlanIR Router::Run() {
   }
   send_load_.assign(total, 0);
   entry_load_.assign(total, 0);
+  relay_load_.assign(total, 0);
   piece_cap_ = cap_ / 2;
   used_.assign(total, {});
   arena_.assign(total, {});
