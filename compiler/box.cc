@@ -97,6 +97,31 @@ std::string StridedRegion::str() const {
   return s + ")";
 }
 
+StridedRegion RowMajorRegion(const Box& whole, const Box& sub, uint64_t base, uint32_t buffer) {
+  StridedRegion r;
+  r.buffer = buffer;
+  r.ndim = whole.ndim;
+  int64_t stride = 1, off = 0;
+  for (int d = whole.ndim - 1; d >= 0; --d) {
+    r.shape[d] = sub.extent(d);
+    r.stride[d] = stride;
+    off += (sub.lo[d] - whole.lo[d]) * stride;
+    stride *= whole.extent(d);
+  }
+  r.offset = base + static_cast<uint64_t>(off);
+  return r;
+}
+
+Box BlocksOf(const Box& b, const std::array<int64_t, 2>& block) {
+  Box out = b;
+  for (int q = 0; q < 2; ++q) {
+    const int d = b.ndim - 2 + q;
+    out.lo[d] = b.lo[d] / block[q];
+    out.hi[d] = (b.hi[d] + block[q] - 1) / block[q];
+  }
+  return out;
+}
+
 std::vector<Box> SplitBox(const Box& b, int64_t max_elements) {
   std::vector<Box> out;
   if (b.volume() <= max_elements || max_elements < 1) {

@@ -56,6 +56,15 @@ struct StridedRegion {
   std::string str() const;
 };
 
+/// The row-major image of `sub` inside a block of memory holding `whole`
+/// row-major from element `base` of `buffer` (a staging area: 0xFFFFFFFF);
+/// one mode per dim of `whole`, extent-1 modes kept.
+StridedRegion RowMajorRegion(const Box& whole, const Box& sub, uint64_t base, uint32_t buffer);
+
+/// The blocks (in block coordinates) that `b` touches, for blocks of
+/// `block` over its last two dims and of 1 over the others.
+Box BlocksOf(const Box& b, const std::array<int64_t, 2>& block);
+
 /// Splits `b` into boxes of at most `max_elements` elements, cutting the
 /// outermost dims first (whole rows of inner dims stay together when they fit).
 std::vector<Box> SplitBox(const Box& b, int64_t max_elements);

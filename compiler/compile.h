@@ -21,6 +21,7 @@ struct CompileOptions {
   std::string strategy = "direct";
   uint64_t staging_mb = 512;
   bool nvlink_exchange = true;
+  bool quantize_on_sender = true;
 };
 
 /// Pass 1: reads and validates the four spec files.

@@ -90,6 +90,10 @@ struct RouteOptions {
   /// direct: a region several GPUs of one NVLink domain need enters the
   /// domain once and is forwarded over NVLink.
   bool nvlink_exchange = true;
+  /// A quantized destination whose sender holds whole scale blocks gets FP8
+  /// values and scales quantized by the sender (false: BF16, requantized on
+  /// the receiver).
+  bool quantize_on_sender = true;
 };
 
 /// Passes 3 and 4: route every destination need to its sources and schedule

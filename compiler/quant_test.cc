@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "compiler/expand.h"
+#include "compiler/quant_route.h"
 #include "compiler/test.h"
 #include "runtime/test.h"
 
@@ -89,8 +90,11 @@ TEST(QuantLayout, ShardEdgesCuttingABlockShareItsScale) {
   Expansion e = Expand(in.model, in.dst);
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(Find(e.ranks[r], "layers.1.gate_up_scale")->shape, (std::vector<int64_t>{2, 2}));
-    for (const Fragment& f : e.ranks[r].fragments)
-      if (f.tensor >= 4) EXPECT_EQ(f.box.str(), "[0:2, 0:1, 0:2]");
+    for (const Fragment& f : e.ranks[r].fragments) {
+      if (f.tensor >= 4) {
+        EXPECT_EQ(f.box.str(), "[0:2, 0:1, 0:2]");
+      }
+    }
   }
 }
 
@@ -110,6 +114,15 @@ TEST(QuantLayout, ChannelTensorAndMxfp8Scales) {
   EXPECT_EQ(e.scales[0].block[2], 12);  // a block of 32 clipped to the 12 columns
   EXPECT_EQ(Find(e.ranks[1], "layers.1.gate_up_scale")->shape, (std::vector<int64_t>{8, 1}));
   EXPECT_EQ(Find(e.ranks[1], "layers.1.gate_up_scale")->dtype, Dtype::e8m0);
+}
+
+TEST(QuantLayout, NotRoutedYet) {
+  EXPECT_EQ(ErrorOf([] {
+              testing::CompileJson(Model(), Train(), Infer(json::parse(R"({"format": "mxfp8"})")),
+                                   testing::TinyCluster());
+            }),
+            "infer.json: /buffers/0/quant: quantized buffers are parsed and expanded, but this build does not route "
+            "them yet (compiler/route.cc does not call compiler/quant_route.h)");
 }
 
 TEST(QuantLayout, BadQuantRules) {
@@ -159,6 +172,51 @@ TEST(QuantLayout, BadQuantRules) {
   EXPECT_EQ(ParseError(i),
             "infer.json: /buffers/0/quant: rank 0 holds dim 0 of 'layers.{layer}.gate' in 4 pieces; a quantized dim "
             "must be held in one piece");
+}
+
+// QuantRouter::Pieces on gate (tensor 0): rank 1 needs rows 4..8 of both layers.
+struct PieceFixture {
+  CompileInputs in;
+  Expansion src, dst;
+  FragmentRef sf{0, 0}, df{1, 0};
+  Box cell, need;
+  explicit PieceFixture(const json& quant) : in(Inputs(Infer(quant))), src(Expand(in.model, in.src)), dst(Expand(in.model, in.dst)) {
+    cell = src.ranks[0].fragments[0].box;
+    need = dst.ranks[1].fragments[0].box;
+  }
+  std::vector<std::string> Pieces(bool on_sender, uint64_t max_bytes) const {
+    QuantRouter q(in.model, in.src, src, in.dst, dst, on_sender);
+    std::vector<std::string> out;
+    for (const QuantPiece& p : q.Pieces(0, sf, cell, df, need, max_bytes))
+      out.push_back(p.need.str() + " reads " + p.read.str() + " " + std::to_string(p.bytes) + " B" +
+                    (p.quantize_sender ? " sender" : "") + (p.quantize_receiver ? " receiver" : ""));
+    return out;
+  }
+};
+
+TEST(QuantPieces, SenderSendsFp8AndScalesReceiverReadsTheBlockCover) {
+  PieceFixture whole(json::parse(R"({"format": "fp8_e4m3", "scale": "block", "block": [2, 8]})"));
+  EXPECT_EQ(whole.need.str(), "[0:2, 4:8, 0:12]");
+  // 96 FP8 values (aligned to 256 bytes) and 2 x 2 x 2 fp32 scales; or 96 bf16 values.
+  EXPECT_EQ(whole.Pieces(true, 1 << 20), std::vector<std::string>{"[0:2, 4:8, 0:12] reads [0:2, 4:8, 0:12] 288 B sender"});
+  EXPECT_EQ(whole.Pieces(false, 1 << 20),
+            std::vector<std::string>{"[0:2, 4:8, 0:12] reads [0:2, 4:8, 0:12] 192 B receiver"});
+  // Blocks of 8 rows: rank 1's rows 4..8 are half a block; its piece reads the whole block.
+  PieceFixture cut(json::parse(R"({"format": "fp8_e4m3", "scale": "block", "block": [8, 8]})"));
+  EXPECT_EQ(cut.Pieces(false, 1 << 20),
+            std::vector<std::string>{"[0:2, 4:8, 0:12] reads [0:2, 0:8, 0:12] 384 B receiver"});
+}
+
+TEST(QuantPieces, SplitOnlyAtBlockEdges) {
+  PieceFixture f(json::parse(R"({"format": "fp8_e4m3", "scale": "block", "block": [2, 8]})"));
+  EXPECT_EQ(f.Pieces(false, 50), (std::vector<std::string>{"[0:1, 4:6, 0:12] reads [0:1, 4:6, 0:12] 48 B receiver",
+                                                           "[0:1, 6:8, 0:12] reads [0:1, 6:8, 0:12] 48 B receiver",
+                                                           "[1:2, 4:6, 0:12] reads [1:2, 4:6, 0:12] 48 B receiver",
+                                                           "[1:2, 6:8, 0:12] reads [1:2, 6:8, 0:12] 48 B receiver"}));
+  PieceFixture big(json::parse(R"({"format": "fp8_e4m3", "scale": "block", "block": [8, 8]})"));
+  EXPECT_EQ(ErrorOf([&] { big.Pieces(false, 100); }),
+            "infer.json: tensor 'layers.{layer}.gate': the piece [0:1, 4:8, 0:8] for inference rank 1 is one block of "
+            "8x8 and does not fit 100 staging bytes; raise --staging-mb");
 }
 
 }  // namespace

@@ -278,16 +278,6 @@ class Validator {
     }
     Written(rank, frag, box, where);
   }
-  // The blocks (in block coordinates) that `box` of tensor `t` touches.
-  Box BlocksOf(const Box& box, const std::array<int64_t, 2>& block) const {
-    Box b = box;
-    for (int q = 0; q < 2; ++q) {
-      const int d = box.ndim - 2 + q;
-      b.lo[d] = box.lo[d] / block[q];
-      b.hi[d] = (box.hi[d] + block[q] - 1) / block[q];
-    }
-    return b;
-  }
   // Whether `box` of tensor `t` is whole blocks (a block may end early only at the tensor's edge).
   bool WholeBlocks(int t, const Box& box, const std::array<int64_t, 2>& block) const {
     for (int q = 0; q < 2; ++q) {

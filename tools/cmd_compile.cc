@@ -20,7 +20,7 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
   struct Opts {
     std::string model, from, to, cluster, out, strategy = "direct";
     uint64_t staging_mb = 512;
-    bool quiet = false, json = false, no_exchange = false;
+    bool quiet = false, json = false, no_exchange = false, requantize_on_receiver = false;
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("--model", o->model, "model spec (reshard.model/1)")->required()->check(CLI::ExistingFile);
@@ -44,6 +44,10 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
                "direct: every GPU pulls what it needs over the network itself, even when other GPUs of its\n"
                "NVLink domain need the same region (by default such a region enters the domain once,\n"
                "striped over the domain's NICs, and is forwarded over NVLink)");
+  cmd->add_flag("--requantize-on-receiver", o->requantize_on_receiver,
+               "quantized destinations receive the tensor's dtype (BF16) and quantize it themselves, even\n"
+               "where the sender holds whole scale blocks (by default such a sender quantizes and sends FP8\n"
+               "values plus scales: about half the bytes)");
   cmd->add_flag("-q,--quiet", o->quiet, "print nothing on success");
   cmd->add_flag("--json", o->json, "print the summary as JSON");
   cmd->callback([o, &exit_code] {
@@ -53,6 +57,7 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
     opt.strategy = o->strategy;
     opt.staging_mb = o->staging_mb;
     opt.nvlink_exchange = !o->no_exchange;
+    opt.quantize_on_sender = !o->requantize_on_receiver;
     PlanIR ir = BuildPlan(in, opt);
     std::vector<uint8_t> bytes = EmitPlan(in, ir);
     WriteFileAtomic(o->out, bytes);

@@ -1,0 +1,297 @@
+#include "compiler/quant_route.h"
+
+#include <algorithm>
+
+#include "runtime/error.h"
+
+namespace reshard {
+namespace {
+
+constexpr uint64_t kAlign = 256;  // staging alignment, as route.cc's
+uint64_t AlignUp(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+std::string Quote(const std::string& s) { return "'" + s + "'"; }
+
+// The block cover of `b`, clipped to the tensor's box.
+Box CoverOf(const Box& b, const std::array<int64_t, 2>& block, const TensorSpec& t) {
+  Box out = b;
+  for (int q = 0; q < 2; ++q) {
+    const int d = b.ndim - 2 + q;
+    out.lo[d] = b.lo[d] / block[q] * block[q];
+    out.hi[d] = std::min(t.hi[d], (b.hi[d] + block[q] - 1) / block[q] * block[q]);
+  }
+  return out;
+}
+
+// Quant form of a region whose modes are a box's logical dims: outer modes of
+// extent 1 dropped, the last two (rows, cols) always kept.
+StridedRegion QuantForm(const StridedRegion& r) {
+  StridedRegion out = r;
+  out.ndim = 0;
+  out.buffer_modes = 0;
+  for (int k = 0; k < r.ndim; ++k) {
+    if (k < r.ndim - 2 && r.shape[k] == 1) continue;
+    out.shape[out.ndim] = r.shape[k];
+    out.stride[out.ndim] = r.stride[k];
+    if (r.buffer_modes >> k & 1) out.buffer_modes |= 1u << out.ndim;
+    ++out.ndim;
+  }
+  return out;
+}
+
+// Row-major image of `sub` inside a staging block holding `whole`, at element `base`, in quant form.
+StridedRegion StagingImage(const Box& whole, const Box& sub, uint64_t base) {
+  return QuantForm(RowMajorRegion(whole, sub, base, kStaging));
+}
+
+int OuterModes(const Box& b) {
+  int n = 0;
+  for (int d = 0; d + 2 < b.ndim; ++d) n += b.extent(d) > 1;
+  return n;
+}
+
+bool Fits(const StridedRegion& r) {
+  if (r.ndim > 4) return false;
+  for (int k = 0; k < r.ndim; ++k)
+    if (r.stride[k] >= (int64_t{1} << 32) || r.shape[k] >= (int64_t{1} << 32)) return false;
+  return true;
+}
+
+}  // namespace
+
+QuantRouter::QuantRouter(const ModelSpec& model, const LayoutSpec& src_layout, const Expansion& src,
+                         const LayoutSpec& dst_layout, const Expansion& dst, bool quantize_on_sender)
+    : model_(model), quantize_on_sender_(quantize_on_sender) {
+  const int nt = static_cast<int>(model.tensors.size());
+  src_ = {&src, &src_layout, std::vector<int>(nt, -1), nt};
+  dst_ = {&dst, &dst_layout, std::vector<int>(nt, -1), nt + static_cast<int>(src.scales.size())};
+  for (Side* s : {&src_, &dst_})
+    for (size_t k = 0; k < s->e->scales.size(); ++k) s->scale_of[s->e->scales[k].of] = static_cast<int>(k);
+}
+
+bool QuantRouter::Quantized(int t) const { return src_.scale_of[t] >= 0 || dst_.scale_of[t] >= 0; }
+
+const ScaleTensor* QuantRouter::Scale(const Side& s, int t) const {
+  return s.scale_of[t] < 0 ? nullptr : &s.e->scales[s.scale_of[t]];
+}
+
+std::array<int64_t, 2> QuantRouter::Block(const Side& s, int t) const {
+  const ScaleTensor* st = Scale(s, t);
+  if (st == nullptr) return {1, 1};
+  const int n = st->box.ndim;
+  return {st->block[n - 2], st->block[n - 1]};
+}
+
+// The region of the scales of `blocks` in rank `rank`'s scale buffer for tensor `t`.
+StridedRegion QuantRouter::ScaleRegion(const Side& s, int rank, int t, const Box& blocks, uint32_t buffer_base) const {
+  const int tensor = s.first_scale + s.scale_of[t];
+  for (const Fragment& f : s.e->ranks[rank].fragments) {
+    if (f.tensor != tensor || !f.box.contains(blocks)) continue;
+    StridedRegion r = QuantForm(f.RegionOf(blocks));
+    r.buffer += buffer_base;
+    return r;
+  }
+  throw Error(s.layout->file + ": tensor " + Quote(model_.tensors[t].name) + ": rank " + std::to_string(rank) +
+              " holds no scales for blocks " + blocks.str());
+}
+
+std::vector<QuantPiece> QuantRouter::Pieces(int t, const FragmentRef& sf, const Box& cell, const FragmentRef& df,
+                                            const Box& need, uint64_t max_bytes) const {
+  const TensorSpec& ts = model_.tensors[t];
+  const uint64_t esize = DtypeBytes(ts.dtype);
+  const bool dst_q = Scale(dst_, t) != nullptr, src_q = Scale(src_, t) != nullptr;
+  const std::array<int64_t, 2> block = Block(dst_, t);
+  const uint64_t ssize = dst_q ? DtypeBytes(Scale(dst_, t)->dtype) : 0;
+  auto plan = [&](const Box& n) {
+    QuantPiece p;
+    p.need = n;
+    p.read = dst_q ? CoverOf(n, block, ts) : n;
+    p.dequantize = src_q;
+    p.quantize_sender = dst_q && !src_q && quantize_on_sender_;
+    p.quantize_receiver = dst_q && !p.quantize_sender;
+    if (p.quantize_sender) {
+      p.bytes = AlignUp(static_cast<uint64_t>(n.volume())) + static_cast<uint64_t>(BlocksOf(p.read, block).volume()) * ssize;
+    } else {
+      p.bytes = static_cast<uint64_t>(p.read.volume()) * esize;
+    }
+    return p;
+  };
+  if (dst_q && !cell.contains(CoverOf(need, block, ts))) {
+    throw Error(dst_.layout->file + ": tensor " + Quote(ts.name) + ": inference rank " + std::to_string(df.rank) +
+                " quantizes blocks of " + std::to_string(block[0]) + "x" + std::to_string(block[1]) + " over " +
+                CoverOf(need, block, ts).str() + ", which no single training rank of " + src_.layout->file +
+                " holds (" + cell.str() + "); blocks split across training ranks are not supported yet");
+  }
+  std::vector<QuantPiece> out;
+  std::vector<Box> work = {need};
+  while (!work.empty()) {
+    Box n = work.back();
+    work.pop_back();
+    QuantPiece p = plan(n);
+    const StridedRegion data = QuantForm(dst_.e->ranks[df.rank].fragments[df.index].RegionOf(n));
+    const StridedRegion held = QuantForm(src_.e->ranks[sf.rank].fragments[sf.index].RegionOf(p.read));
+    if (OuterModes(n) <= 2 && p.bytes <= max_bytes && Fits(data) && Fits(held)) {
+      out.push_back(p);
+      continue;
+    }
+    // Cut the outermost dim that can be cut: outer dims anywhere, rows and cols at block edges.
+    bool cut = false;
+    for (int d = 0; d < n.ndim && !cut; ++d) {
+      const int q = d - (n.ndim - 2);
+      const int64_t b = q < 0 ? 1 : block[q];
+      const int64_t first = (n.lo[d] / b + 1) * b, last = (n.hi[d] - 1) / b * b;  // block edges inside (lo, hi)
+      if (first >= n.hi[d]) continue;
+      const int64_t mid = std::clamp((n.lo[d] + n.hi[d]) / 2 / b * b, first, last);
+      Box x = n, y = n;
+      x.hi[d] = mid;
+      y.lo[d] = mid;
+      work.push_back(y);
+      work.push_back(x);
+      cut = true;
+    }
+    if (!cut) {
+      throw Error(dst_.layout->file + ": tensor " + Quote(ts.name) + ": the piece " + n.str() + " for inference rank " +
+                  std::to_string(df.rank) + " is one block of " + std::to_string(block[0]) + "x" +
+                  std::to_string(block[1]) + " and does not fit " + std::to_string(max_bytes) +
+                  " staging bytes; raise --staging-mb");
+    }
+  }
+  return out;
+}
+
+QuantOpIR QuantRouter::DequantOp(int t, const Box& read) const {
+  const std::array<int64_t, 2> sb = Block(src_, t);
+  QuantOpIR q;
+  q.kind = QuantKind::dequantize;
+  q.block = {static_cast<uint32_t>(sb[0]), static_cast<uint32_t>(sb[1])};
+  q.origin = {static_cast<uint32_t>(read.lo[read.ndim - 2] % sb[0]), static_cast<uint32_t>(read.lo[read.ndim - 1] % sb[1])};
+  q.scale_dtype = Scale(src_, t)->dtype;
+  return q;
+}
+
+QuantOpIR QuantRouter::QuantizeOp(int t, const QuantPiece& p) const {
+  const std::array<int64_t, 2> db = Block(dst_, t);
+  const int n = p.need.ndim;
+  QuantOpIR q;
+  q.kind = QuantKind::quantize;
+  q.block = {static_cast<uint32_t>(db[0]), static_cast<uint32_t>(db[1])};
+  q.origin = {static_cast<uint32_t>(p.need.lo[n - 2] - p.read.lo[n - 2]),
+              static_cast<uint32_t>(p.need.lo[n - 1] - p.read.lo[n - 1])};
+  q.scale_dtype = Scale(dst_, t)->dtype;
+  return q;
+}
+
+void QuantRouter::EmitStaged(int t, const QuantPiece& p, const FragmentRef& sf, const FragmentRef& df, RankProgram& A,
+                             RankProgram& B, size_t round, uint64_t oa, uint64_t ob) const {
+  const TensorSpec& ts = model_.tensors[t];
+  const Dtype wide = ts.dtype;
+  const uint64_t esize = DtypeBytes(wide);
+  const Fragment& sfr = src_.e->ranks[sf.rank].fragments[sf.index];
+  const Fragment& dfr = dst_.e->ranks[df.rank].fragments[df.index];
+  auto dst_region = [&](const Box& b) {
+    StridedRegion r = QuantForm(dfr.RegionOf(b));
+    r.buffer += B.dst_buffer_base;
+    return r;
+  };
+  // The sender: its pack (dequantizing or quantizing as the piece says).
+  Step pk;
+  pk.kind = StepKind::pack;
+  pk.staging = oa;
+  pk.src = A.AddRegion(QuantForm(sfr.RegionOf(p.read)));
+  if (p.dequantize) {
+    const std::array<int64_t, 2> sb = Block(src_, t);
+    QuantOpIR q = DequantOp(t, p.read);
+    q.scale = A.AddRegion(ScaleRegion(src_, sf.rank, t, BlocksOf(p.read, sb), 0));
+    pk.wire = wide;
+    pk.bytes = static_cast<uint64_t>(p.read.volume()) * esize;
+    pk.dst = A.AddRegion(StagingImage(p.read, p.read, oa / esize));
+    pk.quant = A.AddQuant(q);
+  } else if (p.quantize_sender) {
+    const std::array<int64_t, 2> db = Block(dst_, t);
+    const Dtype sd = Scale(dst_, t)->dtype;
+    QuantOpIR q = QuantizeOp(t, p);
+    const Box blocks = BlocksOf(p.read, db);
+    q.scale = A.AddRegion(StagingImage(blocks, blocks, (oa + AlignUp(p.need.volume())) / DtypeBytes(sd)));
+    pk.wire = Dtype::fp8_e4m3;
+    pk.bytes = static_cast<uint64_t>(p.need.volume());
+    pk.dst = A.AddRegion(StagingImage(p.need, p.need, oa));
+    pk.quant = A.AddQuant(q);
+  } else {
+    pk.wire = wide;
+    pk.bytes = static_cast<uint64_t>(p.read.volume()) * esize;
+  }
+  A.round(round).local.push_back(pk);
+  // The receiver: unpacks (quantizing when it must).
+  Step up;
+  up.kind = StepKind::unpack;
+  up.staging = ob;
+  if (p.quantize_receiver) {
+    const std::array<int64_t, 2> db = Block(dst_, t);
+    QuantOpIR q = QuantizeOp(t, p);
+    q.scale = B.AddRegion(ScaleRegion(dst_, df.rank, t, BlocksOf(p.read, db), B.dst_buffer_base));
+    up.wire = wide;
+    up.bytes = static_cast<uint64_t>(p.need.volume());
+    up.src = B.AddRegion(StagingImage(p.read, p.read, ob / esize));
+    up.dst = B.AddRegion(dst_region(p.need));
+    up.quant = B.AddQuant(q);
+    B.round(round).unpack.push_back(up);
+  } else if (p.quantize_sender) {
+    const std::array<int64_t, 2> db = Block(dst_, t);
+    const Dtype sd = Scale(dst_, t)->dtype;
+    const Box blocks = BlocksOf(p.read, db);
+    up.wire = Dtype::fp8_e4m3;
+    up.bytes = static_cast<uint64_t>(p.need.volume());
+    up.dst = B.AddRegion(dst_region(p.need).Coalesced());
+    B.round(round).unpack.push_back(up);
+    Step us;
+    us.kind = StepKind::unpack;
+    us.wire = sd;
+    us.staging = ob + AlignUp(p.need.volume());
+    us.bytes = static_cast<uint64_t>(blocks.volume()) * DtypeBytes(sd);
+    StridedRegion sr = ScaleRegion(dst_, df.rank, t, blocks, B.dst_buffer_base).Coalesced();
+    us.dst = B.AddRegion(sr);
+    B.round(round).unpack.push_back(us);
+  } else {
+    up.wire = wide;
+    up.bytes = static_cast<uint64_t>(p.need.volume()) * esize;
+    up.dst = B.AddRegion(dst_region(p.need).Coalesced());
+    B.round(round).unpack.push_back(up);
+  }
+}
+
+void QuantRouter::EmitCopy(int t, const QuantPiece& p, const FragmentRef& sf, const FragmentRef& df, RankProgram& P,
+                           size_t round) const {
+  const TensorSpec& ts = model_.tensors[t];
+  if (p.dequantize && (p.quantize_sender || p.quantize_receiver)) {
+    throw Error(dst_.layout->file + ": tensor " + Quote(ts.name) + ": a rank that holds it quantized on both sides " +
+                "(colocated) would dequantize and requantize in one copy; not supported yet");
+  }
+  const Fragment& sfr = src_.e->ranks[sf.rank].fragments[sf.index];
+  const Fragment& dfr = dst_.e->ranks[df.rank].fragments[df.index];
+  Step s;
+  s.kind = StepKind::copy;
+  s.wire = ts.dtype;
+  s.bytes = static_cast<uint64_t>(p.need.volume()) * DtypeBytes(ts.dtype);
+  s.src = P.AddRegion(QuantForm(sfr.RegionOf(p.read)));
+  StridedRegion dr = QuantForm(dfr.RegionOf(p.need));
+  dr.buffer += P.dst_buffer_base;
+  s.dst = P.AddRegion(dr);
+  QuantOpIR q;
+  if (p.dequantize) {
+    const std::array<int64_t, 2> sb = Block(src_, t);
+    q.kind = QuantKind::dequantize;
+    q.block = {static_cast<uint32_t>(sb[0]), static_cast<uint32_t>(sb[1])};
+    q.origin = {static_cast<uint32_t>(p.read.lo[p.read.ndim - 2] % sb[0]),
+                static_cast<uint32_t>(p.read.lo[p.read.ndim - 1] % sb[1])};
+    q.scale_dtype = Scale(src_, t)->dtype;
+    q.scale = P.AddRegion(ScaleRegion(src_, sf.rank, t, BlocksOf(p.read, sb), 0));
+  } else {
+    const std::array<int64_t, 2> db = Block(dst_, t);
+    q = QuantizeOp(t, p);
+    q.scale = P.AddRegion(ScaleRegion(dst_, df.rank, t, BlocksOf(p.read, db), P.dst_buffer_base));
+  }
+  s.quant = P.AddQuant(q);
+  P.round(round).local.push_back(s);
+}
+
+}  // namespace reshard

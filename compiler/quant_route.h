@@ -1,0 +1,83 @@
+// Routing of block-scaled FP8 tensors, the part of passes 3 and 4 that
+// route.cc hands off: which box a piece's sender reads, who converts, how many
+// bytes move, and the steps with their quant ops.
+//
+// A piece is a box a destination needs (`need`) from one source replica. When
+// the destination stores the tensor quantized, someone must see whole blocks
+// of the destination's grid: the piece reads the block cover of its need
+// (`read`, clipped at the tensor's edge), and pieces of one destination are
+// cut only at block edges, so that every block (and its scale) is quantized
+// exactly once, when complete. Then either
+// - the sender quantizes (its buffer holds the whole cover in a wide dtype):
+//   it sends the FP8 values of `need` and the scales of the cover, and the
+//   receiver unpacks both unchanged; about half the bytes of BF16; or
+// - the receiver quantizes: the sender sends the cover in the tensor's dtype
+//   (dequantizing first when its own buffer is FP8), the receiver quantizes it
+//   into its buffer and scales.
+// A quantized source with a plain destination dequantizes on the sender.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "compiler/expand.h"
+#include "compiler/program.h"
+
+namespace reshard {
+
+struct QuantPiece {
+  Box need;                    // lands in the destination fragment
+  Box read;                    // what the sender reads: `need`, or its block cover
+  bool dequantize = false;     // the sender's buffer is FP8: pack dequantizes
+  bool quantize_sender = false;
+  bool quantize_receiver = false;
+  uint64_t bytes = 0;          // staged and sent
+};
+
+class QuantRouter {
+ public:
+  /// `src`/`dst` as route sees them: dst scale fragments already renumbered
+  /// after the training side's scale tensors (compile.cc).
+  QuantRouter(const ModelSpec& model, const LayoutSpec& src_layout, const Expansion& src, const LayoutSpec& dst_layout,
+              const Expansion& dst, bool quantize_on_sender);
+
+  /// Whether either layout stores tensor `t` quantized.
+  bool Quantized(int t) const;
+
+  /// The pieces that move `need` (inside source cell `cell`, held by `sf`) to
+  /// `df`: block covers disjoint and inside the cell, at most `max_bytes`
+  /// each, regions within 4 modes. Throws reshard::Error when a block the
+  /// destination quantizes spans several source cells.
+  std::vector<QuantPiece> Pieces(int t, const FragmentRef& sf, const Box& cell, const FragmentRef& df,
+                                 const Box& need, uint64_t max_bytes) const;
+
+  /// The steps of a staged piece: a pack on `A` (training rank, staging byte
+  /// `oa`) and its unpacks on `B` (inference rank, staging byte `ob`) in `round`.
+  void EmitStaged(int t, const QuantPiece& p, const FragmentRef& sf, const FragmentRef& df, RankProgram& A,
+                  RankProgram& B, size_t round, uint64_t oa, uint64_t ob) const;
+
+  /// A piece whose sender and receiver are the same rank (colocated): one copy step.
+  void EmitCopy(int t, const QuantPiece& p, const FragmentRef& sf, const FragmentRef& df, RankProgram& P,
+                size_t round) const;
+
+ private:
+  struct Side {
+    const Expansion* e;
+    const LayoutSpec* layout;
+    std::vector<int> scale_of;   // per model tensor: its scale tensor index in e->scales, -1 if none
+    int first_scale = 0;         // plan tensor index of e->scales[0]
+  };
+  const ScaleTensor* Scale(const Side& s, int t) const;
+  std::array<int64_t, 2> Block(const Side& s, int t) const;
+  StridedRegion ScaleRegion(const Side& s, int rank, int t, const Box& blocks, uint32_t buffer_base) const;
+  // A piece's quant ops, their scale region still to set.
+  QuantOpIR DequantOp(int t, const Box& read) const;
+  QuantOpIR QuantizeOp(int t, const QuantPiece& p) const;
+
+  const ModelSpec& model_;
+  Side src_, dst_;
+  bool quantize_on_sender_;
+};
+
+}  // namespace reshard
