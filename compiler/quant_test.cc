@@ -116,15 +116,6 @@ TEST(QuantLayout, ChannelTensorAndMxfp8Scales) {
   EXPECT_EQ(Find(e.ranks[1], "layers.1.gate_up_scale")->dtype, Dtype::e8m0);
 }
 
-TEST(QuantLayout, NotRoutedYet) {
-  EXPECT_EQ(ErrorOf([] {
-              testing::CompileJson(Model(), Train(), Infer(json::parse(R"({"format": "mxfp8"})")),
-                                   testing::TinyCluster());
-            }),
-            "infer.json: /buffers/0/quant: quantized buffers are parsed and expanded, but this build does not route "
-            "them yet (compiler/route.cc does not call compiler/quant_route.h)");
-}
-
 TEST(QuantLayout, BadQuantRules) {
   auto with = [](const char* q) { return Infer(json::parse(q)); };
   EXPECT_EQ(ParseError(with(R"({"format": "fp8_e5m2", "scale": "block"})")),

@@ -18,6 +18,7 @@
 #include <unordered_map>
 
 #include "compiler/program.h"
+#include "compiler/quant_route.h"
 #include "runtime/error.h"
 
 namespace reshard {
@@ -40,18 +41,7 @@ bool RegionFits(const StridedRegion& r) {
 // Row-major region of `sub` inside a staging block holding `whole` (row-major)
 // at element offset `base`.
 StridedRegion StagingRegion(const Box& whole, const Box& sub, uint64_t base) {
-  StridedRegion r;
-  r.buffer = kStaging;
-  r.ndim = whole.ndim;
-  int64_t stride = 1, off = 0;
-  for (int d = whole.ndim - 1; d >= 0; --d) {
-    r.shape[d] = sub.extent(d);
-    r.stride[d] = stride;
-    off += (sub.lo[d] - whole.lo[d]) * stride;
-    stride *= whole.extent(d);
-  }
-  r.offset = base + static_cast<uint64_t>(off);
-  return r;
+  return RowMajorRegion(whole, sub, base, kStaging);
 }
 
 // Splits `b` into unit slices along its outermost dim of extent > 1.
@@ -141,7 +131,8 @@ class Router {
  public:
   Router(const ModelSpec& m, const ClusterSpec& c, const LayoutSpec& sl, const Expansion& s, const LayoutSpec& dl,
          const Expansion& d, const RouteOptions& o)
-      : model_(m), cluster_(c), src_layout_(sl), src_(s), dst_layout_(dl), dst_(d), opt_(o) {}
+      : model_(m), cluster_(c), src_layout_(sl), src_(s), dst_layout_(dl), dst_(d), opt_(o),
+        quant_(m, sl, s, dl, d, o.quantize_on_sender) {}
 
   PlanIR Run();
 
@@ -207,6 +198,8 @@ class Router {
   const LayoutSpec& dst_layout_;
   const Expansion& dst_;
   const RouteOptions& opt_;
+  QuantRouter quant_;                         // quantized tensors' pieces and steps (quant_route.h)
+  std::vector<QuantPiece> qpieces_;           // DPiece::quant indexes these
   PlanIR ir_;
   uint64_t cap_ = 0;                          // arena size
   uint64_t piece_cap_ = 0;                    // largest staged piece
@@ -253,6 +246,7 @@ struct DPiece {
   bool staged;
   size_t round = 0;
   uint32_t hop_begin = 0, hop_count = 0;  // its tree beyond b (hop_pool_)
+  int32_t quant = -1;                     // a quantized tensor's piece: index into qpieces_
 };
 
 uint32_t Router::HolderOf(const DPiece& p, int32_t h) const {
@@ -266,6 +260,16 @@ void Router::AddPieces(int t, const Cell& cell, const Box& piece, const Fragment
   int k = PickReplica(cell.replicas, salt);
   FragmentRef sf = cell.replicas[k];
   uint32_t a = SrcGlobal(sf.rank), b = DstGlobal(df.rank);
+  if (quant_.Quantized(t)) {  // whole scale blocks, never relayed: quant_route.h
+    for (const QuantPiece& q : quant_.Pieces(t, sf, cell.box, df, piece, piece_cap_)) {
+      send_load_[a] += q.bytes;
+      DPiece p{t, q.need, sf, df, a, b, q.bytes, true};
+      p.quant = static_cast<int32_t>(qpieces_.size());
+      qpieces_.push_back(q);
+      pieces.push_back(p);
+    }
+    return;
+  }
   send_load_[a] += piece.volume() * esize;
   const bool relayed = !hops.empty();
   const uint32_t hop_begin = static_cast<uint32_t>(hop_pool_.size());
@@ -348,7 +352,7 @@ void Router::Direct() {
         groups.push_back({i, j});
         i = j;
       }
-      bool exchange = opt_.nvlink_exchange;
+      bool exchange = opt_.nvlink_exchange && !quant_.Quantized(t);
       for (size_t x = 0; exchange && x < groups.size(); ++x)
         for (size_t y = x + 1; exchange && y < groups.size(); ++y)
           exchange = !list[groups[x].first].second.intersects(list[groups[y].first].second);
@@ -451,6 +455,7 @@ void Router::Direct() {
 bool Router::SplitFront(std::vector<DPiece>& pieces, uint32_t idx, uint64_t avail, std::vector<uint32_t>& queue,
                         size_t head) {
   const DPiece p = pieces[idx];
+  if (p.quant >= 0) return false;  // pieces of quantized tensors are cut at block edges only
   const uint64_t esize = DtypeBytes(model_.tensors[p.tensor].dtype);
   const int64_t max_elems = static_cast<int64_t>((avail - (p.staged ? kAlign : 0)) / esize);
   if (max_elems <= 0) return false;
@@ -741,6 +746,10 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
     if (first.a == first.b) {
       for (size_t k = i; k < j; ++k) {
         const DPiece& p = pieces[order[k]];
+        if (p.quant >= 0) {
+          quant_.EmitCopy(p.tensor, qpieces_[p.quant], p.s, p.d, A, p.round);
+          continue;
+        }
         Step s;
         s.kind = StepKind::copy;
         s.wire = model_.tensors[p.tensor].dtype;
@@ -762,6 +771,11 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
       for (size_t k = i; k < j; ++k) {
         const DPiece& p = pieces[order[k]];
         if (!p.staged) continue;
+        if (p.quant >= 0) {
+          quant_.EmitStaged(p.tensor, qpieces_[p.quant], p.s, p.d, A, B, p.round, oa + pos, ob + pos);
+          pos += AlignUp(p.bytes);
+          continue;
+        }
         Dtype w = model_.tensors[p.tensor].dtype;
         Step pk;
         pk.kind = StepKind::pack;
@@ -816,6 +830,10 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
 // ---------------------------------------------------------------- gather --
 
 void Router::Gather() {
+  for (int t = 0; t < static_cast<int>(model_.tensors.size()); ++t)
+    if (quant_.Quantized(t))
+      throw Error("--strategy gather: tensor '" + model_.tensors[t].name +
+                  "' is stored quantized; quantized layouts are routed by the direct strategy only");
   std::vector<uint64_t> owned(ir_.ranks.size(), 0);
   uint32_t chain_salt = 0;
   for (int t = 0; t < static_cast<int>(model_.tensors.size()); ++t) {

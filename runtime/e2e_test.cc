@@ -13,22 +13,8 @@ namespace {
 using testing::BuildPlan;
 using testing::TempDir;
 
-struct Result {
-  int exit_code;
-  std::string out;  // stdout and stderr
-};
-
-Result Shell(const std::string& command) {
-  Result r{-1, ""};
-  FILE* p = popen((command + " 2>&1").c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using Result = testing::ShellResult;
+using testing::Shell;
 
 const std::string kBinary = RESHARD_BINARY;
 const std::string kSamples = std::string(RESHARD_SOURCE_DIR) + "/samples";

@@ -11,6 +11,7 @@
 
 #include <array>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -292,6 +293,24 @@ inline PlanSpec QuantPlan(QuantPath path) {
   }
   spec.programs = {p0, p1};
   return spec;
+}
+
+struct ShellResult {
+  int exit_code;
+  std::string out;  // stdout and stderr
+};
+
+/// Runs `command` through the shell, stderr folded into stdout.
+inline ShellResult Shell(const std::string& command) {
+  ShellResult r{-1, ""};
+  FILE* p = popen((command + " 2>&1").c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
 }
 
 /// A fresh directory, removed with its contents at scope exit.
