@@ -4,7 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <regex>
+#include <thread>
 
 #include "runtime/error.h"
 #include "runtime/synthetic.h"
@@ -123,11 +127,19 @@ TEST(GlooTest, PeerDyingMidRunIsReported) {
         options.store_dir = dir.path();
         options.timeout = std::chrono::milliseconds(2000);
         GlooTransport gloo(static_cast<uint32_t>(r), 4, options);
+        // Every rank connected before rank 3 may die: a slow rank still
+        // connecting would otherwise fail to connect instead of failing a step.
+        std::ofstream(dir.File("ready." + std::to_string(r))).put('1');
+        auto until = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+        for (int k = 0; k < 4; ++k)
+          while (!std::filesystem::exists(dir.File("ready." + std::to_string(k))) &&
+                 std::chrono::steady_clock::now() < until)
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
         DyingTransport dying(gloo, r == 3 ? 1 : -1);
         RunSynthetic(plan, static_cast<uint32_t>(r), dying);
         return "";
       },
-      20);
+      30);
   EXPECT_EQ(out[3].exit_code, 9);
   EXPECT_EQ(out[0].exit_code, 0) << out[0].message;
   EXPECT_EQ(out[1].exit_code, 0) << out[1].message;
