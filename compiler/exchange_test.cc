@@ -5,6 +5,7 @@
 
 #include "compiler/random_specs.h"
 #include "compiler/test.h"
+#include "runtime/test.h"
 
 namespace reshard {
 namespace {
@@ -113,6 +114,52 @@ TEST(PlacementTest, BadPerDomainCountsAreClearErrors) {
   EXPECT_EQ(err({{"train_gpus_per_domain", 0}}), "cluster.json: /train_gpus_per_domain: expected an integer >= 1, got 0");
   EXPECT_EQ(err({{"placement", "colocated"}, {"infer_gpus_per_domain", 2}}),
             "cluster.json: /infer_gpus_per_domain: only with \"placement\": \"disjoint\" (colocated ranks share every GPU)");
+}
+
+}  // namespace
+}  // namespace reshard
+
+namespace reshard {
+namespace {
+
+// Domains of 2: training ranks 0-7 in domains 0-3, inference ranks 8-11 (TP1 x DP4,
+// each needing the whole model) in domains 4 and 5. A source sends each stripe once
+// into one of the two domains; its entry GPU forwards it over the network to the
+// other domain's entry and over NVLink to its domain mate.
+TEST(ExchangeTest, RegionsNeededInSeveralDomainsAreRelayedBetweenThem) {
+  Totals on = Compile("infer-tp1-dp4.json", Cluster(2), true);
+  Totals off = Compile("infer-tp1-dp4.json", Cluster(2), false);
+  ASSERT_TRUE(on.report.ok()) << on.report.errors[0];
+  EXPECT_EQ(on.report.dest_elements, off.report.dest_elements);
+  // Each domain still takes the model in over the network once (two domains: half
+  // of what four GPUs pulling it themselves cost), plus alignment gaps of batched forwards.
+  EXPECT_GE(on.net * 2, off.net);
+  EXPECT_LE(on.net * 2, off.net + 2 * 256 * on.forwards);
+  EXPECT_GE(on.nvlink * 4, off.net);  // one NVLink copy per domain
+  auto bytes = CompileJson(LoadSample("tiny-dense/model.json"), LoadSample("tiny-dense/train.json"),
+                           LoadSample("tiny-dense/infer-tp1-dp4.json"), Cluster(2));
+  Plan plan = Plan::from_bytes(bytes, "relay.rsplan");
+  uint64_t source_sent = 0, relayed = 0;
+  for (uint32_t g = 0; g < plan.num_ranks(); ++g) {
+    for (const fb::Step* s : *plan.program(g).steps()) {
+      if (s->kind() == fb::StepKind::send && s->channel() == fb::Channel::net) source_sent += s->bytes();
+      if (s->kind() == fb::StepKind::forward && s->channel() == fb::Channel::net) relayed += s->bytes();
+      if (s->kind() == fb::StepKind::forward) EXPECT_GE(plan.program(g).dst_rank(), 0) << "only inference GPUs relay";
+    }
+  }
+  EXPECT_GT(relayed, 0u);
+  // The sources send the model once, not once per domain.
+  EXPECT_LE(source_sent * 2, off.net + 2 * 256 * on.forwards);
+  // And it runs: every destination byte checked over Gloo.
+  testing::TempDir dir;
+  testing::WriteFile(dir.File("relay.rsplan"), bytes);
+  FILE* p = popen((std::string(RESHARD_BINARY) + " run " + dir.File("relay.rsplan") + " --local 2>&1").c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  EXPECT_EQ(pclose(p), 0) << out;
 }
 
 }  // namespace
