@@ -17,7 +17,62 @@ __global__ void __launch_bounds__(256) CopyKernel(const __grid_constant__ CopyLa
   }
 }
 
+__global__ void __launch_bounds__(256) DequantKernel(const __grid_constant__ QuantLaunch l) {
+  const uint64_t total = static_cast<uint64_t>(l.outer) * l.rows * l.cols;
+  const uint64_t step = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {
+    DequantElement(l, i);
+  }
+}
+
+// One thread block per scale block: the block's amax by a shared-memory max
+// reduction (exact in any order: a max of finite magnitudes), its scale by
+// thread 0, then the FP8 values of the elements dst keeps.
+__global__ void __launch_bounds__(256) QuantizeKernel(const __grid_constant__ QuantLaunch l) {
+  __shared__ float red[256];
+  const uint64_t blocks = static_cast<uint64_t>(l.outer) * BlockRows(l) * BlockCols(l);
+  for (uint64_t b = blockIdx.x; b < blocks; b += gridDim.x) {
+    uint32_t o;
+    uint64_t r, c;
+    float amax = 0;
+    for (uint64_t k = threadIdx.x; BlockElement(l, b, k, o, r, c); k += blockDim.x) {
+      amax = AmaxStep(amax, LoadWide(At(l.src, o, r, c, WideSize(l.wide)), l.wide));
+    }
+    red[threadIdx.x] = amax;
+    __syncthreads();
+    for (uint32_t s = blockDim.x / 2; s > 0; s >>= 1) {
+      if (threadIdx.x < s) red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + s]);
+      __syncthreads();
+    }
+    const float scale = ScaleFromAmax(red[0], l.e8m0);
+    if (threadIdx.x == 0) {
+      uint64_t br, bc;
+      BlockCoords(l, b, o, br, bc);
+      StoreScale(l, o, br, bc, scale);
+    }
+    for (uint64_t k = threadIdx.x; BlockElement(l, b, k, o, r, c); k += blockDim.x) {
+      QuantizeBlockElement(l, o, r, c, scale);
+    }
+    __syncthreads();  // red[] is reused by the next block
+  }
+}
+
 }  // namespace
+
+cudaError_t LaunchQuant(const QuantLaunch& l, cudaStream_t stream) {
+  constexpr uint32_t kThreads = 256, kMaxGrid = 8192;
+  if (l.quantize) {
+    const uint64_t blocks = static_cast<uint64_t>(l.outer) * BlockRows(l) * BlockCols(l);
+    const uint32_t grid = static_cast<uint32_t>(blocks < kMaxGrid ? (blocks ? blocks : 1) : kMaxGrid);
+    QuantizeKernel<<<grid, kThreads, 0, stream>>>(l);
+  } else {
+    const uint64_t total = static_cast<uint64_t>(l.outer) * l.rows * l.cols;
+    const uint64_t want = (total + kThreads - 1) / kThreads;
+    const uint32_t grid = static_cast<uint32_t>(want < kMaxGrid ? (want ? want : 1) : kMaxGrid);
+    DequantKernel<<<grid, kThreads, 0, stream>>>(l);
+  }
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchCopy(const CopyLaunch& l, uint32_t blocks, uint32_t threads, cudaStream_t stream) {
   DispatchCopy(l, [&]<typename S, typename D, int V>() { CopyKernel<S, D, V><<<blocks, threads, 0, stream>>>(l); });

@@ -31,8 +31,10 @@ struct Side {
   char* slot[kMaxSlots] = {};
 };
 
-/// Dtypes as the kernels template them (values of fb::Dtype).
-enum class Elem : uint8_t { bf16 = 0, fp16 = 1, fp32 = 2 };
+/// Dtypes as the kernels template them (values of fb::Dtype); `byte` stands
+/// for fp8_e4m3 and e8m0, which plain copies move unchanged (quant ops convert
+/// them: quant_launch.h).
+enum class Elem : uint8_t { bf16 = 0, fp16 = 1, fp32 = 2, byte = 3 };
 
 /// Elements [begin, begin + count) of src copied to the same indices of dst,
 /// `vec` consecutive elements per thread (begin and count are multiples of it).
@@ -163,6 +165,8 @@ void DispatchDst(Elem d, int vec, Fn&& fn) {
 template <typename Fn>
 void DispatchCopy(const CopyLaunch& l, Fn&& fn) {
   switch (l.src_type) {
+    case Elem::byte:  // PlanCopy pairs bytes with bytes only
+      return detail::DispatchVec<uint8_t, uint8_t>(l.vec, fn);
     case Elem::bf16:
       return detail::DispatchDst<Bf16>(l.dst_type, l.vec, fn);
     case Elem::fp16:

@@ -68,6 +68,12 @@ void DeviceKernels::Copy(const RegionView& src, const RegionView& dst) {
   }
 }
 
+void DeviceKernels::Quant(const QuantArgs& args) {
+  const std::vector<QuantLaunch> launches = PlanQuant(args);
+  DeviceGuard guard(device_);
+  for (const QuantLaunch& l : launches) RESHARD_CUDA_CHECK(LaunchQuant(l, stream_));
+}
+
 void DeviceKernels::Finish() {
   DeviceGuard guard(device_);
   RESHARD_CUDA_CHECK(cudaStreamSynchronize(stream_));

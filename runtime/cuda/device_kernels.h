@@ -35,6 +35,8 @@ class DeviceKernels : public Kernels {
   /// Accepts device (or managed) memory of this device only.
   void CheckMemory(const void* p, size_t bytes, const std::string& what) const override;
   void Copy(const RegionView& src, const RegionView& dst) override;
+  /// The quantize or dequantize kernel (quant_launch.h), on the same stream.
+  void Quant(const QuantArgs& args) override;
   /// cudaStreamSynchronize; reports a kernel's fault with the copy that ran last.
   void Finish() override;
 

@@ -6,6 +6,7 @@
 
 #include "runtime/dtype.h"
 #include "runtime/error.h"
+#include "runtime/quant.h"
 
 namespace reshard::cuda {
 namespace {
@@ -18,6 +19,9 @@ Elem ElemOf(fb::Dtype d) {
       return Elem::fp16;
     case fb::Dtype::fp32:
       return Elem::fp32;
+    case fb::Dtype::fp8_e4m3:
+    case fb::Dtype::e8m0:
+      return Elem::byte;
     default:
       throw Error(std::string("no CUDA kernel moves ") + DtypeName(d));
   }
@@ -143,8 +147,10 @@ CopyPlan PlanCopy(const RegionView& src_in, const RegionView& dst_in) {
     throw Error("region copy of " + std::to_string(total) + " elements into " +
                 std::to_string(ViewElements(dst_in)) + " elements");
   }
-  ElemOf(src_in.dtype);
-  ElemOf(dst_in.dtype);
+  if ((ElemOf(src_in.dtype) == Elem::byte || ElemOf(dst_in.dtype) == Elem::byte) && src_in.dtype != dst_in.dtype) {
+    throw Error(std::string("no CUDA copy converts ") + DtypeName(src_in.dtype) + " to " + DtypeName(dst_in.dtype) +
+                " (quant ops do)");
+  }
   CopyPlan plan;
   if (total == 0) return plan;
   const RegionView s = Simplify(src_in), d = Simplify(dst_in);
@@ -177,6 +183,70 @@ CopyPlan PlanCopy(const RegionView& src_in, const RegionView& dst_in) {
     if (PlanKernel(s, d, total, vec, &plan)) return plan;
   }
   throw Error("no launch plan for a region copy");  // vec 1 always plans
+}
+
+std::vector<QuantLaunch> PlanQuant(const QuantArgs& a) {
+  CheckQuantArgs(a);
+  const int n = a.src.ndim, outer = n - 2;
+  for (const RegionView* v : {&a.src, &a.dst, &a.scale}) {
+    if (v->buffer_modes >> outer) throw Error("quant op: rows and cols of a region must not select buffers");
+  }
+  QuantLaunch proto;
+  proto.quantize = a.kind == fb::QuantKind::quantize;
+  proto.wide = ElemOf(proto.quantize ? a.src.dtype : a.dst.dtype);
+  proto.e8m0 = a.scale.dtype == fb::Dtype::e8m0;
+  proto.rows = a.src.shape[n - 2];
+  proto.cols = a.src.shape[n - 1];
+  proto.dst_rows = a.dst.shape[n - 2];
+  proto.dst_cols = a.dst.shape[n - 1];
+  for (int k = 0; k < 2; ++k) proto.origin[k] = a.origin[k], proto.block[k] = a.block[k];
+  const RegionView* views[3] = {&a.src, &a.dst, &a.scale};
+  QuantSide* sides[3] = {&proto.src, &proto.dst, &proto.scale};
+  for (int v = 0; v < 3; ++v) {
+    sides[v]->row_stride = static_cast<int64_t>(views[v]->stride[n - 2]);
+    sides[v]->col_stride = static_cast<int64_t>(views[v]->stride[n - 1]);
+  }
+  uint64_t combos = 1;
+  for (int k = 0; k < outer; ++k) combos *= a.src.shape[k];
+  std::vector<QuantLaunch> out;
+  uint64_t idx[4] = {0, 0, 0, 0};
+  for (uint64_t c = 0; c < combos; ++c) {
+    if (c % kMaxSlots == 0) {
+      out.push_back(proto);
+      out.back().outer = 0;
+    }
+    QuantLaunch& l = out.back();
+    for (int v = 0; v < 3; ++v) {
+      const RegionView& view = *views[v];
+      uint64_t buf = view.buffer, off = view.offset;
+      for (int k = 0; k < outer; ++k) (view.buffer_modes >> k & 1 ? buf : off) += idx[k] * view.stride[k];
+      QuantSide& side = v == 0 ? l.src : v == 1 ? l.dst : l.scale;
+      side.base[l.outer] = view.buffers[buf] + off * DtypeSize(view.dtype);
+    }
+    ++l.outer;
+    for (int k = outer - 1; k >= 0 && ++idx[k] == a.src.shape[k]; --k) idx[k] = 0;
+  }
+  return out;
+}
+
+void RunQuantOnHost(const std::vector<QuantLaunch>& launches) {
+  for (const QuantLaunch& l : launches) {
+    if (!l.quantize) {
+      for (uint64_t i = 0; i < l.outer * l.rows * l.cols; ++i) DequantElement(l, i);
+      continue;
+    }
+    const uint64_t blocks = l.outer * BlockRows(l) * BlockCols(l);
+    for (uint64_t b = 0; b < blocks; ++b) {
+      uint32_t o;
+      uint64_t r, c, br, bc;
+      float amax = 0;
+      for (uint64_t k = 0; BlockElement(l, b, k, o, r, c); ++k) amax = AmaxStep(amax, LoadWide(At(l.src, o, r, c, WideSize(l.wide)), l.wide));
+      const float s = ScaleFromAmax(amax, l.e8m0);
+      BlockCoords(l, b, o, br, bc);
+      StoreScale(l, o, br, bc, s);
+      for (uint64_t k = 0; BlockElement(l, b, k, o, r, c); ++k) QuantizeBlockElement(l, o, r, c, s);
+    }
+  }
 }
 
 LaunchShape ShapeFor(uint64_t groups) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "runtime/cuda/copy_launch.h"
+#include "runtime/cuda/quant_launch.h"
 #include "runtime/kernels.h"
 
 namespace reshard::cuda {
@@ -52,5 +53,14 @@ RegionView ViewOver(char* const* buffers, uint64_t offset, const std::vector<uin
 
 /// Executes a plan on host memory with the kernel's own per-group code (tests).
 void RunOnHost(const CopyPlan& plan);
+
+/// The launches of a quant op (QuantArgs, runtime/quant.h): at most
+/// kMaxSlots outer combinations each. Throws reshard::Error on what
+/// CheckQuantArgs refuses, or rows and cols that select buffers.
+std::vector<QuantLaunch> PlanQuant(const QuantArgs& args);
+
+/// Executes quant launches on host memory with the kernels' own per-element
+/// and per-block code, blocks in order (tests).
+void RunQuantOnHost(const std::vector<QuantLaunch>& launches);
 
 }  // namespace reshard::cuda

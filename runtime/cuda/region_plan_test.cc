@@ -6,12 +6,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <numeric>
 #include <random>
 
 #include "runtime/dtype.h"
 #include "runtime/error.h"
+#include "runtime/quant.h"
 
 namespace reshard::cuda {
 namespace {
@@ -195,7 +197,7 @@ TEST(RegionPlanTest, RandomLayoutsMatchCopyRegion) {
   EXPECT_GT(kinds[static_cast<int>(CopyKind::kKernel)], 0);
 }
 
-TEST(RegionPlanTest, MismatchedCountsAndFp8AreRefused) {
+TEST(RegionPlanTest, MismatchedCountsAndFp8ConversionsAreRefused) {
   Memory a(1, 256), b(1, 256);
   try {
     PlanCopy(View(a, 0, {8}, {1}, D::fp32), View(b, 0, {9}, {1}, D::fp32));
@@ -204,12 +206,71 @@ TEST(RegionPlanTest, MismatchedCountsAndFp8AreRefused) {
     EXPECT_STREQ(e.what(), "region copy of 8 elements into 9 elements");
   }
   try {
-    PlanCopy(View(a, 0, {8}, {1}, D::fp8_e4m3), View(b, 0, {8}, {1}, D::fp8_e4m3));
+    PlanCopy(View(a, 0, {8}, {1}, D::fp8_e4m3), View(b, 0, {8}, {1}, D::bf16));
     FAIL();
   } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "no CUDA kernel moves fp8_e4m3");
+    EXPECT_STREQ(e.what(), "no CUDA copy converts fp8_e4m3 to bf16 (quant ops do)");
   }
+  EXPECT_EQ(PlanCopy(View(a, 0, {8}, {1}, D::fp8_e4m3), View(b, 0, {8}, {1}, D::fp8_e4m3)).kind, CopyKind::kMemcpy);
+  EXPECT_EQ(PlanCopy(View(a, 0, {4, 2}, {1, 4}, D::e8m0), View(b, 0, {4, 2}, {2, 1}, D::e8m0)).kind, CopyKind::kKernel);
   EXPECT_EQ(PlanCopy(View(a, 0, {0}, {1}, D::fp32), View(b, 0, {0}, {1}, D::fp32)).kind, CopyKind::kNone);
+}
+
+// The quant kernels' code run on the host against the CPU reference
+// (QuantRegion): 3 layers in 3 buffers (a buffer mode) x 2 experts, 10 x 12
+// values in blocks of 4x8 (partial at the edges); the destination keeps rows
+// 3..9, cols 8..12.
+TEST(RegionPlanTest, QuantLaunchesMatchTheCpuReference) {
+  std::mt19937_64 rng(7);
+  for (D scale_dtype : {D::fp32, D::e8m0}) {
+    const size_t ss = DtypeSize(scale_dtype);
+    Memory src(3, 2 * 10 * 12 * 2), q_cpu(3, 2 * 7 * 4), q_gpu(3, 2 * 7 * 4);
+    Memory s_cpu(3, 2 * 3 * 2 * ss), s_gpu(3, 2 * 3 * 2 * ss);
+    std::vector<uint16_t> vals(3 * 2 * 10 * 12);
+    for (size_t b = 0; b < 3; ++b) {
+      for (size_t i = 0; i < 2 * 10 * 12; ++i) {
+        const float f = std::ldexp(static_cast<float>(rng() % 2001) - 1000.0f, static_cast<int>(rng() % 20) - 12);
+        const uint16_t h = FloatToBf16(f);
+        std::memcpy(src.ptrs[b] + 2 * i, &h, 2);
+      }
+    }
+    for (Memory* m : {&s_cpu, &s_gpu}) m->Poison();
+    for (Memory* m : {&q_cpu, &q_gpu})  // FP8 NaN: never the quantization of a finite value
+      for (char* p : m->ptrs) std::memset(p, 0x7f, m->bytes);
+    QuantArgs a;
+    a.kind = fb::QuantKind::quantize;
+    a.src = View(src, 0, {3, 2, 10, 12}, {1, 120, 12, 1}, D::bf16, 1);
+    a.block[0] = 4, a.block[1] = 8;
+    a.origin[0] = 3, a.origin[1] = 8;
+    auto quantize = [&](Memory& q, Memory& sc) {
+      a.dst = View(q, 0, {3, 2, 7, 4}, {1, 28, 4, 1}, D::fp8_e4m3, 1);
+      a.scale = View(sc, 0, {3, 2, 3, 2}, {1, 6, 2, 1}, scale_dtype, 1);
+    };
+    quantize(q_cpu, s_cpu);
+    QuantRegion(a);
+    quantize(q_gpu, s_gpu);
+    const std::vector<QuantLaunch> launches = PlanQuant(a);
+    ASSERT_EQ(launches.size(), 1u);
+    EXPECT_EQ(launches[0].outer, 6u);
+    RunQuantOnHost(launches);
+    EXPECT_EQ(q_gpu.Bytes(), q_cpu.Bytes());
+    EXPECT_EQ(s_gpu.Bytes(), s_cpu.Bytes());
+    const std::vector<char> q = q_cpu.Bytes();
+    EXPECT_EQ(std::count(q.begin(), q.end(), 0x7f), 0);  // every kept value written
+    // And back: dequantize the kept 7x4 values with the scales of blocks rows 0..3, col 1.
+    Memory d_cpu(3, 2 * 7 * 4 * 4), d_gpu(3, 2 * 7 * 4 * 4);
+    QuantArgs d;
+    d.kind = fb::QuantKind::dequantize;
+    d.src = View(q_cpu, 0, {3, 2, 7, 4}, {1, 28, 4, 1}, D::fp8_e4m3, 1);
+    d.scale = View(s_cpu, 1, {3, 2, 3, 1}, {1, 6, 2, 1}, scale_dtype, 1);
+    d.block[0] = 4, d.block[1] = 8;
+    d.origin[0] = 3, d.origin[1] = 0;
+    d.dst = View(d_cpu, 0, {3, 2, 7, 4}, {1, 28, 4, 1}, D::fp32, 1);
+    QuantRegion(d);
+    d.dst = View(d_gpu, 0, {3, 2, 7, 4}, {1, 28, 4, 1}, D::fp32, 1);
+    RunQuantOnHost(PlanQuant(d));
+    EXPECT_EQ(d_gpu.Bytes(), d_cpu.Bytes());
+  }
 }
 
 TEST(RegionPlanTest, LaunchShapeCoversEveryGroupWithinTheBlockCap) {
