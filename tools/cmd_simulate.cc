@@ -27,6 +27,14 @@ std::string Bytes(double b) {
   return buf;
 }
 
+std::string Seconds(double s) {
+  char buf[32];
+  if (s >= 1) std::snprintf(buf, sizeof buf, "%.3f s", s);
+  else if (s >= 1e-3) std::snprintf(buf, sizeof buf, "%.3f ms", s * 1e3);
+  else std::snprintf(buf, sizeof buf, "%.2f us", s * 1e6);
+  return buf;
+}
+
 }  // namespace
 
 void AddSimulateCommand(CLI::App& app, int& exit_code) {
@@ -111,18 +119,18 @@ void AddSimulateCommand(CLI::App& app, int& exit_code) {
     } else {
       std::printf("%s on %s: %u GPUs, %u rounds\n", o->plan.c_str(), cluster.name.c_str(), w.num_ranks,
                   w.num_rounds);
-      std::printf("  predicted refit   %.3f s\n", r.seconds);
-      std::printf("  lower bound       %.3f s  (%s)\n", lb.seconds, lb.binding());
-      std::printf("                      (a) domain ingress %.3f s: domain %u takes in %s over its NICs\n",
-                  lb.ingress_s, lb.ingress_domain, Bytes(lb.ingress_bytes).c_str());
-      std::printf("                      (b) source egress  %.3f s: %s must leave the domains holding it\n",
-                  lb.egress_s, Bytes(lb.egress_bytes).c_str());
-      std::printf("                      (c) GPU ingress    %.3f s: GPUs need %s they do not hold\n", lb.nvlink_s,
-                  Bytes(lb.needed_bytes).c_str());
+      std::printf("  predicted refit   %s\n", Seconds(r.seconds).c_str());
+      std::printf("  lower bound       %s  (%s)\n", Seconds(lb.seconds).c_str(), lb.binding());
+      std::printf("                      (a) domain ingress %s: domain %u takes in %s over its NICs\n",
+                  Seconds(lb.ingress_s).c_str(), lb.ingress_domain, Bytes(lb.ingress_bytes).c_str());
+      std::printf("                      (b) source egress  %s: %s must leave the domains holding it\n",
+                  Seconds(lb.egress_s).c_str(), Bytes(lb.egress_bytes).c_str());
+      std::printf("                      (c) GPU ingress    %s: GPUs need %s they do not hold\n",
+                  Seconds(lb.nvlink_s).c_str(), Bytes(lb.needed_bytes).c_str());
       std::printf("  plan / bound      %.2fx\n", ratio);
-      std::printf("  traffic           net %s, nvlink %s; HBM pack/copy %s, unpack %s (busiest rank %.3f s)\n",
+      std::printf("  traffic           net %s, nvlink %s; HBM pack/copy %s, unpack %s (busiest rank %s)\n",
                   Bytes(w.net_bytes).c_str(), Bytes(w.nvlink_bytes).c_str(), Bytes(w.local_bytes).c_str(),
-                  Bytes(w.unpack_bytes).c_str(), r.hbm_seconds);
+                  Bytes(w.unpack_bytes).c_str(), Seconds(r.hbm_seconds).c_str());
       std::printf("  busiest links    ");
       for (size_t i = 0; i < r.busiest.size() && i < 4; ++i) {
         std::printf("%s %s %.0f%%", i ? "," : "", r.busiest[i].name().c_str(), 100 * r.busiest[i].utilization);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Simulated refit times (issues 4 and 5): for each seed configuration, the
-# physical lower bound, `gather` and `direct` predicted by `reshard simulate`,
-# and the ratios; NVIDIA's reported times printed beside them. Simulation is
+# physical lower bound, `gather`, `direct --no-nvlink-exchange` and `direct`
+# predicted by `reshard simulate`, and the ratios; NVIDIA's reported times
+# printed beside them. Simulation is
 # deterministic: the predicted seconds do not vary between runs; the wall time
 # of the DeepSeek-V3 simulation is a median of REPS runs. Usage:
 #   tools/bench/simulate_bench.sh [REPS]
@@ -29,24 +30,25 @@ sim() {
 row() {  # name model train infer cluster nvidia
   local name=$1 m=$2 t=$3 i=$4 c=$5 nvidia=$6
   sim "$name" direct "$m" "$t" "$i" "$c"
+  sim "$name.plain" direct "$m" "$t" "$i" "$c" --no-nvlink-exchange
   sim "$name" gather "$m" "$t" "$i" "$c"
-  local lb d g dw gw
-  lb=$(field "$TMP/$name.direct.json" lower_bound_seconds)
-  d=$(field "$TMP/$name.direct.json" predicted_seconds)
-  g=$(field "$TMP/$name.gather.json" predicted_seconds)
-  dw=$(field "$TMP/$name.direct.json" wall_seconds)
-  gw=$(field "$TMP/$name.gather.json" wall_seconds)
-  python3 - "$name" "$lb" "$g" "$d" "$nvidia" "$dw" "$gw" <<'PY'
-import sys
-name, lb, g, d, nv, dw, gw = sys.argv[1], *map(float, sys.argv[2:5]), sys.argv[5], *map(float, sys.argv[6:8])
-print(f"| {name} | {lb:.2f} s | {g:.2f} s | {d:.2f} s | {g / d:.1f}x | {d / lb:.2f}x | {nv} | {dw:.0f} s / {gw:.0f} s |")
+  python3 - "$name" "$nvidia" "$TMP/$name.direct.json" "$TMP/$name.plain.direct.json" "$TMP/$name.gather.json" <<'PY'
+import json, sys
+name, nvidia = sys.argv[1], sys.argv[2]
+d, p, g = (json.load(open(f)) for f in sys.argv[3:6])
+lb = d["lower_bound_seconds"]
+dt, pt, gt = d["predicted_seconds"], p["predicted_seconds"], g["predicted_seconds"]
+print(f"| {name} | {lb:.2f} s | {gt:.2f} s | {pt:.2f} s | {dt:.2f} s | {dt / lb:.2f}x | {pt / dt:.2f}x | {gt / dt:.1f}x "
+      f"| {nvidia} | {d['wall_seconds']:.0f} / {p['wall_seconds']:.0f} / {g['wall_seconds']:.0f} s |")
 PY
 }
 
-echo "| configuration | lower bound | gather | direct | gather/direct | direct/bound | NVIDIA reported (baseline -> Reshard) | simulation wall (direct / gather) |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| configuration | lower bound | gather | direct --no-nvlink-exchange | direct | direct / bound | exchange speedup | gather / direct | NVIDIA reported (baseline -> Reshard) | simulation wall (direct / plain / gather) |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 row "Qwen3-235B TP4 PP8 EP16 -> TP8 DP16, DGX H100" $S/qwen3-235b/model.json $S/qwen3-235b/train-tp4-pp8-ep16.json \
   $S/qwen3-235b/infer-tp8-dp16.json $S/clusters/dgx-h100.json "6.4 s -> 1.9 s"
+row "Qwen3-235B TP4 PP8 EP16 -> TP4 DP32, DGX H100" $S/qwen3-235b/model.json $S/qwen3-235b/train-tp4-pp8-ep16.json \
+  $S/qwen3-235b/infer-tp4-dp32.json $S/clusters/dgx-h100.json "-"
 row "DeepSeek-V3 PP16 EP16 -> TP32 DP8, DGX H100" $S/deepseek-v3/model.json $S/deepseek-v3/train-pp16-ep16.json \
   $S/deepseek-v3/infer-tp32-dp8.json $S/clusters/dgx-h100.json "14.9 s -> 2.6 s"
 row "DeepSeek-V3 PP16 EP16 -> TP32 DP8, GB200 NVL72" $S/deepseek-v3/model.json $S/deepseek-v3/train-pp16-ep16.json \
