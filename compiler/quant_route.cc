@@ -95,6 +95,27 @@ StridedRegion QuantRouter::ScaleRegion(const Side& s, int rank, int t, const Box
               " holds no scales for blocks " + blocks.str());
 }
 
+std::vector<Box> QuantRouter::Stripes(int t, const Box& box, uint64_t n) const {
+  const std::array<int64_t, 2> block = Block(dst_, t);
+  // Cut the outermost dim that has block edges inside the box into n parts at them.
+  for (int d = 0; d < box.ndim && n > 1; ++d) {
+    const int q = d - (box.ndim - 2);
+    const int64_t b = q < 0 ? 1 : block[q];
+    const int64_t first = box.lo[d] / b * b, units = (box.hi[d] - first + b - 1) / b;
+    if (units < 2) continue;
+    std::vector<Box> out;
+    const int64_t per = (units + static_cast<int64_t>(n) - 1) / static_cast<int64_t>(n);
+    for (int64_t u = 0; u < units; u += per) {
+      Box x = box;
+      x.lo[d] = std::max(box.lo[d], first + u * b);
+      x.hi[d] = std::min(box.hi[d], first + (u + per) * b);
+      out.push_back(x);
+    }
+    return out;
+  }
+  return {box};
+}
+
 std::vector<QuantPiece> QuantRouter::Pieces(int t, const FragmentRef& sf, const Box& cell, const FragmentRef& df,
                                             const Box& need, uint64_t max_bytes) const {
   const TensorSpec& ts = model_.tensors[t];
@@ -181,19 +202,12 @@ QuantOpIR QuantRouter::QuantizeOp(int t, const QuantPiece& p) const {
   return q;
 }
 
-void QuantRouter::EmitStaged(int t, const QuantPiece& p, const FragmentRef& sf, const FragmentRef& df, RankProgram& A,
-                             RankProgram& B, size_t round, uint64_t oa, uint64_t ob) const {
-  const TensorSpec& ts = model_.tensors[t];
-  const Dtype wide = ts.dtype;
+void QuantRouter::EmitPack(int t, const QuantPiece& p, const FragmentRef& sf, RankProgram& A, size_t round,
+                           uint64_t oa) const {
+  const Dtype wide = model_.tensors[t].dtype;
   const uint64_t esize = DtypeBytes(wide);
   const Fragment& sfr = src_.e->ranks[sf.rank].fragments[sf.index];
-  const Fragment& dfr = dst_.e->ranks[df.rank].fragments[df.index];
-  auto dst_region = [&](const Box& b) {
-    StridedRegion r = QuantForm(dfr.RegionOf(b));
-    r.buffer += B.dst_buffer_base;
-    return r;
-  };
-  // The sender: its pack (dequantizing or quantizing as the piece says).
+  // Dequantizing or quantizing as the piece says.
   Step pk;
   pk.kind = StepKind::pack;
   pk.staging = oa;
@@ -221,7 +235,19 @@ void QuantRouter::EmitStaged(int t, const QuantPiece& p, const FragmentRef& sf, 
     pk.bytes = static_cast<uint64_t>(p.read.volume()) * esize;
   }
   A.round(round).local.push_back(pk);
-  // The receiver: unpacks (quantizing when it must).
+}
+
+void QuantRouter::EmitUnpack(int t, const QuantPiece& p, const FragmentRef& df, RankProgram& B, size_t round,
+                             uint64_t ob) const {
+  const Dtype wide = model_.tensors[t].dtype;
+  const uint64_t esize = DtypeBytes(wide);
+  const Fragment& dfr = dst_.e->ranks[df.rank].fragments[df.index];
+  auto dst_region = [&](const Box& b) {
+    StridedRegion r = QuantForm(dfr.RegionOf(b));
+    r.buffer += B.dst_buffer_base;
+    return r;
+  };
+  // Quantizing when it must.
   Step up;
   up.kind = StepKind::unpack;
   up.staging = ob;

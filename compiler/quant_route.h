@@ -15,6 +15,9 @@
 //   (dequantizing first when its own buffer is FP8), the receiver quantizes it
 //   into its buffer and scales.
 // A quantized source with a plain destination dequantizes on the sender.
+// What a piece stages is the same for every needer of its box, so relays
+// forward it unchanged and each needer runs its own unpacks (EmitUnpack);
+// relay stripes are cut at block edges (Stripes).
 #pragma once
 
 #include <cstdint>
@@ -52,10 +55,17 @@ class QuantRouter {
   std::vector<QuantPiece> Pieces(int t, const FragmentRef& sf, const Box& cell, const FragmentRef& df,
                                  const Box& need, uint64_t max_bytes) const;
 
-  /// The steps of a staged piece: a pack on `A` (training rank, staging byte
-  /// `oa`) and its unpacks on `B` (inference rank, staging byte `ob`) in `round`.
-  void EmitStaged(int t, const QuantPiece& p, const FragmentRef& sf, const FragmentRef& df, RankProgram& A,
-                  RankProgram& B, size_t round, uint64_t oa, uint64_t ob) const;
+  /// Cuts `box` into at most `n` stripes of about equal size at block edges
+  /// of the destination's grid (for relaying: a stripe's pieces are then the
+  /// same for every needer of the box).
+  std::vector<Box> Stripes(int t, const Box& box, uint64_t n) const;
+
+  /// The sender's step of a staged piece: a pack on `A` (training rank) into
+  /// its staging at byte `oa`, `p.bytes` bytes, the same for every receiver.
+  void EmitPack(int t, const QuantPiece& p, const FragmentRef& sf, RankProgram& A, size_t round, uint64_t oa) const;
+  /// A receiver's steps: unpacks on `B` (an inference rank needing `p.need`
+  /// through fragment `df`) of what EmitPack staged, now at byte `ob` of B's staging.
+  void EmitUnpack(int t, const QuantPiece& p, const FragmentRef& df, RankProgram& B, size_t round, uint64_t ob) const;
 
   /// A piece whose sender and receiver are the same rank (colocated): one copy step.
   void EmitCopy(int t, const QuantPiece& p, const FragmentRef& sf, const FragmentRef& df, RankProgram& P,

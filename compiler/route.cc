@@ -260,10 +260,15 @@ void Router::AddPieces(int t, const Cell& cell, const Box& piece, const Fragment
   int k = PickReplica(cell.replicas, salt);
   FragmentRef sf = cell.replicas[k];
   uint32_t a = SrcGlobal(sf.rank), b = DstGlobal(df.rank);
-  if (quant_.Quantized(t)) {  // whole scale blocks, never relayed: quant_route.h
+  const bool relayed = !hops.empty();
+  const uint32_t hop_begin = static_cast<uint32_t>(hop_pool_.size());
+  hop_pool_.insert(hop_pool_.end(), hops.begin(), hops.end());
+  if (quant_.Quantized(t)) {  // whole scale blocks: quant_route.h
     for (const QuantPiece& q : quant_.Pieces(t, sf, cell.box, df, piece, piece_cap_)) {
       send_load_[a] += q.bytes;
       DPiece p{t, q.need, sf, df, a, b, q.bytes, true};
+      p.hop_begin = hop_begin;
+      p.hop_count = static_cast<uint32_t>(hops.size());
       p.quant = static_cast<int32_t>(qpieces_.size());
       qpieces_.push_back(q);
       pieces.push_back(p);
@@ -271,9 +276,6 @@ void Router::AddPieces(int t, const Cell& cell, const Box& piece, const Fragment
     return;
   }
   send_load_[a] += piece.volume() * esize;
-  const bool relayed = !hops.empty();
-  const uint32_t hop_begin = static_cast<uint32_t>(hop_pool_.size());
-  hop_pool_.insert(hop_pool_.end(), hops.begin(), hops.end());
   // Split to fit the staging arena and the 4-mode region format. A piece
   // contiguous on both sides needs no staging: only the 4 GiB step limit.
   StridedRegion whole_s = SrcRegion(sf, piece), whole_d = DstRegion(df, piece);
@@ -352,7 +354,7 @@ void Router::Direct() {
         groups.push_back({i, j});
         i = j;
       }
-      bool exchange = opt_.nvlink_exchange && !quant_.Quantized(t);
+      bool exchange = opt_.nvlink_exchange;
       for (size_t x = 0; exchange && x < groups.size(); ++x)
         for (size_t y = x + 1; exchange && y < groups.size(); ++y)
           exchange = !list[groups[x].first].second.intersects(list[groups[y].first].second);
@@ -386,7 +388,10 @@ void Router::Direct() {
         // Stripes, each delivered by its own tree with its own entry GPUs.
         const uint64_t bytes = box.volume() * esize;
         const uint64_t stripes = std::clamp<uint64_t>(bytes / stripe_min, 1, most);
-        for (const Box& stripe : SplitBox(box, (box.volume() + stripes - 1) / stripes)) {
+        // A quantized tensor's stripes end at block edges, so that each needer's pieces are the same.
+        const std::vector<Box> cut = quant_.Quantized(t) ? quant_.Stripes(t, box, stripes)
+                                                         : SplitBox(box, (box.volume() + stripes - 1) / stripes);
+        for (const Box& stripe : cut) {
           const uint64_t sbytes = stripe.volume() * esize;
           std::vector<std::pair<uint32_t, std::vector<size_t>>> doms(by_domain.begin(), by_domain.end());
           // Fixed partner domains (a tree per consecutive kTreeDomains), roles set by load below:
@@ -718,6 +723,10 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
           const DPiece& p = pieces[staged[parts[w].s]];
           const uint64_t off = og + (parts[w].off - begin);
           at[parts[w].s][parts[w].h + 1] = off;
+          if (p.quant >= 0) {
+            quant_.EmitUnpack(p.tensor, qpieces_[p.quant], hop_pool_[p.hop_begin + parts[w].h].to, G, round, off);
+            continue;
+          }
           Step up;
           up.kind = StepKind::unpack;
           up.wire = model_.tensors[p.tensor].dtype;
@@ -772,25 +781,25 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
         const DPiece& p = pieces[order[k]];
         if (!p.staged) continue;
         if (p.quant >= 0) {
-          quant_.EmitStaged(p.tensor, qpieces_[p.quant], p.s, p.d, A, B, p.round, oa + pos, ob + pos);
-          pos += AlignUp(p.bytes);
-          continue;
+          quant_.EmitPack(p.tensor, qpieces_[p.quant], p.s, A, p.round, oa + pos);
+          quant_.EmitUnpack(p.tensor, qpieces_[p.quant], p.d, B, p.round, ob + pos);
+        } else {
+          Dtype w = model_.tensors[p.tensor].dtype;
+          Step pk;
+          pk.kind = StepKind::pack;
+          pk.wire = w;
+          pk.staging = oa + pos;
+          pk.bytes = p.bytes;
+          pk.src = A.AddRegion(SrcRegion(p.s, p.box));
+          A.round(p.round).local.push_back(pk);
+          Step up;
+          up.kind = StepKind::unpack;
+          up.wire = w;
+          up.staging = ob + pos;
+          up.bytes = p.bytes;
+          up.dst = B.AddRegion(DstRegion(p.d, p.box));
+          B.round(p.round).unpack.push_back(up);
         }
-        Dtype w = model_.tensors[p.tensor].dtype;
-        Step pk;
-        pk.kind = StepKind::pack;
-        pk.wire = w;
-        pk.staging = oa + pos;
-        pk.bytes = p.bytes;
-        pk.src = A.AddRegion(SrcRegion(p.s, p.box));
-        A.round(p.round).local.push_back(pk);
-        Step up;
-        up.kind = StepKind::unpack;
-        up.wire = w;
-        up.staging = ob + pos;
-        up.bytes = p.bytes;
-        up.dst = B.AddRegion(DstRegion(p.d, p.box));
-        B.round(p.round).unpack.push_back(up);
         staged.push_back(order[k]);
         at.push_back(std::vector<uint64_t>(p.hop_count + 1, 0));
         at.back()[0] = ob + pos;

@@ -47,14 +47,16 @@ void Quantize(json& layout, const std::string& name, const json& quant) {
 }
 
 // Compiles, validates and runs; returns the run's JSON summary.
-json CompileValidateRun(const json& train, const json& infer, const std::string& flags = "") {
+json CompileValidateRun(const json& train, const json& infer, const std::string& flags = "",
+                        const json& cluster = Load("clusters/dgx-h100.json")) {
   TempDir dir;
   std::ofstream(dir.File("train.json")) << train.dump();
   std::ofstream(dir.File("infer.json")) << infer.dump();
+  std::ofstream(dir.File("cluster.json")) << cluster.dump();
   const std::string plan = dir.File("q.rsplan");
   Result c = Shell(kBinary + " compile --model " + kSamples + "/tiny-dense/model.json --from " + dir.File("train.json") +
-                   " --to " + dir.File("infer.json") + " --cluster " + kSamples + "/clusters/dgx-h100.json -q -o " +
-                   plan + " " + flags);
+                   " --to " + dir.File("infer.json") + " --cluster " + dir.File("cluster.json") + " -q -o " + plan +
+                   " " + flags);
   EXPECT_EQ(c.exit_code, 0) << c.out;
   if (c.exit_code != 0) return json();
   Result v = Shell(kBinary + " validate " + plan);
@@ -90,6 +92,23 @@ TEST(QuantE2eTest, Fp8BlockScalesWithAndWithoutCutBlocks) {
     EXPECT_LT(sender.value("bytes", 0), bf16.value("bytes", 0) - gate_up / 2 + 8192) << rows;
     EXPECT_EQ(receiver.value("bytes", 0), bf16.value("bytes", 0) + (rows == 64 ? gate_up : 0)) << rows;
   }
+}
+
+// Domains of 2 GPUs: the four TP1 replicas sit in two domains; each FP8
+// stripe (whole blocks) leaves the sources once, is relayed to the other
+// domain's entry GPU and forwarded over NVLink, FP8 values and scales alike.
+TEST(QuantE2eTest, Fp8StripesAreRelayedBetweenDomains) {
+  json cluster = Load("clusters/dgx-h100.json");
+  cluster["gpus_per_domain"] = 2;
+  json infer = Load("tiny-dense/infer-tp1-dp4.json");
+  Quantize(infer, kGateUp, Quant(kGateUpScale, "fp8_e4m3", "block", {32, 32}));
+  const json train = Load("tiny-dense/train.json");
+  const json relayed = CompileValidateRun(train, infer, "", cluster);
+  const json direct = CompileValidateRun(train, infer, "--no-nvlink-exchange", cluster);
+  EXPECT_EQ(relayed.value("checked", 0), direct.value("checked", 0));
+  EXPECT_GT(relayed.value("nvlink_bytes", 0), 0);
+  EXPECT_LT(relayed.value("net_bytes", 0), direct.value("net_bytes", 0));
+  CompileValidateRun(train, infer, "--requantize-on-receiver", cluster);
 }
 
 TEST(QuantE2eTest, Mxfp8PerChannelAndPerTensor) {
