@@ -72,7 +72,7 @@ struct TensorSpec {
   std::vector<uint64_t> lo, hi;
   int scale_of = -1;  // a scale tensor: the scales of tensor scale_of on `side`, over `block`
   uint8_t side = 0;
-  std::vector<uint64_t> block;
+  std::vector<uint64_t> block = {};
 };
 
 /// A QuantOp of step `step`.
