@@ -167,6 +167,32 @@ TEST(QuantE2eTest, BlocksSplitAcrossTrainingRanksAreRefused) {
                    "holds ([0:1, 0:64, 0:32]); blocks split across training ranks are not supported yet\n");
 }
 
+TEST(QuantE2eTest, ShowNamesQuantOps) {
+  TempDir dir;
+  json infer = Load("tiny-dense/infer.json");
+  Quantize(infer, kGateUp, Quant(kGateUpScale, "fp8_e4m3", "block", {64, 32}));
+  std::ofstream(dir.File("infer.json")) << infer.dump();
+  const std::string compile = kBinary + " compile -q --model " + kSamples + "/tiny-dense/model.json --from " +
+                              kSamples + "/tiny-dense/train.json --to " + dir.File("infer.json") + " --cluster " +
+                              kSamples + "/clusters/dgx-h100.json -o " + dir.File("q.rsplan");
+  ASSERT_EQ(Shell(compile + " --requantize-on-receiver").exit_code, 0);
+  Result r = Shell(kBinary + " show " + dir.File("q.rsplan") + " --rank 8");
+  EXPECT_NE(r.out.find(" into 'model.layers.0.mlp.gate_up_proj.weight' @0 (32,64):(64,1), quantizing over blocks of "
+                       "64x32 from (0,0), scales fp32 into 'model.layers.0.mlp.gate_up_proj.weight_scale_inv' @0 "
+                       "(1,2):(2,1)"),
+            std::string::npos)
+      << r.out;
+  ASSERT_EQ(Shell(compile).exit_code, 0);
+  r = Shell(kBinary + " show " + dir.File("q.rsplan") + " --rank 0");
+  EXPECT_NE(r.out.find(" pack 2.00 KiB fp8_e4m3 from 'decoder.layers.0.mlp.linear_fc1.weight' @0 (64,64):(64,1) into "
+                       "staging @"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("(32,64):(64,1), quantizing over blocks of 64x32 from (32,0), scales fp32 into staging @"),
+            std::string::npos)
+      << r.out;
+}
+
 TEST(QuantE2eTest, GatherRefusesQuantizedLayouts) {
   json infer = Load("tiny-dense/infer.json");
   Quantize(infer, kGateUp, Quant(kGateUpScale, "mxfp8"));

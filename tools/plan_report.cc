@@ -97,6 +97,21 @@ std::string StepText(const fb::Program& p, const fb::Step& s) {
   else if (s.kind() != fb::StepKind::send && s.kind() != fb::StepKind::forward)
     line += " into staging @" + std::to_string(s.staging());
   if (s.dep() != kNone) line += " after step " + std::to_string(s.dep());
+  // A quant op (kept sorted by step) turns the step into a block-scaled conversion.
+  const uint32_t index = p.steps() ? static_cast<uint32_t>(&s - p.steps()->Get(0)) : 0;
+  if (p.quant_ops() != nullptr) {
+    for (const fb::QuantOp* op : *p.quant_ops()) {
+      if (op->step() != index) continue;
+      const bool q = op->kind() == fb::QuantKind::quantize;
+      line += q ? ", quantizing" : ", dequantizing";
+      line += " over blocks of " + std::to_string(op->block()->Get(0)) + "x" + std::to_string(op->block()->Get(1));
+      if (q) line += " from (" + std::to_string(op->origin()->Get(0)) + "," + std::to_string(op->origin()->Get(1)) + ")";
+      line += q ? ", scales " : ", scales from ";
+      line += DtypeName(op->scale_dtype());
+      line += q ? " into " : " ";
+      line += region(op->scale());
+    }
+  }
   return line;
 }
 
