@@ -48,13 +48,13 @@ void Quantize(json& layout, const std::string& name, const json& quant) {
 
 // Compiles, validates and runs; returns the run's JSON summary.
 json CompileValidateRun(const json& train, const json& infer, const std::string& flags = "",
-                        const json& cluster = Load("clusters/dgx-h100.json")) {
+                        const json& cluster = Load("clusters/dgx-h100.json"), const std::string& model = "tiny-dense") {
   TempDir dir;
   std::ofstream(dir.File("train.json")) << train.dump();
   std::ofstream(dir.File("infer.json")) << infer.dump();
   std::ofstream(dir.File("cluster.json")) << cluster.dump();
   const std::string plan = dir.File("q.rsplan");
-  Result c = Shell(kBinary + " compile --model " + kSamples + "/tiny-dense/model.json --from " + dir.File("train.json") +
+  Result c = Shell(kBinary + " compile --model " + kSamples + "/" + model + "/model.json --from " + dir.File("train.json") +
                    " --to " + dir.File("infer.json") + " --cluster " + dir.File("cluster.json") + " -q -o " + plan +
                    " " + flags);
   EXPECT_EQ(c.exit_code, 0) << c.out;
@@ -165,6 +165,27 @@ TEST(QuantE2eTest, BlocksSplitAcrossTrainingRanksAreRefused) {
   EXPECT_EQ(c.out, "reshard: error: infer.json: tensor 'model.layers.{layer}.self_attn.o_proj.weight': inference rank "
                    "0 quantizes blocks of 64x64 over [0:1, 0:64, 0:64], which no single training rank of train.json "
                    "holds ([0:1, 0:64, 0:32]); blocks split across training ranks are not supported yet\n");
+}
+
+// vLLM's stacked experts (w13_weight[E_local, 2I, H], the expert dim kept as a
+// physical dim): block scales per expert, TP4 cutting the 32-row blocks of
+// the 96-row experts, or EP8 with whole experts; MXFP8 attention.
+TEST(QuantE2eTest, StackedExperts) {
+  for (const char* layout : {"tiny-moe/infer.json", "tiny-moe/infer-ep.json"}) {
+    json infer = Load(layout);
+    for (json& b : infer["buffers"]) {
+      const std::string name = b["name"];
+      if (name.find(".w13_weight") != std::string::npos || name.find(".w2_weight") != std::string::npos)
+        b["quant"] = Quant(name + "_scale_inv", "fp8_e4m3", "block", {32, 32});
+      else if (name.find("qkv") != std::string::npos)
+        b["quant"] = Quant(name + "_scale", "mxfp8");
+    }
+    for (const char* flags : {"", "--requantize-on-receiver"}) {
+      const json out = CompileValidateRun(Load("tiny-moe/train.json"), infer, flags, Load("clusters/dgx-h100.json"),
+                                          "tiny-moe");
+      EXPECT_EQ(out.value("ok", false), true) << layout << " " << flags;
+    }
+  }
 }
 
 TEST(QuantE2eTest, ShowNamesQuantOps) {
