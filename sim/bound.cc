@@ -119,6 +119,8 @@ LowerBound ComputeLowerBound(const Plan& plan, const ClusterSpec& cluster) {
 
   // Every fragment by tensor and role.
   std::vector<std::vector<Piece>> held(ntensors), needed(ntensors);
+  std::vector<size_t> need_size(ntensors);
+  for (uint32_t t = 0; t < ntensors; ++t) need_size[t] = DtypeSize(tensors->Get(t)->dtype());
   for (uint32_t g = 0; g < n; ++g) {
     const fb::Program& prog = plan.program(g);
     if (!prog.fragments()) continue;
@@ -127,6 +129,10 @@ LowerBound ComputeLowerBound(const Plan& plan, const ClusterSpec& cluster) {
       Piece p{g / gpd, g, f->ndim(), {}, {}};
       for (int d = 0; d < f->ndim() && d < kDims; ++d) p.lo[d] = f->lo()->Get(d), p.hi[d] = f->hi()->Get(d);
       (f->role() == 0 ? held : needed)[f->tensor()].push_back(p);
+      // What a destination stores is the least that must reach it: FP8 weights
+      // need one byte per element (their scales are tensors of their own).
+      if (f->role() == 1 && prog.buffers() && f->buffer() < prog.buffers()->size())
+        need_size[f->tensor()] = std::min(need_size[f->tensor()], DtypeSize(prog.buffers()->Get(f->buffer())->dtype()));
     }
   }
 
@@ -135,7 +141,7 @@ LowerBound ComputeLowerBound(const Plan& plan, const ClusterSpec& cluster) {
   uint64_t egress = 0;
   for (uint32_t t = 0; t < ntensors; ++t) {
     if (needed[t].empty()) continue;
-    const uint64_t esize = DtypeSize(tensors->Get(t)->dtype());
+    const uint64_t esize = need_size[t];
     std::vector<Piece> all = held[t];
     all.insert(all.end(), needed[t].begin(), needed[t].end());
     Grid grid(all);

@@ -87,6 +87,15 @@ TEST(BoundTest, ReplicatedSourcesShareTheEgressOfEverySourceNic) {
   EXPECT_STREQ(lb.binding(), "destination NVLink domain ingress over NICs");
 }
 
+TEST(BoundTest, AnFp8DestinationNeedsOneBytePerElement) {
+  // Rank 1 (domain 1) needs all of w into an FP8 buffer: 1 MB must arrive, not the 4 MB of fp32.
+  PlanSpec spec = Layout(2, {{{0, 1000}}, {}}, {{}, {{0, 1000}}});
+  spec.programs[1].buffers[0].dtype = fb::Dtype::fp8_e4m3;
+  auto lb = Bound(spec, 1);
+  EXPECT_EQ(lb.ingress_bytes, 1000000u);
+  EXPECT_EQ(lb.needed_bytes, 1000000u);
+}
+
 TEST(BoundTest, ARankHoldingWhatItNeedsNeedsNothing) {
   // Colocated: rank 0 holds and needs rows 0..1000.
   auto lb = Bound(Layout(1, {{{0, 1000}}}, {{{0, 1000}}}), 8);
