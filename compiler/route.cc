@@ -172,7 +172,7 @@ class Router {
   // Bump allocation in the round's staging arena.
   uint64_t Alloc(uint32_t rank, size_t round, uint64_t bytes) {
     uint64_t& bump = At(arena_[rank], round);
-    uint64_t off = (round % 2) * cap_ + bump;
+    uint64_t off = (round % 2 ? odd_base_[rank] : 0) + bump;
     bump += AlignUp(bytes);
     ir_.ranks[rank].staging_bytes = std::max(ir_.ranks[rank].staging_bytes, off + AlignUp(bytes));
     return off;
@@ -207,6 +207,7 @@ class Router {
   std::vector<uint64_t> entry_load_;          // bytes entering each rank's domain through it (exchange)
   std::vector<Hop> hop_pool_;                 // delivery trees of exchanged pieces
   std::vector<uint64_t> relay_load_;          // bytes each rank forwards to other domains
+  std::vector<uint64_t> odd_base_;            // per rank: where the odd rounds' staging arena starts
   std::vector<std::vector<uint64_t>> used_;   // per global rank, per round: bytes scheduled
   std::vector<std::vector<uint64_t>> arena_;  // per global rank, per round: bytes allocated
 };
@@ -451,6 +452,13 @@ void Router::Direct() {
     }
   }
   Schedule(pieces);
+  // The odd rounds' arena starts where the even rounds' largest need ends
+  // (not at half the budget): a small plan stages only what it moves.
+  for (uint32_t g = 0; g < ir_.ranks.size(); ++g) {
+    uint64_t even = 0;
+    for (size_t r = 0; r < used_[g].size(); r += 2) even = std::max(even, used_[g][r]);
+    odd_base_[g] = std::min(cap_, AlignUp(even));
+  }
   EmitDirect(pieces);
 }
 
@@ -1097,6 +1105,7 @@ PlanIR Router::Run() {
   send_load_.assign(total, 0);
   entry_load_.assign(total, 0);
   relay_load_.assign(total, 0);
+  odd_base_.assign(total, cap_);
   piece_cap_ = cap_ / 2;
   used_.assign(total, {});
   arena_.assign(total, {});
