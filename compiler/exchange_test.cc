@@ -153,13 +153,8 @@ TEST(ExchangeTest, RegionsNeededInSeveralDomainsAreRelayedBetweenThem) {
   // And it runs: every destination byte checked over Gloo.
   testing::TempDir dir;
   testing::WriteFile(dir.File("relay.rsplan"), bytes);
-  FILE* p = popen((std::string(RESHARD_BINARY) + " run " + dir.File("relay.rsplan") + " --local 2>&1").c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  EXPECT_EQ(pclose(p), 0) << out;
+  testing::ShellResult run = testing::Shell(std::string(RESHARD_BINARY) + " run " + dir.File("relay.rsplan") + " --local");
+  EXPECT_EQ(run.exit_code, 0) << run.out;
 }
 
 }  // namespace

@@ -31,6 +31,16 @@ constexpr size_t kTreeFanout = 1;           // domains each entry GPU forwards a
 constexpr double kFill = 0.9;               // staging share the pace of rounds plans for
 uint64_t AlignUp(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
+// A pack or unpack step of `bytes` at byte `staging` of the rank's staging.
+Step StagedStep(StepKind kind, Dtype wire, uint64_t staging, uint64_t bytes) {
+  Step s;
+  s.kind = kind;
+  s.wire = wire;
+  s.staging = staging;
+  s.bytes = bytes;
+  return s;
+}
+
 bool RegionFits(const StridedRegion& r) {
   if (r.ndim > 4) return false;
   for (int k = 0; k < r.ndim; ++k)
@@ -169,6 +179,8 @@ class Router {
   }
   // Bytes a rank has committed to a round (staged or sent straight from buffers).
   uint64_t& Used(uint32_t rank, size_t round) { return At(used_[rank], round); }
+  // The largest staged piece: half a round's arena, so pieces pack into rounds.
+  uint64_t PieceCap() const { return cap_ / 2; }
   // Bump allocation in the round's staging arena.
   uint64_t Alloc(uint32_t rank, size_t round, uint64_t bytes) {
     uint64_t& bump = At(arena_[rank], round);
@@ -202,7 +214,6 @@ class Router {
   std::vector<QuantPiece> qpieces_;           // DPiece::quant indexes these
   PlanIR ir_;
   uint64_t cap_ = 0;                          // arena size
-  uint64_t piece_cap_ = 0;                    // largest staged piece
   std::vector<uint64_t> send_load_;           // bytes each global rank sends
   std::vector<uint64_t> entry_load_;          // bytes entering each rank's domain through it (exchange)
   std::vector<Hop> hop_pool_;                 // delivery trees of exchanged pieces
@@ -233,9 +244,6 @@ struct Hop {
   uint32_t rank;
   int32_t parent;
   uint32_t level;
-  bool operator==(const Hop& o) const {
-    return rank == o.rank && parent == o.parent && level == o.level && to.rank == o.to.rank && to.index == o.to.index;
-  }
 };
 
 struct DPiece {
@@ -265,7 +273,7 @@ void Router::AddPieces(int t, const Cell& cell, const Box& piece, const Fragment
   const uint32_t hop_begin = static_cast<uint32_t>(hop_pool_.size());
   hop_pool_.insert(hop_pool_.end(), hops.begin(), hops.end());
   if (quant_.Quantized(t)) {  // whole scale blocks: quant_route.h
-    for (const QuantPiece& q : quant_.Pieces(t, sf, cell.box, df, piece, piece_cap_)) {
+    for (const QuantPiece& q : quant_.Pieces(t, sf, cell.box, df, piece, PieceCap())) {
       send_load_[a] += q.bytes;
       DPiece p{t, q.need, sf, df, a, b, q.bytes, true};
       p.hop_begin = hop_begin;
@@ -281,7 +289,7 @@ void Router::AddPieces(int t, const Cell& cell, const Box& piece, const Fragment
   // contiguous on both sides needs no staging: only the 4 GiB step limit.
   StridedRegion whole_s = SrcRegion(sf, piece), whole_d = DstRegion(df, piece);
   bool contiguous = !relayed && whole_s.contiguous() && whole_d.contiguous();
-  uint64_t max_bytes = contiguous ? (uint64_t{1} << 31) : piece_cap_;
+  uint64_t max_bytes = contiguous ? (uint64_t{1} << 31) : PieceCap();
   std::vector<Box> work = SplitBox(piece, std::max<int64_t>(1, static_cast<int64_t>(max_bytes / esize)));
   std::reverse(work.begin(), work.end());
   while (!work.empty()) {
@@ -735,11 +743,7 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
             quant_.EmitUnpack(p.tensor, qpieces_[p.quant], hop_pool_[p.hop_begin + parts[w].h].to, G, round, off);
             continue;
           }
-          Step up;
-          up.kind = StepKind::unpack;
-          up.wire = model_.tensors[p.tensor].dtype;
-          up.staging = off;
-          up.bytes = p.bytes;
+          Step up = StagedStep(StepKind::unpack, model_.tensors[p.tensor].dtype, off, p.bytes);
           up.dst = G.AddRegion(DstRegion(hop_pool_[p.hop_begin + parts[w].h].to, p.box));
           G.round(round).unpack.push_back(up);
         }
@@ -793,18 +797,10 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
           quant_.EmitUnpack(p.tensor, qpieces_[p.quant], p.d, B, p.round, ob + pos);
         } else {
           Dtype w = model_.tensors[p.tensor].dtype;
-          Step pk;
-          pk.kind = StepKind::pack;
-          pk.wire = w;
-          pk.staging = oa + pos;
-          pk.bytes = p.bytes;
+          Step pk = StagedStep(StepKind::pack, w, oa + pos, p.bytes);
           pk.src = A.AddRegion(SrcRegion(p.s, p.box));
           A.round(p.round).local.push_back(pk);
-          Step up;
-          up.kind = StepKind::unpack;
-          up.wire = w;
-          up.staging = ob + pos;
-          up.bytes = p.bytes;
+          Step up = StagedStep(StepKind::unpack, w, ob + pos, p.bytes);
           up.dst = B.AddRegion(DstRegion(p.d, p.box));
           B.round(p.round).unpack.push_back(up);
         }
@@ -956,11 +952,7 @@ void Router::Gather() {
           uint64_t bytes = s.box.volume() * esize;
           if (sender[i] < 0) {
             const FragmentRef& rep = s.cell->replicas[-1 - sender[i]];
-            Step pk;
-            pk.kind = StepKind::pack;
-            pk.wire = w;
-            pk.staging = img + s.slot;
-            pk.bytes = bytes;
+            Step pk = StagedStep(StepKind::pack, w, img + s.slot, bytes);
             pk.src = O.AddRegion(SrcRegion(rep, s.box));
             O.round(t1).local.push_back(pk);
             continue;
@@ -971,11 +963,7 @@ void Router::Gather() {
           Used(a, t0) += AlignUp(bytes);
           uint64_t off = Alloc(a, t0, bytes);
           RankProgram& A = ir_.ranks[a];
-          Step pk;
-          pk.kind = StepKind::pack;
-          pk.wire = w;
-          pk.staging = off;
-          pk.bytes = bytes;
+          Step pk = StagedStep(StepKind::pack, w, off, bytes);
           pk.src = A.AddRegion(SrcRegion(rep, s.box));
           A.round(t0).local.push_back(pk);
           Step snd, rcv;
@@ -1005,11 +993,7 @@ void Router::Gather() {
                   for (const Box& y : SliceOuter(x)) work.push_back(y);
                   continue;
                 }
-                Step up;
-                up.kind = StepKind::unpack;
-                up.wire = w;
-                up.bytes = x.volume() * esize;
-                up.staging = base + s.slot;
+                Step up = StagedStep(StepKind::unpack, w, base + s.slot, x.volume() * esize);
                 up.src = P.AddRegion(sr);
                 up.dst = P.AddRegion(dr);
                 P.round(round).unpack.push_back(up);
@@ -1106,7 +1090,6 @@ PlanIR Router::Run() {
   entry_load_.assign(total, 0);
   relay_load_.assign(total, 0);
   odd_base_.assign(total, cap_);
-  piece_cap_ = cap_ / 2;
   used_.assign(total, {});
   arena_.assign(total, {});
   if (opt_.strategy == "direct") Direct();

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 
+#include "compiler/box.h"
 #include "runtime/error.h"
 #include "sim/workload.h"
 
@@ -18,27 +19,11 @@ namespace {
 
 constexpr int kDims = 6;
 
+// A fragment of a rank: its logical box (compiler/box.h) and where it sits.
 struct Piece {
   uint32_t domain, rank;
-  uint8_t ndim;
-  std::array<uint32_t, kDims> lo, hi;
+  Box box;
 };
-
-uint64_t Volume(const Piece& p) {
-  uint64_t v = 1;
-  for (int d = 0; d < p.ndim; ++d) v *= p.hi[d] - p.lo[d];
-  return v;
-}
-
-uint64_t Overlap(const Piece& a, const Piece& b) {
-  uint64_t v = 1;
-  for (int d = 0; d < a.ndim; ++d) {
-    const uint32_t lo = std::max(a.lo[d], b.lo[d]), hi = std::min(a.hi[d], b.hi[d]);
-    if (hi <= lo) return 0;
-    v *= hi - lo;
-  }
-  return v;
-}
 
 // The sources and needs of one tensor on a grid of cells cut at every box edge:
 // each cell is held or needed whole by any rank, so per-cell domain sets give
@@ -46,9 +31,9 @@ uint64_t Overlap(const Piece& a, const Piece& b) {
 class Grid {
  public:
   explicit Grid(const std::vector<Piece>& all) {
-    ndim_ = all.empty() ? 0 : all[0].ndim;
+    ndim_ = all.empty() ? 0 : all[0].box.ndim;
     for (int d = 0; d < ndim_; ++d) {
-      for (const Piece& p : all) cuts_[d].push_back(p.lo[d]), cuts_[d].push_back(p.hi[d]);
+      for (const Piece& p : all) cuts_[d].push_back(p.box.lo[d]), cuts_[d].push_back(p.box.hi[d]);
       std::sort(cuts_[d].begin(), cuts_[d].end());
       cuts_[d].erase(std::unique(cuts_[d].begin(), cuts_[d].end()), cuts_[d].end());
     }
@@ -73,8 +58,8 @@ class Grid {
   void ForEach(const Piece& p, F&& f) const {
     std::array<uint64_t, kDims> b{}, e{};
     for (int d = 0; d < ndim_; ++d) {
-      b[d] = std::lower_bound(cuts_[d].begin(), cuts_[d].end(), p.lo[d]) - cuts_[d].begin();
-      e[d] = std::lower_bound(cuts_[d].begin(), cuts_[d].end(), p.hi[d]) - cuts_[d].begin();
+      b[d] = std::lower_bound(cuts_[d].begin(), cuts_[d].end(), p.box.lo[d]) - cuts_[d].begin();
+      e[d] = std::lower_bound(cuts_[d].begin(), cuts_[d].end(), p.box.hi[d]) - cuts_[d].begin();
       if (e[d] <= b[d]) return;
     }
     Walk(0, 0, b, e, f);
@@ -88,7 +73,7 @@ class Grid {
     for (uint64_t i = b[d]; i < e[d]; ++i) Walk(d + 1, base + i * stride_[d], b, e, f);
   }
   int ndim_ = 0;
-  std::array<std::vector<uint32_t>, kDims> cuts_;
+  std::array<std::vector<int64_t>, kDims> cuts_;
   std::array<uint64_t, kDims> stride_{};
   uint64_t cells_ = 1;
 };
@@ -126,8 +111,9 @@ LowerBound ComputeLowerBound(const Plan& plan, const ClusterSpec& cluster) {
     if (!prog.fragments()) continue;
     for (const fb::Fragment* f : *prog.fragments()) {
       if (f->tensor() >= ntensors) continue;  // program(g) has checked it; defensive
-      Piece p{g / gpd, g, f->ndim(), {}, {}};
-      for (int d = 0; d < f->ndim() && d < kDims; ++d) p.lo[d] = f->lo()->Get(d), p.hi[d] = f->hi()->Get(d);
+      std::vector<int64_t> lo(f->lo()->begin(), f->lo()->begin() + std::min<int>(f->ndim(), kDims));
+      std::vector<int64_t> hi(f->hi()->begin(), f->hi()->begin() + std::min<int>(f->ndim(), kDims));
+      Piece p{g / gpd, g, Box::FromVectors(lo, hi)};
       (f->role() == 0 ? held : needed)[f->tensor()].push_back(p);
       // What a destination stores is the least that must reach it: FP8 weights
       // need one byte per element (their scales are tensors of their own).
@@ -166,9 +152,9 @@ LowerBound ComputeLowerBound(const Plan& plan, const ClusterSpec& cluster) {
     // What each GPU needs and does not hold itself (a rank's own pieces of a
     // tensor never overlap each other).
     for (const Piece& p : needed[t]) {
-      uint64_t v = Volume(p);
+      uint64_t v = p.box.volume();
       for (const Piece& h : held[t])
-        if (h.rank == p.rank) v -= std::min(v, Overlap(p, h));
+        if (h.rank == p.rank) v -= std::min<uint64_t>(v, p.box.intersect(h.box).volume());
       gpu_need[p.rank] += v * esize;
     }
   }

@@ -41,7 +41,7 @@ struct Shared {
   uint64_t comms = 0;
 };
 
-sg4::Mailbox* Box(uint32_t src, uint32_t dst, Path p) {
+sg4::Mailbox* MailboxOf(uint32_t src, uint32_t dst, Path p) {
   return sg4::Mailbox::by_name(std::to_string(src) + (p == Path::net ? ">" : "~") + std::to_string(dst));
 }
 
@@ -58,10 +58,10 @@ void Exchange(Shared& sh, uint32_t g, const RankRound& rr, Path p) {
   for (size_t i = 0; i < list.size(); ++i) {
     const Message& msg = list[i];
     if (msg.send) {
-      comms.push_back(Box(g, msg.peer, p)->put_async(&g_payload, msg.bytes));
+      comms.push_back(MailboxOf(g, msg.peer, p)->put_async(&g_payload, msg.bytes));
       bytes += msg.bytes;
     } else {
-      comms.push_back(Box(msg.peer, g, p)->get_async<void>(&sinks[i]));
+      comms.push_back(MailboxOf(msg.peer, g, p)->get_async<void>(&sinks[i]));
     }
   }
   sh.comms += comms.size();

@@ -2,7 +2,6 @@
 // known in closed form, run through the binary (SimGrid allows one engine per
 // process), and the lower bound checked against random valid plans.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cstdio>
 #include <fstream>
@@ -27,16 +26,11 @@ struct Result {
   std::string out, err;
 };
 
+// `reshard ARGS`: stdout (the JSON) and stderr (warnings, errors) apart.
 Result Reshard(const std::string& args, const TempDir& dir) {
-  Result r;
   const std::string err = dir.File("stderr");
-  FILE* p = popen((std::string(RESHARD_BINARY) + " " + args + " 2>" + err).c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  testing::ShellResult sh = testing::Shell("{ " + std::string(RESHARD_BINARY) + " " + args + " 2>" + err + "; }");
+  Result r{sh.exit_code, sh.out, ""};
   std::ifstream e(err);
   r.err.assign(std::istreambuf_iterator<char>(e), {});
   return r;
