@@ -144,7 +144,9 @@ TEST(ExchangeTest, RegionsNeededInSeveralDomainsAreRelayedBetweenThem) {
     for (const fb::Step* s : *plan.program(g).steps()) {
       if (s->kind() == fb::StepKind::send && s->channel() == fb::Channel::net) source_sent += s->bytes();
       if (s->kind() == fb::StepKind::forward && s->channel() == fb::Channel::net) relayed += s->bytes();
-      if (s->kind() == fb::StepKind::forward) EXPECT_GE(plan.program(g).dst_rank(), 0) << "only inference GPUs relay";
+      if (s->kind() == fb::StepKind::forward) {
+        EXPECT_GE(plan.program(g).dst_rank(), 0) << "only inference GPUs relay";
+      }
     }
   }
   EXPECT_GT(relayed, 0u);

@@ -39,6 +39,51 @@ TEST(Property, RandomLayoutsCompileAndValidate) {
   }
 }
 
+// FP8 inference layouts (MakeRandomQuantSpecs): blocks that shard edges cut,
+// blocks that several training ranks hold parts of (assembled at the
+// receiver), per-channel, per-tensor, MXFP8; the sender quantizing where it
+// holds whole blocks, or never (--requantize-on-receiver).
+TEST(Property, RandomQuantLayoutsCompileAndValidate) {
+  constexpr int kQuantCases = 300;
+  int failures = 0, assembled = 0;
+  for (int seed = 1; seed <= kQuantCases && failures < 5; ++seed) {
+    RandomSpecs s = MakeRandomQuantSpecs(seed);
+    for (bool on_sender : {true, false}) {
+      CompileOptions opt;
+      opt.staging_mb = 2;
+      opt.quantize_on_sender = on_sender;
+      std::vector<uint8_t> bytes;
+      PlanIR ir;
+      std::string err = testing::ErrorOf([&] {
+        CompileInputs in = ParseInputs(s.model, s.train, s.infer, s.cluster);
+        ir = BuildPlan(in, opt);
+        bytes = EmitPlan(in, ir);
+      });
+      const std::string what = "seed " + std::to_string(seed) + (on_sender ? "" : " --requantize-on-receiver");
+      if (!err.empty()) {
+        ADD_FAILURE() << what << ": " << err << "\nmodel " << s.model.dump() << "\ntrain " << s.train.dump()
+                      << "\ninfer " << s.infer.dump();
+        ++failures;
+        continue;
+      }
+      ValidateReport rep = ValidateBytes(bytes);
+      if (!rep.ok()) {
+        ADD_FAILURE() << what << ": " << rep.errors[0] << "\nmodel " << s.model.dump() << "\ntrain "
+                      << s.train.dump() << "\ninfer " << s.infer.dump() << "\ncluster " << s.cluster.dump();
+        ++failures;
+      }
+      // Parts of an assembled cover are unpacked into staging.
+      bool frames = false;
+      for (const RankProgram& p : ir.ranks)
+        for (const Round& r : p.rounds)
+          for (const Step& u : r.unpack) frames = frames || p.regions[u.dst].buffer == kStaging;
+      assembled += frames;
+    }
+  }
+  // The generator must reach the assembled path often enough to mean something.
+  EXPECT_GE(assembled, kQuantCases / 5);
+}
+
 TEST(Property, SameInputsGiveIdenticalBytes) {
   for (int seed : {3, 17, 99}) {
     RandomSpecs s = MakeRandomSpecs(seed);

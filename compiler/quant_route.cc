@@ -57,6 +57,26 @@ bool Fits(const StridedRegion& r) {
   return true;
 }
 
+// Cuts `n` in two along its outermost dim that can be cut - outer dims
+// anywhere, rows and cols at block edges - and pushes the halves onto `work`
+// (first half on top); false if `n` is one block.
+bool CutAtBlockEdge(const Box& n, const std::array<int64_t, 2>& block, std::vector<Box>& work) {
+  for (int d = 0; d < n.ndim; ++d) {
+    const int q = d - (n.ndim - 2);
+    const int64_t b = q < 0 ? 1 : block[q];
+    const int64_t first = (n.lo[d] / b + 1) * b, last = (n.hi[d] - 1) / b * b;  // block edges inside (lo, hi)
+    if (first >= n.hi[d]) continue;
+    const int64_t mid = std::clamp((n.lo[d] + n.hi[d]) / 2 / b * b, first, last);
+    Box x = n, y = n;
+    x.hi[d] = mid;
+    y.lo[d] = mid;
+    work.push_back(y);
+    work.push_back(x);
+    return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 QuantRouter::QuantRouter(const ModelSpec& model, const LayoutSpec& src_layout, const Expansion& src,
@@ -138,10 +158,8 @@ std::vector<QuantPiece> QuantRouter::Pieces(int t, const FragmentRef& sf, const 
     return p;
   };
   if (dst_q && !cell.contains(CoverOf(need, block, ts))) {
-    throw Error(dst_.layout->file + ": tensor " + Quote(ts.name) + ": inference rank " + std::to_string(df.rank) +
-                " quantizes blocks of " + std::to_string(block[0]) + "x" + std::to_string(block[1]) + " over " +
-                CoverOf(need, block, ts).str() + ", which no single training rank of " + src_.layout->file +
-                " holds (" + cell.str() + "); blocks split across training ranks are not supported yet");
+    throw Error("internal: tensor " + Quote(ts.name) + ": piece " + need.str() + " has blocks outside the cell " +
+                cell.str() + " (it must be assembled)");
   }
   std::vector<QuantPiece> out;
   std::vector<Box> work = {need};
@@ -155,22 +173,7 @@ std::vector<QuantPiece> QuantRouter::Pieces(int t, const FragmentRef& sf, const 
       out.push_back(p);
       continue;
     }
-    // Cut the outermost dim that can be cut: outer dims anywhere, rows and cols at block edges.
-    bool cut = false;
-    for (int d = 0; d < n.ndim && !cut; ++d) {
-      const int q = d - (n.ndim - 2);
-      const int64_t b = q < 0 ? 1 : block[q];
-      const int64_t first = (n.lo[d] / b + 1) * b, last = (n.hi[d] - 1) / b * b;  // block edges inside (lo, hi)
-      if (first >= n.hi[d]) continue;
-      const int64_t mid = std::clamp((n.lo[d] + n.hi[d]) / 2 / b * b, first, last);
-      Box x = n, y = n;
-      x.hi[d] = mid;
-      y.lo[d] = mid;
-      work.push_back(y);
-      work.push_back(x);
-      cut = true;
-    }
-    if (!cut) {
+    if (!CutAtBlockEdge(n, block, work)) {
       throw Error(dst_.layout->file + ": tensor " + Quote(ts.name) + ": the piece " + n.str() + " for inference rank " +
                   std::to_string(df.rank) + " is one block of " + std::to_string(block[0]) + "x" +
                   std::to_string(block[1]) + " and does not fit " + std::to_string(max_bytes) +
@@ -178,6 +181,77 @@ std::vector<QuantPiece> QuantRouter::Pieces(int t, const FragmentRef& sf, const 
     }
   }
   return out;
+}
+
+Box QuantRouter::Cover(int t, const Box& need) const {
+  return Scale(dst_, t) == nullptr ? need : CoverOf(need, Block(dst_, t), model_.tensors[t]);
+}
+
+std::vector<Box> QuantRouter::Groups(int t, const FragmentRef& df, const Box& need, uint64_t max_bytes) const {
+  const TensorSpec& ts = model_.tensors[t];
+  const uint64_t esize = DtypeBytes(ts.dtype);
+  const std::array<int64_t, 2> block = Block(dst_, t);
+  const Fragment& dfr = dst_.e->ranks[df.rank].fragments[df.index];
+  std::vector<Box> out, work = {need};
+  while (!work.empty()) {
+    Box n = work.back();
+    work.pop_back();
+    const Box cover = CoverOf(n, block, ts);
+    if (OuterModes(n) <= 1 && static_cast<uint64_t>(cover.volume()) * esize <= max_bytes &&
+        Fits(QuantForm(dfr.RegionOf(n))) && Fits(StagingImage(cover, cover, 0))) {
+      out.push_back(n);
+      continue;
+    }
+    if (!CutAtBlockEdge(n, block, work)) out.push_back(n);  // one block: the caller checks that it fits the staging
+  }
+  return out;
+}
+
+QuantPiece QuantRouter::Part(int t, const Box& part) const {
+  QuantPiece p;
+  p.need = p.read = part;
+  p.dequantize = Scale(src_, t) != nullptr;
+  p.bytes = static_cast<uint64_t>(part.volume()) * DtypeBytes(model_.tensors[t].dtype);
+  return p;
+}
+
+QuantPiece QuantRouter::Assembled(int t, const Box& need) const {
+  QuantPiece p;
+  p.need = need;
+  p.read = Cover(t, need);
+  p.quantize_receiver = true;
+  p.bytes = static_cast<uint64_t>(p.read.volume()) * DtypeBytes(model_.tensors[t].dtype);
+  return p;
+}
+
+void QuantRouter::EmitPartUnpack(int t, const Box& cover, const Box& part, RankProgram& B, size_t round,
+                                 uint64_t slot, uint64_t frame) const {
+  const Dtype wide = model_.tensors[t].dtype;
+  Step up;
+  up.kind = StepKind::unpack;
+  up.wire = wide;
+  up.staging = slot;
+  up.bytes = static_cast<uint64_t>(part.volume()) * DtypeBytes(wide);
+  up.dst = B.AddRegion(StagingImage(cover, part, frame / DtypeBytes(wide)).Coalesced());
+  B.round(round).unpack.push_back(up);
+}
+
+void QuantRouter::EmitPartCopy(int t, const Box& cover, const Box& part, const FragmentRef& sf, RankProgram& P,
+                               size_t round, uint64_t frame) const {
+  const Dtype wide = model_.tensors[t].dtype;
+  const Fragment& sfr = src_.e->ranks[sf.rank].fragments[sf.index];
+  Step s;
+  s.kind = StepKind::copy;
+  s.wire = wide;
+  s.bytes = static_cast<uint64_t>(part.volume()) * DtypeBytes(wide);
+  s.src = P.AddRegion(QuantForm(sfr.RegionOf(part)));
+  s.dst = P.AddRegion(StagingImage(cover, part, frame / DtypeBytes(wide)));
+  if (Scale(src_, t) != nullptr) {
+    QuantOpIR q = DequantOp(t, part);
+    q.scale = P.AddRegion(ScaleRegion(src_, sf.rank, t, BlocksOf(part, Block(src_, t)), 0));
+    s.quant = P.AddQuant(q);
+  }
+  P.round(round).local.push_back(s);
 }
 
 QuantOpIR QuantRouter::DequantOp(int t, const Box& read) const {

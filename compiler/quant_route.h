@@ -18,6 +18,15 @@
 // What a piece stages is the same for every needer of its box, so relays
 // forward it unchanged and each needer runs its own unpacks (EmitUnpack);
 // relay stripes are cut at block edges (Stripes).
+//
+// A block whose cover no single training rank holds (TP cutting per-channel
+// or per-tensor blocks, or shard edges inside 128x128 blocks) is assembled at
+// the receiver: the need is cut into groups of whole blocks (Groups); every
+// source cell the group's cover touches sends its part in the tensor's dtype,
+// all in one round; the receiver unpacks each part into its place in a
+// row-major image of the whole cover in its staging (the frame,
+// EmitPartUnpack/EmitPartCopy) and quantizes the frame once, after every part
+// has landed (EmitUnpack of Assembled()).
 #pragma once
 
 #include <cstdint>
@@ -50,10 +59,31 @@ class QuantRouter {
 
   /// The pieces that move `need` (inside source cell `cell`, held by `sf`) to
   /// `df`: block covers disjoint and inside the cell, at most `max_bytes`
-  /// each, regions within 4 modes. Throws reshard::Error when a block the
-  /// destination quantizes spans several source cells.
+  /// each, regions within 4 modes. The cover of `need` must lie in `cell`
+  /// (otherwise the need is assembled: Groups).
   std::vector<QuantPiece> Pieces(int t, const FragmentRef& sf, const Box& cell, const FragmentRef& df,
                                  const Box& need, uint64_t max_bytes) const;
+
+  /// The cover of `need` by the destination's blocks, clipped to the tensor (`need` when not quantized there).
+  Box Cover(int t, const Box& need) const;
+
+  /// The groups of an assembled need: `need` cut at block edges into boxes
+  /// whose cover is at most `max_bytes` in the tensor's dtype (one block may
+  /// exceed it: it cannot be cut) and whose regions fit the step format.
+  std::vector<Box> Groups(int t, const FragmentRef& df, const Box& need, uint64_t max_bytes) const;
+  /// What the sender of `part` (of an assembled cover) stages: its values in
+  /// the tensor's dtype, dequantized when its buffer is FP8. For EmitPack.
+  QuantPiece Part(int t, const Box& part) const;
+  /// The receiver's quantize of an assembled group `need` from its frame: for EmitUnpack.
+  QuantPiece Assembled(int t, const Box& need) const;
+  /// A received part, at byte `slot` of B's staging, unpacked into its place
+  /// in the frame of `cover` at byte `frame`.
+  void EmitPartUnpack(int t, const Box& cover, const Box& part, RankProgram& B, size_t round, uint64_t slot,
+                      uint64_t frame) const;
+  /// A part the receiver holds itself (colocated): copied from its buffer
+  /// (dequantized when FP8) into its place in the frame, before the round's messages.
+  void EmitPartCopy(int t, const Box& cover, const Box& part, const FragmentRef& sf, RankProgram& P, size_t round,
+                    uint64_t frame) const;
 
   /// Cuts `box` into at most `n` stripes of about equal size at block edges
   /// of the destination's grid (for relaying: a stripe's pieces are then the

@@ -210,6 +210,109 @@ TEST(QuantPieces, SplitOnlyAtBlockEdges) {
             "8x8 and does not fit 100 staging bytes; raise --staging-mb");
 }
 
+// Training TP2 over the columns of gate and up (6 of 12 each): a per-tensor
+// or per-channel block of gate_up lies on both training ranks.
+struct AssembleFixture {
+  explicit AssembleFixture(json quant, uint64_t staging_mb = 2, json model = Model()) {
+    json train = Train();
+    train["placements"] = json::parse(R"([{"match": "layers.{layer}.gate", "mesh": "dense", "tp": {"shard": 1}},
+                                          {"match": "layers.{layer}.up", "mesh": "dense", "tp": {"shard": 1}},
+                                          {"match": "*", "mesh": "dense"}])");
+    in = ParseInputs(model, train, Infer(quant), testing::TinyCluster());
+    CompileOptions opt;
+    opt.staging_mb = staging_mb;
+    error = ErrorOf([&] { ir = BuildPlan(in, opt); });
+  }
+  ValidateReport Validate() { return testing::ValidateBytes(EmitPlan(in, ir)); }
+  // The round of `rank`'s program that assembles a frame, and its unpack steps.
+  Round* FrameRound(uint32_t rank) {
+    for (Round& r : ir.ranks[rank].rounds)
+      for (const Step& u : r.unpack)
+        if (ir.ranks[rank].regions[u.dst].buffer == kStaging) return &r;
+    return nullptr;
+  }
+  CompileInputs in;
+  PlanIR ir;
+  std::string error;
+};
+
+TEST(QuantAssemble, BlocksOnSeveralTrainingRanksAreAssembledInOneRound) {
+  for (const char* scale : {"tensor", "channel"}) {
+    AssembleFixture f(json{{"format", "fp8_e4m3"}, {"scale", scale}});
+    ASSERT_EQ(f.error, "") << scale;
+    ValidateReport r = f.Validate();
+    EXPECT_TRUE(r.ok()) << scale << ": " << (r.errors.empty() ? "" : r.errors[0]);
+    // Inference rank 0 (global 2): per layer and tensor, the two column halves
+    // land in one frame, then one quantize reads the whole frame.
+    Round* round = f.FrameRound(2);
+    ASSERT_NE(round, nullptr) << scale;
+    int parts = 0, quantizes = 0;
+    for (const Step& u : round->unpack) {
+      if (f.ir.ranks[2].regions[u.dst].buffer == kStaging) ++parts;
+      if (u.quant >= 0) {
+        ++quantizes;
+        EXPECT_EQ(f.ir.ranks[2].regions[u.src].buffer, kStaging);
+      }
+    }
+    // gate and up, each assembled from 2 parts (both layers in one frame).
+    EXPECT_EQ(parts, 4) << scale;
+    EXPECT_EQ(quantizes, 2) << scale;
+    // Every part's unpack comes before the quantize that reads its frame.
+    bool seen_quantize = false;
+    for (const Step& u : round->unpack) {
+      if (u.quant >= 0) seen_quantize = true;
+      else EXPECT_FALSE(seen_quantize && f.ir.ranks[2].regions[u.dst].buffer == kStaging) << scale;
+    }
+  }
+}
+
+TEST(QuantAssemble, ValidateCatchesBrokenFrames) {
+  AssembleFixture f(json{{"format", "fp8_e4m3"}, {"scale", "tensor"}});
+  ASSERT_EQ(f.error, "");
+  ASSERT_TRUE(f.Validate().ok());
+  Round* round = f.FrameRound(2);
+  ASSERT_NE(round, nullptr);
+  auto first_part = [&] {
+    for (size_t i = 0; i < round->unpack.size(); ++i)
+      if (f.ir.ranks[2].regions[round->unpack[i].dst].buffer == kStaging) return i;
+    return round->unpack.size();
+  };
+  const std::vector<Step> good = round->unpack;
+  // A part never unpacked: its frame is incomplete when quantized.
+  round->unpack.erase(round->unpack.begin() + static_cast<long>(first_part()));
+  std::vector<std::string> errors = f.Validate().errors;
+  ASSERT_FALSE(errors.empty());
+  EXPECT_NE(errors[0].find("the rest of the block cover was never written"), std::string::npos) << errors[0];
+  // The quantize before the parts: the frame holds nothing yet.
+  round->unpack = good;
+  std::stable_partition(round->unpack.begin(), round->unpack.end(), [](const Step& u) { return u.quant >= 0; });
+  errors = f.Validate().errors;
+  ASSERT_FALSE(errors.empty());
+  EXPECT_NE(errors[0].find("holds no data"), std::string::npos) << errors[0];
+  // A part unpacked twice.
+  round->unpack = good;
+  round->unpack.insert(round->unpack.begin() + static_cast<long>(first_part()), good[first_part()]);
+  errors = f.Validate().errors;
+  ASSERT_FALSE(errors.empty());
+  EXPECT_NE(errors[0].find("overlap"), std::string::npos) << errors[0];
+}
+
+TEST(QuantAssemble, CoverLargerThanTheStagingBudgetIsRefused) {
+  // One per-tensor block of 2048 x 2048 bf16 (8 MiB): frame and parts need 16 MiB in one round.
+  json model = json::parse(R"({"format": "reshard.model/1", "name": "big", "dtype": "bf16", "dims": {"layer": 1},
+    "tensors": [{"name": "layers.{layer}.gate", "shape": [2048, 2048]},
+                {"name": "layers.{layer}.up", "shape": [2048, 2048]},
+                {"name": "layers.{layer}.down", "shape": [2048, 2048]}]})");
+  AssembleFixture f(json{{"format", "fp8_e4m3"}, {"scale", "tensor"}}, 8, model);
+  EXPECT_EQ(f.error, "infer.json: tensor 'layers.{layer}.gate': inference rank 0 quantizes [0:1, 0:1024, 0:2048] over "
+                     "blocks that 2 training cells share; assembling their cover [0:1, 0:2048, 0:2048] takes 16 MiB of "
+                     "staging in one round, more than the 4 MiB a round may use (half of --staging-mb 8); raise "
+                     "--staging-mb");
+  AssembleFixture roomy(json{{"format", "fp8_e4m3"}, {"scale", "tensor"}}, 64, model);
+  EXPECT_EQ(roomy.error, "");
+  EXPECT_TRUE(roomy.Validate().ok());
+}
+
 }  // namespace
 }  // namespace reshard
 

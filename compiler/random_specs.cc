@@ -224,7 +224,7 @@ RandomSpecs MakeRandomSpecs(uint64_t seed) {
     else f.stack = {"layer", "expert"}, f.shape = {rng.Pick(sizes), rng.Pick(sizes)};
     std::string base = "t" + std::to_string(i);
     f.name = "model";
-    for (const auto& s : f.stack) f.name += "." + s.substr(0, 1) + "{" + s + "}";
+    for (const auto& s : f.stack) f.name.append(".").append(s, 0, 1).append("{").append(s).append("}");
     f.name += "." + base;
     if (f.shape.size() == 2 && rng.Chance(35)) {
       f.group = group++;
@@ -260,6 +260,57 @@ RandomSpecs MakeRandomSpecs(uint64_t seed) {
                {"nic_gbps", 400}, {"nvlink_GBps", 450}};
   if (colocated && r.infer["ranks"].get<int64_t>() <= r.train["ranks"].get<int64_t>())
     r.cluster["placement"] = "colocated";
+  return r;
+}
+
+RandomSpecs MakeRandomQuantSpecs(uint64_t seed) {
+  RandomSpecs r = MakeRandomSpecs(seed);
+  Rng rng(seed ^ 0x51554E54ull);
+  std::map<std::string, size_t> ndim;  // model tensor -> dims of its shape (beyond stack dims)
+  for (const json& t : r.model["tensors"]) ndim[t["name"]] = t["shape"].size();
+  auto quant = [&](const std::string& name) {
+    json q = {{"scale_name", name + "_scale"}};
+    switch (rng.Int(0, 5)) {
+      case 0:
+        q["format"] = "mxfp8";
+        break;
+      case 1:
+        q["format"] = "fp8_e4m3", q["scale"] = "channel";
+        break;
+      case 2:
+      case 3:
+        q["format"] = "fp8_e4m3", q["scale"] = "tensor";
+        break;
+      default:
+        q["format"] = "fp8_e4m3", q["scale"] = "block";
+        q["block"] = {rng.Pick(std::vector<int64_t>{1, 2, 4, 8, 16}), rng.Pick(std::vector<int64_t>{2, 4, 8, 16, 32})};
+    }
+    return q;
+  };
+  // A quantized dim must be one piece per rank: no "blocks" or "cyclic" shards of the tensor's own dims.
+  auto eligible = [&](const std::string& name) {
+    if (ndim[name] != 2) return false;
+    for (const json& rule : r.infer["placements"]) {
+      if (rule["match"] != name && rule["match"] != "*") continue;
+      for (const auto& [axis, how] : rule.items())
+        if (how.is_object() && how.value("shard", json()).is_number() && (how.contains("blocks") || how.contains("cyclic")))
+          return false;
+      return true;
+    }
+    return true;
+  };
+  std::map<std::string, bool> ruled;
+  json& buffers = r.infer["buffers"];
+  for (json& b : buffers) {
+    bool two_d = true;
+    for (const json& part : b.value("parts", json::array({b.value("tensor", "")}))) {
+      ruled[part] = true;
+      two_d = two_d && eligible(part);
+    }
+    if (two_d && !b.contains("interleave") && !b.contains("shape") && rng.Chance(60)) b["quant"] = quant(b["name"]);
+  }
+  for (const auto& [name, n] : ndim)
+    if (!ruled[name] && eligible(name) && rng.Chance(60)) buffers.push_back({{"name", name}, {"tensor", name}, {"quant", quant(name)}});
   return r;
 }
 

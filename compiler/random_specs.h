@@ -17,4 +17,9 @@ struct RandomSpecs {
 /// Deterministic in `seed`.
 RandomSpecs MakeRandomSpecs(uint64_t seed);
 
+/// MakeRandomSpecs(seed) with FP8 inference buffers: some 2-d tensors (alone
+/// or fused by concat) quantized with block scales of random shape (cutting
+/// shards or not), per-channel or per-tensor scales, or MXFP8.
+RandomSpecs MakeRandomQuantSpecs(uint64_t seed);
+
 }  // namespace reshard

@@ -137,6 +137,19 @@ CellGrid BuildCells(const Expansion& src, int tensor, int nd) {
 struct DPiece;
 struct Hop;
 
+// Blocks the destination quantizes that several source cells share
+// (quant_route.h): the group `need` of one receiver, the cover its parts
+// make up in the frame, and the round they all arrive in.
+struct Assembly {
+  int tensor;
+  FragmentRef d;
+  Box need, cover;
+  uint32_t b;                        // receiver (global rank)
+  std::vector<uint32_t> parts;       // indexes of its DPieces
+  size_t round = 0;
+  uint64_t frame = ~uint64_t{0};     // its byte in b's staging, once emitted
+};
+
 class Router {
  public:
   Router(const ModelSpec& m, const ClusterSpec& c, const LayoutSpec& sl, const Expansion& s, const LayoutSpec& dl,
@@ -195,6 +208,10 @@ class Router {
 
   void AddPieces(int t, const Cell& cell, const Box& piece, const FragmentRef& df, const std::vector<Hop>& hops,
                  uint32_t salt, std::vector<DPiece>& pieces);
+  void Assemble(int t, const CellGrid& g, const FragmentRef& df, std::vector<DPiece>& pieces);
+  void PlaceAssemblies(std::vector<DPiece>& pieces);
+  template <typename Fn>
+  void ForCells(int t, const CellGrid& g, const FragmentRef& df, const Box& need, Fn fn) const;
   uint32_t HolderOf(const DPiece& p, int32_t hop) const;
   void Schedule(std::vector<DPiece>& pieces);
   bool SplitFront(std::vector<DPiece>& pieces, uint32_t idx, uint64_t avail, std::vector<uint32_t>& queue,
@@ -212,6 +229,7 @@ class Router {
   const RouteOptions& opt_;
   QuantRouter quant_;                         // quantized tensors' pieces and steps (quant_route.h)
   std::vector<QuantPiece> qpieces_;           // DPiece::quant indexes these
+  std::vector<Assembly> assemblies_;          // DPiece::assembly indexes these
   PlanIR ir_;
   uint64_t cap_ = 0;                          // arena size
   std::vector<uint64_t> send_load_;           // bytes each global rank sends
@@ -256,6 +274,7 @@ struct DPiece {
   size_t round = 0;
   uint32_t hop_begin = 0, hop_count = 0;  // its tree beyond b (hop_pool_)
   int32_t quant = -1;                     // a quantized tensor's piece: index into qpieces_
+  int32_t assembly = -1;                  // a part of an assembled cover: index into assemblies_
 };
 
 uint32_t Router::HolderOf(const DPiece& p, int32_t h) const {
@@ -313,6 +332,86 @@ void Router::AddPieces(int t, const Cell& cell, const Box& piece, const Fragment
   }
 }
 
+// Calls fn(cell index, cell ∩ need) for every source cell `need` (of
+// tensor t, for destination fragment df) touches; a part no source holds is an error.
+template <typename Fn>
+void Router::ForCells(int t, const CellGrid& g, const FragmentRef& df, const Box& need, Fn fn) const {
+  const int nd = need.ndim;
+  std::array<int64_t, kMaxDims> s0{}, s1{}, cur{};
+  for (int d = 0; d < nd; ++d) {
+    if (!g.Segs(d, need.lo[d], need.hi[d], s0[d], s1[d])) {
+      Box miss = need;  // the part of the need outside every source box
+      if (g.bp[d].empty() || need.hi[d] <= g.bp[d].front() || need.lo[d] >= g.bp[d].back()) {
+      } else if (need.lo[d] < g.bp[d].front()) {
+        miss.hi[d] = g.bp[d].front();
+      } else {
+        miss.lo[d] = g.bp[d].back();
+      }
+      NoSource(t, df.rank, miss);
+    }
+    cur[d] = s0[d];
+  }
+  while (true) {
+    auto it = g.index.find(g.Key(cur));
+    Box cellbox;
+    cellbox.ndim = nd;
+    for (int d = 0; d < nd; ++d) cellbox.lo[d] = g.bp[d][cur[d]], cellbox.hi[d] = g.bp[d][cur[d] + 1];
+    Box piece = cellbox.intersect(need);
+    if (it == g.index.end()) NoSource(t, df.rank, piece);
+    fn(it->second, piece);
+    int d = nd - 1;
+    while (d >= 0 && ++cur[d] == s1[d]) cur[d] = s0[d], --d;
+    if (d < 0) break;
+  }
+}
+
+// The need of `df` in groups of whole blocks (quant_route.h). A group whose
+// cover one cell holds is an ordinary piece; any other becomes an assembly:
+// one part per cell of its cover, each from a replica of that cell.
+void Router::Assemble(int t, const CellGrid& g, const FragmentRef& df, std::vector<DPiece>& pieces) {
+  const TensorSpec& ts = model_.tensors[t];
+  const uint64_t esize = DtypeBytes(ts.dtype);
+  const uint32_t b = DstGlobal(df.rank);
+  for (const Box& group : quant_.Groups(t, df, DstFrag(df).box, cap_ / 4)) {
+    const Box cover = quant_.Cover(t, group);
+    std::vector<std::pair<int, Box>> parts;
+    ForCells(t, g, df, cover, [&](int ci, const Box& part) { parts.push_back({ci, part}); });
+    if (parts.size() == 1) {
+      AddPieces(t, g.cells[parts[0].first], group, df, {}, df.rank, pieces);
+      continue;
+    }
+    Assembly as{t, df, group, cover, b, {}};
+    uint64_t need = AlignUp(static_cast<uint64_t>(cover.volume()) * esize);
+    const uint32_t id = static_cast<uint32_t>(assemblies_.size());
+    for (const auto& [ci, part] : parts) {
+      const Cell& cell = g.cells[ci];
+      const FragmentRef sf = cell.replicas[PickReplica(cell.replicas, df.rank)];
+      const uint32_t a = SrcGlobal(sf.rank);
+      DPiece p{t, part, sf, df, a, b, static_cast<uint64_t>(part.volume()) * esize, true};
+      const StridedRegion src = SrcFrag(sf).RegionOf(part).Coalesced();
+      if (!RegionFits(src)) {
+        throw Error(src_layout_.file + ": tensor '" + ts.name + "': training rank " + std::to_string(sf.rank) +
+                    " holds " + part.str() + " of a block cover other ranks share in a layout of more than 4 modes");
+      }
+      p.assembly = static_cast<int32_t>(id);
+      p.quant = static_cast<int32_t>(qpieces_.size());
+      qpieces_.push_back(quant_.Part(t, part));
+      if (a != b) need += AlignUp(p.bytes), send_load_[a] += p.bytes;
+      as.parts.push_back(static_cast<uint32_t>(pieces.size()));
+      pieces.push_back(p);
+    }
+    if (need > cap_) {
+      throw Error(dst_layout_.file + ": tensor '" + ts.name + "': inference rank " + std::to_string(df.rank) +
+                  " quantizes " + group.str() + " over blocks that " + std::to_string(parts.size()) +
+                  " training cells share; assembling their cover " + cover.str() + " takes " +
+                  std::to_string((need + (1 << 20) - 1) >> 20) + " MiB of staging in one round, more than the " +
+                  std::to_string(cap_ >> 20) + " MiB a round may use (half of --staging-mb " +
+                  std::to_string(opt_.staging_bytes >> 20) + "); raise --staging-mb");
+    }
+    assemblies_.push_back(std::move(as));
+  }
+}
+
 void Router::Direct() {
   std::vector<DPiece> pieces;
   const uint64_t stripe_min = 32ull << 20;
@@ -324,33 +423,16 @@ void Router::Direct() {
     // Per source cell: who needs which box of it.
     std::map<int, std::vector<std::pair<FragmentRef, Box>>> wants;
     for (const FragmentRef& df : dst_.by_tensor[t]) {
-      const Box& need = DstFrag(df).box;
-      std::array<int64_t, kMaxDims> s0{}, s1{}, cur{};
-      for (int d = 0; d < nd; ++d) {
-        if (!g.Segs(d, need.lo[d], need.hi[d], s0[d], s1[d])) {
-          Box miss = need;  // the part of the need outside every source box
-          if (g.bp[d].empty() || need.hi[d] <= g.bp[d].front() || need.lo[d] >= g.bp[d].back()) {
-          } else if (need.lo[d] < g.bp[d].front()) {
-            miss.hi[d] = g.bp[d].front();
-          } else {
-            miss.lo[d] = g.bp[d].back();
-          }
-          NoSource(t, df.rank, miss);
-        }
-        cur[d] = s0[d];
+      // A need whose blocks some source cell cuts is assembled at the receiver.
+      bool whole = true;
+      if (quant_.Quantized(t)) ForCells(t, g, df, DstFrag(df).box, [&](int ci, const Box& piece) {
+        whole = whole && g.cells[ci].box.contains(quant_.Cover(t, piece));
+      });
+      if (!whole) {
+        Assemble(t, g, df, pieces);
+        continue;
       }
-      while (true) {
-        auto it = g.index.find(g.Key(cur));
-        Box cellbox;
-        cellbox.ndim = nd;
-        for (int d = 0; d < nd; ++d) cellbox.lo[d] = g.bp[d][cur[d]], cellbox.hi[d] = g.bp[d][cur[d] + 1];
-        Box piece = cellbox.intersect(need);
-        if (it == g.index.end()) NoSource(t, df.rank, piece);
-        wants[it->second].push_back({df, piece});
-        int d = nd - 1;
-        while (d >= 0 && ++cur[d] == s1[d]) cur[d] = s0[d], --d;
-        if (d < 0) break;
-      }
+      ForCells(t, g, df, DstFrag(df).box, [&](int ci, const Box& piece) { wants[ci].push_back({df, piece}); });
     }
     for (auto& [ci, list] : wants) {
       const Cell& cell = g.cells[ci];
@@ -459,6 +541,7 @@ void Router::Direct() {
       }
     }
   }
+  PlaceAssemblies(pieces);
   Schedule(pieces);
   // The odd rounds' arena starts where the even rounds' largest need ends
   // (not at half the budget): a small plan stages only what it moves.
@@ -468,6 +551,35 @@ void Router::Direct() {
     odd_base_[g] = std::min(cap_, AlignUp(even));
   }
   EmitDirect(pieces);
+}
+
+// Every part of an assembly arrives in one round (its receiver quantizes the
+// frame in that round's unpacks): each assembly takes the first round in
+// which its receiver has staging for the frame and the parts it receives, and
+// every sender for the parts it sends. They are placed before the other
+// pieces, whose rounds then fill around them.
+void Router::PlaceAssemblies(std::vector<DPiece>& pieces) {
+  std::map<uint32_t, uint64_t> need;  // per global rank: staging the assembly takes
+  for (Assembly& as : assemblies_) {
+    need.clear();
+    need[as.b] += AlignUp(as.cover.volume() * DtypeBytes(model_.tensors[as.tensor].dtype));
+    for (uint32_t i : as.parts) {
+      const DPiece& p = pieces[i];
+      if (p.a == p.b) continue;
+      need[p.a] += AlignUp(p.bytes);
+      need[p.b] += AlignUp(p.bytes);
+    }
+    size_t r = 0;
+    auto fits = [&] {
+      for (const auto& [g, n] : need)
+        if (Used(g, r) + n > cap_) return false;
+      return true;
+    };
+    while (!fits()) ++r;  // ends: Assemble checked that every rank's need fits an empty round
+    for (const auto& [g, n] : need) Used(g, r) += n;
+    as.round = r;
+    for (uint32_t i : as.parts) pieces[i].round = r;
+  }
 }
 
 // Splits piece `idx` (queue[head]) so that its first part needs at most
@@ -551,6 +663,7 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
   std::vector<uint64_t> rem_out(n, 0), rem_in(n, 0);
   for (uint32_t i : order) {
     DPiece& p = pieces[i];
+    if (p.assembly >= 0) continue;  // placed by PlaceAssemblies
     if (p.a == p.b) {  // a local copy
       p.round = 0;
       continue;
@@ -570,10 +683,11 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
     }
   };
   for (const DPiece& p : pieces)
-    if (p.a != p.b) account(p, +1);
+    if (p.a != p.b && p.assembly < 0) account(p, +1);
   auto need_of = [](const DPiece& p) { return p.staged ? AlignUp(p.bytes) : p.bytes; };
   auto is_net = [&](uint32_t x, uint32_t y) { return ChannelOf(x, y) == Channel::net; };
   std::vector<uint64_t> held(n, 0), net_out(n, 0), net_in(n, 0);
+  for (const Assembly& as : assemblies_) held[as.b] += AlignUp(as.cover.volume() * DtypeBytes(model_.tensors[as.tensor].dtype));
   for (const DPiece& p : pieces) {
     if (p.a == p.b) continue;
     held[p.a] += need_of(p);
@@ -694,7 +808,23 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
   std::vector<std::vector<uint64_t>> at;
   uint32_t depth = 0;
   size_t batch_round = 0;
+  // An assembly's frame, allocated in its receiver's staging with its first part.
+  auto frame = [&](const DPiece& p) {
+    Assembly& as = assemblies_[p.assembly];
+    if (as.frame == ~uint64_t{0})
+      as.frame = Alloc(as.b, as.round, as.cover.volume() * DtypeBytes(model_.tensors[as.tensor].dtype));
+    return as.frame;
+  };
+  std::map<size_t, std::vector<uint32_t>> assembled;  // per round: its assemblies
+  for (uint32_t k = 0; k < assemblies_.size(); ++k) assembled[assemblies_[k].round].push_back(k);
   auto flush = [&] {
+    // The round's assemblies are complete once its messages and their unpacks are: quantize each frame.
+    if (auto it = assembled.find(batch_round); it != assembled.end()) {
+      for (uint32_t k : it->second) {
+        const Assembly& as = assemblies_[k];
+        quant_.EmitUnpack(as.tensor, quant_.Assembled(as.tensor, as.need), as.d, ir_.ranks[as.b], as.round, as.frame);
+      }
+    }
     for (uint32_t level = 1; level <= depth; ++level) {
       const size_t round = batch_round + level;
       struct Part {
@@ -767,6 +897,11 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
     if (first.a == first.b) {
       for (size_t k = i; k < j; ++k) {
         const DPiece& p = pieces[order[k]];
+        if (p.assembly >= 0) {
+          const Assembly& as = assemblies_[p.assembly];
+          quant_.EmitPartCopy(p.tensor, as.cover, p.box, p.s, A, p.round, frame(p));
+          continue;
+        }
         if (p.quant >= 0) {
           quant_.EmitCopy(p.tensor, qpieces_[p.quant], p.s, p.d, A, p.round);
           continue;
@@ -792,7 +927,10 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
       for (size_t k = i; k < j; ++k) {
         const DPiece& p = pieces[order[k]];
         if (!p.staged) continue;
-        if (p.quant >= 0) {
+        if (p.assembly >= 0) {
+          quant_.EmitPack(p.tensor, qpieces_[p.quant], p.s, A, p.round, oa + pos);
+          quant_.EmitPartUnpack(p.tensor, assemblies_[p.assembly].cover, p.box, B, p.round, ob + pos, frame(p));
+        } else if (p.quant >= 0) {
           quant_.EmitPack(p.tensor, qpieces_[p.quant], p.s, A, p.round, oa + pos);
           quant_.EmitUnpack(p.tensor, qpieces_[p.quant], p.d, B, p.round, ob + pos);
         } else {

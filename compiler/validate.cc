@@ -157,6 +157,14 @@ class Validator {
     std::vector<std::vector<Box>> written;                  // per role-1 fragment
     std::vector<std::vector<std::string>> written_by;
     Staging staging;
+    // Strided writes into staging this round (parts of a block cover being
+    // assembled): byte span, the region written, what it holds.
+    struct Scattered {
+      uint64_t lo, hi;
+      StridedRegion region;
+      Seg seg;
+    };
+    std::vector<Scattered> scattered;
     size_t round = 0;
     int phase = 0;  // 0 local, 1 comm, 2 unpack, 3 done
     size_t next_comm = 0;  // next comm step of the round still waiting
@@ -174,8 +182,9 @@ class Validator {
            std::to_string(step) + " (" + (k < 6 ? names[k] : "?") + ")";
   }
   std::string TensorName(int t) const {
-    return plan_.tensors() && t < static_cast<int>(plan_.tensors()->size()) ? plan_.tensors()->Get(t)->name()->str()
-                                                                            : "#" + std::to_string(t);
+    if (plan_.tensors() && t < static_cast<int>(plan_.tensors()->size())) return plan_.tensors()->Get(t)->name()->str();
+    std::string s = "#";
+    return s += std::to_string(t);
   }
   // Resolves a buffer region on `rank` through fragments of `role`.
   bool Resolve(uint32_t rank, int role, const StridedRegion& r, int& frag, Box& box) {
@@ -212,14 +221,35 @@ class Validator {
     out.box = b;
     return true;
   }
-  void Write(Staging& st, uint64_t off, const Seg& s) {
-    auto it = st.lower_bound(off);
+  // Staged data (packed or received) at byte `off`.
+  void Write(RankState& rs, uint64_t off, const Seg& s) {
+    std::erase_if(rs.scattered, [&](const RankState::Scattered& x) { return x.lo < off + s.bytes && off < x.hi; });
+    Erase(rs.staging, off, off + s.bytes);
+    rs.staging.emplace(off, s);
+  }
+  // A part of a block cover written into its frame by an unpack or copy
+  // (contiguous or not); ResolveFrame reads the parts back, in this round only.
+  void WritePart(RankState& rs, const StridedRegion& dst, const Seg& s) {
+    const StridedRegion c = dst.Coalesced();
+    const uint64_t w = WireSize(s.wire), lo = c.offset * w, hi = (c.offset + Span(c)) * w;
+    Erase(rs.staging, lo, hi);
+    rs.scattered.push_back({lo, hi, c, s});
+  }
+  // The elements from a staging region's first to its last, inclusive.
+  static uint64_t Span(const StridedRegion& r) {
+    if (r.elements() == 0) return 0;
+    uint64_t span = 1;
+    for (int k = 0; k < r.ndim; ++k) span += static_cast<uint64_t>(r.shape[k] - 1) * r.stride[k];
+    return span;
+  }
+  // Forgets the staged segments that overlap bytes [lo, hi).
+  void Erase(Staging& st, uint64_t lo, uint64_t hi) {
+    auto it = st.lower_bound(lo);
     if (it != st.begin()) {
       auto prev = std::prev(it);
-      if (prev->first + prev->second.bytes > off) it = prev;
+      if (prev->first + prev->second.bytes > lo) it = prev;
     }
-    while (it != st.end() && it->first < off + s.bytes) it = st.erase(it);
-    st.emplace(off, s);
+    while (it != st.end() && it->first < hi) it = st.erase(it);
   }
   void Written(uint32_t rank, int frag, const Box& box, const std::string& where) {
     states_[rank].written[frag].push_back(box);
@@ -287,11 +317,74 @@ class Validator {
     }
     return true;
   }
+  // A staging region that parts written this round make up (an assembled
+  // block cover): they must tile one box of one tensor, each in its place in
+  // the box's row-major image, which is the region. False with `why` set
+  // when parts lie there but do not make it up; false alone when none do.
+  bool ResolveFrame(uint32_t rank, const StridedRegion& r, fb::Dtype wire, Seg& out, std::string& why) {
+    const RankState& st = states_[rank];
+    const StridedRegion c = r.Coalesced();
+    const uint64_t w = WireSize(wire), lo = c.offset * w, hi = (c.offset + Span(c)) * w;
+    std::vector<const RankState::Scattered*> parts;
+    for (const RankState::Scattered& x : st.scattered) {
+      if (x.hi <= lo || x.lo >= hi) continue;
+      if (x.lo < lo || x.hi > hi) {
+        why = "a part written there (" + TensorName(x.seg.tensor) + " " + x.seg.box.str() + ") reaches beyond it";
+        return false;
+      }
+      parts.push_back(&x);
+    }
+    if (parts.empty()) return false;
+    const Seg& first = parts[0]->seg;
+    Box f = first.box;
+    int64_t volume = 0;
+    for (const RankState::Scattered* x : parts) {
+      const Seg& p = x->seg;
+      if (p.tensor != first.tensor || p.kind != SegKind::values || p.wire != wire || p.box.ndim != f.ndim) {
+        why = "the parts written there are not values of one tensor in " + std::string(DtypeString(static_cast<Dtype>(wire)));
+        return false;
+      }
+      for (int d = 0; d < f.ndim; ++d) f.lo[d] = std::min(f.lo[d], p.box.lo[d]), f.hi[d] = std::max(f.hi[d], p.box.hi[d]);
+      volume += p.box.volume();
+    }
+    for (size_t i = 0; i < parts.size(); ++i)
+      for (size_t j = i + 1; j < parts.size(); ++j)
+        if (parts[i]->seg.box.intersects(parts[j]->seg.box)) {
+          why = "the parts written there overlap at " + TensorName(first.tensor) + " " +
+                parts[i]->seg.box.intersect(parts[j]->seg.box).str();
+          return false;
+        }
+    if (volume < c.elements()) {
+      why = "parts of " + TensorName(first.tensor) + " fill " + std::to_string(volume) + " of its " +
+            std::to_string(c.elements()) + " elements; the rest of the block cover was never written";
+      return false;
+    }
+    if (volume != f.volume()) {
+      why = "the parts written there leave " + std::to_string(f.volume() - volume) + " elements of " +
+            TensorName(first.tensor) + " " + f.str() + " unwritten";
+      return false;
+    }
+    if (!SameRegion(RowMajorRegion(f, f, c.offset, kNoneIdx).Coalesced(), c)) {
+      why = "it is not the row-major image of " + TensorName(first.tensor) + " " + f.str() + ", which its parts make up";
+      return false;
+    }
+    for (const RankState::Scattered* x : parts) {
+      if (!SameRegion(RowMajorRegion(f, x->seg.box, c.offset, kNoneIdx).Coalesced(), x->region)) {
+        why = "the part " + TensorName(first.tensor) + " " + x->seg.box.str() + " was written at " + x->region.str() +
+              ", not at its place in the image of " + f.str();
+        return false;
+      }
+    }
+    out = Seg{static_cast<uint64_t>(f.volume()) * w, first.tensor, f, wire};
+    return true;
+  }
   // What a local step's src region (staging, or a source buffer) holds; false after reporting why not.
   bool ReadLocal(uint32_t rank, const StridedRegion& src, fb::Dtype wire, const std::string& where, Seg& out) {
     if (src.buffer == kNoneIdx) {
       if (ResolveStaging(rank, src, wire, out)) return true;
-      Error(where + ": staging region " + src.str() + " holds no data");
+      std::string why;
+      if (ResolveFrame(rank, src, wire, out, why)) return true;
+      Error(where + ": staging region " + src.str() + (why.empty() ? " holds no data" : ": " + why));
       return false;
     }
     int frag;
@@ -385,7 +478,7 @@ void Validator::Quant(uint32_t rank, size_t i, const fb::QuantOp& op) {
   if (quantize) {
     if (scale.buffer == kNoneIdx) {
       if (!scale.Coalesced().contiguous()) Error(where + ": scale region " + scale.str() + " is not contiguous in staging");
-      else Write(st.staging, scale.offset * WireSize(op.scale_dtype()), scales);
+      else Write(st, scale.offset * WireSize(op.scale_dtype()), scales);
     } else {
       Land(rank, scale, scales, where);
     }
@@ -406,12 +499,14 @@ void Validator::Quant(uint32_t rank, size_t i, const fb::QuantOp& op) {
     }
   }
   // The converted values.
-  if (dst.buffer == kNoneIdx) {
+  if (dst.buffer == kNoneIdx && s->kind() != fb::StepKind::pack) {
+    WritePart(st, dst, out);  // a dequantized part of a block cover, into its frame
+  } else if (dst.buffer == kNoneIdx) {
     if (!dst.Coalesced().contiguous()) {
       Error(where + ": staging region " + dst.str() + " is not contiguous");
       return;
     }
-    Write(st.staging, dst.offset * WireSize(out.wire), out);
+    Write(st, dst.offset * WireSize(out.wire), out);
   } else {
     Land(rank, dst, out, where);
   }
@@ -432,13 +527,14 @@ void Validator::Local(uint32_t rank, size_t i) {
     }
     uint64_t bytes = static_cast<uint64_t>(box.volume()) * WireSize(s->wire());
     if (bytes != s->bytes()) Error(where + ": packs " + std::to_string(bytes) + " bytes, the step says " + std::to_string(s->bytes()));
-    Write(st.staging, s->staging(), SourceSeg(rank, frag, r.buffer, box, s->wire()));
+    Write(st, s->staging(), SourceSeg(rank, frag, r.buffer, box, s->wire()));
   } else if (s->kind() == fb::StepKind::copy) {
     StridedRegion src = ToRegion(*st.p->regions()->Get(s->src()));
     StridedRegion dst = ToRegion(*st.p->regions()->Get(s->dst()));
     Seg what;
     if (!ReadLocal(rank, src, s->wire(), where, what)) return;
-    Land(rank, dst, what, where);
+    if (dst.buffer == kNoneIdx) WritePart(st, dst, what);
+    else Land(rank, dst, what, where);
   }
 }
 
@@ -494,7 +590,7 @@ bool Validator::TryRecv(uint32_t rank, size_t i) {
     }
     Land(rank, r, m.segs[0].second, where);
   } else {
-    for (auto& [rel, seg] : m.segs) Write(st.staging, s->staging() + rel, seg);
+    for (auto& [rel, seg] : m.segs) Write(st, s->staging() + rel, seg);
   }
   return true;
 }
@@ -519,7 +615,9 @@ void Validator::Unpack(uint32_t rank, size_t i) {
           " does not hold a whole box of one tensor (nothing was received or packed there)");
     return;
   }
-  Land(rank, ToRegion(*st.p->regions()->Get(s->dst())), what, where);
+  const StridedRegion dst = ToRegion(*st.p->regions()->Get(s->dst()));
+  if (dst.buffer == kNoneIdx) WritePart(st, dst, what);  // a part of a block cover, into its frame
+  else Land(rank, dst, what, where);
 }
 
 void Validator::Coverage() {
@@ -674,6 +772,7 @@ ValidateReport Validator::Run() {
         if (st.phase == 2) {
           for (size_t i = b; i < e; ++i)
             if (kind(i) == fb::StepKind::unpack) local(i);
+          st.scattered.clear();  // frames live within their round
           ++st.round;
           st.phase = 0;
           progress = true;

@@ -468,7 +468,8 @@ void Plan::Impl::CheckProgram(uint32_t rank, const fb::Program& p) const {
         check_range(sat, s.staging(), s.bytes());
         break;
       case fb::StepKind::unpack: {
-        const fb::Region& d = check_region(sat, s.dst(), "dst", s.wire(), true, false);
+        // Into a buffer, or into staging (a part of a block cover assembled there before it is quantized).
+        const fb::Region& d = check_region(sat, s.dst(), "dst", s.wire(), true, true);
         check_convert(sat, s.wire(), dtype_of(d, s.wire()));
         if (s.src() == kNone) {
           check_bytes(sat, d, "dst", s.bytes(), s.wire());

@@ -155,16 +155,67 @@ Result CompileOnly(const json& train, const json& infer, const std::string& flag
   return c;
 }
 
-TEST(QuantE2eTest, BlocksSplitAcrossTrainingRanksAreRefused) {
-  // Training TP2 splits o_proj's columns at 32: a 64x64 block lies on two training ranks.
+// Blocks that several training ranks hold parts of are assembled at the
+// receiver: training TP2 cuts o_proj's and down_proj's columns, so the one
+// per-tensor block of o_proj and every per-channel row of down_proj come in
+// parts from two ranks (of each stage), land in one round, and are quantized once.
+TEST(QuantE2eTest, BlocksSplitAcrossTrainingRanksAreAssembled) {
+  const json train = Load("tiny-dense/train.json");
   json infer = Load("tiny-dense/infer.json");
   Quantize(infer, "model.layers.{layer}.self_attn.o_proj.weight",
            Quant("model.layers.{layer}.self_attn.o_proj.weight_scale", "fp8_e4m3", "tensor"));
-  Result c = CompileOnly(Load("tiny-dense/train.json"), infer);
-  EXPECT_EQ(c.exit_code, 2) << c.out;
-  EXPECT_EQ(c.out, "reshard: error: infer.json: tensor 'model.layers.{layer}.self_attn.o_proj.weight': inference rank "
-                   "0 quantizes blocks of 64x64 over [0:1, 0:64, 0:64], which no single training rank of train.json "
-                   "holds ([0:1, 0:64, 0:32]); blocks split across training ranks are not supported yet\n");
+  Quantize(infer, "model.layers.{layer}.mlp.down_proj.weight",
+           Quant("model.layers.{layer}.mlp.down_proj.weight_scale", "fp8_e4m3", "channel"));
+  const json bf16 = CompileValidateRun(train, Load("tiny-dense/infer.json"));
+  for (const char* flags : {"", "--requantize-on-receiver"}) {
+    const json out = CompileValidateRun(train, infer, flags);
+    // Every rank checks its values plus its scales: 4 layers x (1 of o_proj + 64 rows of down_proj) x 4 ranks.
+    EXPECT_EQ(out.value("checked", 0), bf16.value("checked", 0) + 4 * (1 + 64) * 4) << flags;
+    // Inference TP4 cuts the columns of both (row-parallel): each receiver
+    // takes the whole cover in BF16 - all of o_proj (its one block) and all
+    // of down_proj (every row is a block) - instead of its quarter: 3 more
+    // quarters each, per receiver and layer.
+    const int64_t o_proj = 64 * 16 * 2, down_proj = 64 * 32 * 2;
+    EXPECT_EQ(out.value("bytes", 0), bf16.value("bytes", 0) + 4 * 4 * 3 * (o_proj + down_proj)) << flags;
+  }
+}
+
+// Training shards gate/up at row 64 of 128; blocks of 48 rows put rows 48:96
+// on both training ranks (assembled) while rows 0:48 and 96:128 are whole on
+// one (the sender quantizes those). MXFP8 (1x32 blocks) on o_proj, whose
+// columns training cuts unevenly at 48: the blocks 32:64 are assembled.
+TEST(QuantE2eTest, ShardEdgesInsideBlocksMixAssembledAndSenderQuantized) {
+  json train = Load("tiny-dense/train.json");
+  train["placements"][1]["tp"]["sizes"] = {48, 16};
+  json infer = Load("tiny-dense/infer.json");
+  Quantize(infer, kGateUp, Quant(kGateUpScale, "fp8_e4m3", "block", {48, 32}));
+  Quantize(infer, "model.layers.{layer}.self_attn.o_proj.weight",
+           Quant("model.layers.{layer}.self_attn.o_proj.weight_scale", "mxfp8"));
+  const json sender = CompileValidateRun(train, infer);
+  const json receiver = CompileValidateRun(train, infer, "--requantize-on-receiver");
+  EXPECT_EQ(sender.value("checked", 0), receiver.value("checked", 0));
+  // The sender quantizes the whole blocks: fewer bytes than the receiver path.
+  EXPECT_LT(sender.value("bytes", 0), receiver.value("bytes", 0));
+}
+
+// FP8 on the training side too: each part is dequantized by its sender; and
+// colocated, where the receiver's own part is copied (dequantized) into the
+// frame before the other parts arrive.
+TEST(QuantE2eTest, AssembledBlocksFromFp8SourcesAndColocatedParts) {
+  json train = Load("tiny-dense/train.json");
+  Quantize(train, "decoder.layers.{layer.local}.self_attention.linear_proj.weight",
+           Quant("decoder.layers.{layer.local}.self_attention.linear_proj.weight_scale_inv", "fp8_e4m3", "block",
+                 {32, 32}));
+  json infer = Load("tiny-dense/infer.json");
+  Quantize(infer, "model.layers.{layer}.self_attn.o_proj.weight",
+           Quant("model.layers.{layer}.self_attn.o_proj.weight_scale", "fp8_e4m3", "channel"));
+  const json disjoint = CompileValidateRun(train, infer);
+  EXPECT_EQ(disjoint.value("ok", false), true);
+  json cluster = Load("clusters/dgx-h100.json");
+  cluster["placement"] = "colocated";
+  const json colocated = CompileValidateRun(train, infer, "", cluster);
+  EXPECT_EQ(colocated.value("ok", false), true);
+  EXPECT_EQ(colocated.value("checked", 0), disjoint.value("checked", 0));
 }
 
 // vLLM's stacked experts (w13_weight[E_local, 2I, H], the expert dim kept as a

@@ -20,6 +20,7 @@ namespace reshard {
 namespace {
 
 constexpr int kSeeds = 50;
+constexpr int kQuantSeeds = 100;
 // `reshard run` processes in flight at once (each forks one process per rank).
 constexpr size_t kParallel = 2;
 
@@ -58,31 +59,23 @@ void Finish(Case& c) {
   c.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-TEST(RandomE2eTest, RandomLayoutsRunWithEveryElementRight) {
-  testing::TempDir dir;
-  std::vector<Case> cases;
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int seed = 1; seed <= kSeeds; ++seed) {
-    RandomSpecs s = MakeRandomSpecs(static_cast<uint64_t>(seed));
-    for (const char* strategy : {"direct", "gather"}) {
-      Case c;
-      c.seed = seed;
-      c.strategy = strategy;
-      c.plan = dir.File("seed" + std::to_string(seed) + "-" + strategy + ".rsplan");
-      try {
-        CompileInputs in = ParseInputs(s.model, s.train, s.infer, s.cluster);
-        PlanIR ir = BuildPlan(in, CompileOptions{strategy, 2});
-        std::vector<uint8_t> bytes = EmitPlan(in, ir);
-        testing::WriteFile(c.plan, bytes);
-        c.ranks = static_cast<uint32_t>(ir.ranks.size());
-      } catch (const std::exception& e) {
-        c.error = e.what();
-      }
-      cases.push_back(std::move(c));
-    }
+// Compiles `c` from `s` with `opt` into a plan file in `dir`; a compile error is kept in c.error.
+void CompileCase(const RandomSpecs& s, const CompileOptions& opt, testing::TempDir& dir, Case& c) {
+  c.plan = dir.File("seed" + std::to_string(c.seed) + "-" + c.strategy + ".rsplan");
+  try {
+    CompileInputs in = ParseInputs(s.model, s.train, s.infer, s.cluster);
+    PlanIR ir = BuildPlan(in, opt);
+    std::vector<uint8_t> bytes = EmitPlan(in, ir);
+    testing::WriteFile(c.plan, bytes);
+    c.ranks = static_cast<uint32_t>(ir.ranks.size());
+  } catch (const std::exception& e) {
+    c.error = e.what();
   }
-  const double compile_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
+// Runs every compiled case with `reshard run --local` and checks that each
+// finished with every destination element right.
+void RunCases(std::vector<Case>& cases, double compile_s) {
   // Run the cases, kParallel at a time, largest first so that the tail is short.
   std::vector<size_t> order;
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -142,9 +135,47 @@ TEST(RandomE2eTest, RandomLayoutsRunWithEveryElementRight) {
     }
   }
   EXPECT_EQ(failures, 0);
-  std::printf("%zu plans from %d seeds: compiled in %.1f s, run in %.1f s, %llu destination elements checked, "
+  std::printf("%zu plans: compiled in %.1f s, run in %.1f s, %llu destination elements checked, "
               "%d rerun after a transport crash\n",
-              cases.size(), kSeeds, compile_s, run_s, static_cast<unsigned long long>(checked), retried);
+              cases.size(), compile_s, run_s, static_cast<unsigned long long>(checked), retried);
+}
+
+
+TEST(RandomE2eTest, RandomLayoutsRunWithEveryElementRight) {
+  testing::TempDir dir;
+  std::vector<Case> cases;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int seed = 1; seed <= kSeeds; ++seed) {
+    RandomSpecs s = MakeRandomSpecs(static_cast<uint64_t>(seed));
+    for (const char* strategy : {"direct", "gather"}) {
+      Case c;
+      c.seed = seed;
+      c.strategy = strategy;
+      CompileCase(s, CompileOptions{strategy, 2}, dir, c);
+      cases.push_back(std::move(c));
+    }
+  }
+  RunCases(cases, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+// FP8 inference layouts (MakeRandomQuantSpecs): `run --local` compares every
+// FP8 value and every scale with the reference quantization of the source,
+// whether the sender quantized, the receiver did, or the receiver assembled
+// blocks that several training ranks hold parts of.
+TEST(RandomE2eTest, RandomQuantLayoutsRunWithEveryValueAndScaleRight) {
+  testing::TempDir dir;
+  std::vector<Case> cases;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int seed = 1; seed <= kQuantSeeds; ++seed) {
+    Case c;
+    c.seed = seed;
+    CompileOptions opt{"direct", 2};
+    opt.quantize_on_sender = seed % 2 == 1;
+    c.strategy = opt.quantize_on_sender ? "direct-quant" : "direct-quant-on-receiver";
+    CompileCase(MakeRandomQuantSpecs(static_cast<uint64_t>(seed)), opt, dir, c);
+    cases.push_back(std::move(c));
+  }
+  RunCases(cases, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
 }  // namespace
