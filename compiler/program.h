@@ -28,7 +28,7 @@ struct Step {
   int32_t quant = -1;  // index into RankProgram::quant_ops: the step converts block-scaled FP8
 };
 
-enum class QuantKind : uint8_t { dequantize = 0, quantize = 1 };
+enum class QuantKind : uint8_t { dequantize = 0, quantize = 1, amax = 2, scale_from_amax = 3, quantize_scaled = 4 };
 
 /// A block-scaled conversion of one pack, unpack or copy step (QuantOp in
 /// schema/plan.fbs): its src, dst and `scale` regions are in quant form,

@@ -187,7 +187,8 @@ Box QuantRouter::Cover(int t, const Box& need) const {
   return Scale(dst_, t) == nullptr ? need : CoverOf(need, Block(dst_, t), model_.tensors[t]);
 }
 
-std::vector<Box> QuantRouter::Groups(int t, const FragmentRef& df, const Box& need, uint64_t max_bytes) const {
+std::vector<Box> QuantRouter::Groups(int t, const FragmentRef& df, const Box& need, uint64_t max_bytes,
+                                     bool by_need) const {
   const TensorSpec& ts = model_.tensors[t];
   const uint64_t esize = DtypeBytes(ts.dtype);
   const std::array<int64_t, 2> block = Block(dst_, t);
@@ -197,7 +198,7 @@ std::vector<Box> QuantRouter::Groups(int t, const FragmentRef& df, const Box& ne
     Box n = work.back();
     work.pop_back();
     const Box cover = CoverOf(n, block, ts);
-    if (OuterModes(n) <= 1 && static_cast<uint64_t>(cover.volume()) * esize <= max_bytes &&
+    if (OuterModes(n) <= 1 && static_cast<uint64_t>((by_need ? n : cover).volume()) * esize <= max_bytes &&
         Fits(QuantForm(dfr.RegionOf(n))) && Fits(StagingImage(cover, cover, 0))) {
       out.push_back(n);
       continue;
@@ -252,6 +253,78 @@ void QuantRouter::EmitPartCopy(int t, const Box& cover, const Box& part, const F
     s.quant = P.AddQuant(q);
   }
   P.round(round).local.push_back(s);
+}
+
+bool QuantRouter::AmaxPath(int t) const { return Scale(src_, t) == nullptr; }
+
+uint64_t QuantRouter::GridBytes(int t, const Box& cover) const {
+  return static_cast<uint64_t>(BlocksOf(cover, Block(dst_, t)).volume()) * 4;
+}
+
+void QuantRouter::EmitAmax(int t, const Box& cover, const Box& part, const FragmentRef& sf, RankProgram& P,
+                           size_t round, uint64_t off) const {
+  const std::array<int64_t, 2> db = Block(dst_, t);
+  const Box grid = BlocksOf(cover, db);
+  const Fragment& sfr = src_.e->ranks[sf.rank].fragments[sf.index];
+  const int n = part.ndim;
+  Step pk;
+  pk.kind = StepKind::pack;
+  pk.wire = Dtype::fp32;
+  pk.staging = off;
+  pk.bytes = static_cast<uint64_t>(grid.volume()) * 4;
+  pk.src = P.AddRegion(QuantForm(sfr.RegionOf(part)));
+  pk.dst = P.AddRegion(StagingImage(grid, grid, off / 4));
+  QuantOpIR q;
+  q.kind = QuantKind::amax;
+  q.block = {static_cast<uint32_t>(db[0]), static_cast<uint32_t>(db[1])};
+  q.origin = {static_cast<uint32_t>(part.lo[n - 2] - cover.lo[n - 2]),
+              static_cast<uint32_t>(part.lo[n - 1] - cover.lo[n - 1])};
+  q.scale_dtype = Dtype::fp32;
+  pk.quant = P.AddQuant(q);
+  P.round(round).local.push_back(pk);
+}
+
+void QuantRouter::EmitScaledQuantize(int t, const Box& need, size_t grids, uint64_t area, uint64_t slot,
+                                     uint64_t values, const FragmentRef& df, RankProgram& B, size_t round) const {
+  const Dtype wide = model_.tensors[t].dtype;
+  const std::array<int64_t, 2> db = Block(dst_, t);
+  const Dtype sd = Scale(dst_, t)->dtype;
+  const Box grid = BlocksOf(need, db);
+  const Fragment& dfr = dst_.e->ranks[df.rank].fragments[df.index];
+  const int n = need.ndim;
+  // The grids: a leading mode over them, then the grid's quant form.
+  StridedRegion g = StagingImage(grid, grid, area / 4);
+  for (int k = g.ndim; k > 0; --k) g.shape[k] = g.shape[k - 1], g.stride[k] = g.stride[k - 1];
+  g.shape[0] = static_cast<int64_t>(grids);
+  g.stride[0] = static_cast<int64_t>(slot / 4);
+  ++g.ndim;
+  Step sc;
+  sc.kind = StepKind::unpack;
+  sc.wire = Dtype::fp32;
+  sc.staging = area;
+  sc.bytes = static_cast<uint64_t>(grid.volume()) * DtypeBytes(sd);
+  sc.src = B.AddRegion(g);
+  sc.dst = B.AddRegion(ScaleRegion(dst_, df.rank, t, grid, B.dst_buffer_base));
+  QuantOpIR q;
+  q.kind = QuantKind::scale_from_amax;
+  q.block = {static_cast<uint32_t>(db[0]), static_cast<uint32_t>(db[1])};
+  q.scale_dtype = sd;
+  sc.quant = B.AddQuant(q);
+  B.round(round).unpack.push_back(sc);
+  Step up;
+  up.kind = StepKind::unpack;
+  up.wire = wide;
+  up.staging = values;
+  up.bytes = static_cast<uint64_t>(need.volume());
+  up.src = B.AddRegion(StagingImage(need, need, values / DtypeBytes(wide)));
+  StridedRegion dr = QuantForm(dfr.RegionOf(need));
+  dr.buffer += B.dst_buffer_base;
+  up.dst = B.AddRegion(dr);
+  q.kind = QuantKind::quantize_scaled;
+  q.origin = {static_cast<uint32_t>(need.lo[n - 2] % db[0]), static_cast<uint32_t>(need.lo[n - 1] % db[1])};
+  q.scale = B.AddRegion(ScaleRegion(dst_, df.rank, t, grid, B.dst_buffer_base));
+  up.quant = B.AddQuant(q);
+  B.round(round).unpack.push_back(up);
 }
 
 QuantOpIR QuantRouter::DequantOp(int t, const Box& read) const {

@@ -68,9 +68,10 @@ class QuantRouter {
   Box Cover(int t, const Box& need) const;
 
   /// The groups of an assembled need: `need` cut at block edges into boxes
-  /// whose cover is at most `max_bytes` in the tensor's dtype (one block may
-  /// exceed it: it cannot be cut) and whose regions fit the step format.
-  std::vector<Box> Groups(int t, const FragmentRef& df, const Box& need, uint64_t max_bytes) const;
+  /// whose cover (or, `by_need`, the box itself) is at most `max_bytes` in the
+  /// tensor's dtype (one block may exceed it: it cannot be cut) and whose
+  /// regions fit the step format.
+  std::vector<Box> Groups(int t, const FragmentRef& df, const Box& need, uint64_t max_bytes, bool by_need) const;
   /// What the sender of `part` (of an assembled cover) stages: its values in
   /// the tensor's dtype, dequantized when its buffer is FP8. For EmitPack.
   QuantPiece Part(int t, const Box& part) const;
@@ -84,6 +85,28 @@ class QuantRouter {
   /// (dequantized when FP8) into its place in the frame, before the round's messages.
   void EmitPartCopy(int t, const Box& cover, const Box& part, const FragmentRef& sf, RankProgram& P, size_t round,
                     uint64_t frame) const;
+
+  /// Whether a need whose blocks training ranks split takes the amax path
+  /// (below): the training side holds the tensor unquantized. Otherwise its
+  /// parts are assembled in a frame (above).
+  bool AmaxPath(int t) const;
+  /// The bytes of the fp32 amax grid of `cover`'s blocks.
+  uint64_t GridBytes(int t, const Box& cover) const;
+  /// The amax path, for a need whose block cover training ranks split: each
+  /// holder of a part of the cover sends the part's partial block amaxes (an
+  /// fp32 grid over the cover's blocks, 0 where the part has none) and only
+  /// what the receiver needs of the values, in BF16; the receiver takes the
+  /// scales of the largest amaxes and quantizes its values with them. Bytes
+  /// are the need's, not the cover's.
+  /// The pack of `part`'s grid at byte `off` of P's staging (a sender's, or
+  /// the receiver's own when colocated).
+  void EmitAmax(int t, const Box& cover, const Box& part, const FragmentRef& sf, RankProgram& P, size_t round,
+                uint64_t off) const;
+  /// The receiver's two unpacks: scales of `need`'s blocks from the `grids`
+  /// grids at byte `area` (`slot` bytes apart), then its FP8 values from their
+  /// BF16 image at byte `values`.
+  void EmitScaledQuantize(int t, const Box& need, size_t grids, uint64_t area, uint64_t slot, uint64_t values,
+                          const FragmentRef& df, RankProgram& B, size_t round) const;
 
   /// Cuts `box` into at most `n` stripes of about equal size at block edges
   /// of the destination's grid (for relaying: a stripe's pieces are then the

@@ -211,70 +211,113 @@ TEST(QuantPieces, SplitOnlyAtBlockEdges) {
 }
 
 // Training TP2 over the columns of gate and up (6 of 12 each): a per-tensor
-// or per-channel block of gate_up lies on both training ranks.
+// or per-channel block of gate_up lies on both training ranks. With
+// `fp8_source`, training holds gate and up as FP8 (blocks of 2x6), which
+// takes the frame path; otherwise the amax path.
 struct AssembleFixture {
-  explicit AssembleFixture(json quant, uint64_t staging_mb = 2, json model = Model()) {
+  explicit AssembleFixture(json quant, bool fp8_source = false, uint64_t staging_mb = 2, json model = Model()) {
     json train = Train();
     train["placements"] = json::parse(R"([{"match": "layers.{layer}.gate", "mesh": "dense", "tp": {"shard": 1}},
                                           {"match": "layers.{layer}.up", "mesh": "dense", "tp": {"shard": 1}},
                                           {"match": "*", "mesh": "dense"}])");
+    if (fp8_source) {
+      for (const char* t : {"gate", "up"}) {
+        const std::string name = std::string("layers.{layer}.") + t;
+        train["buffers"].push_back({{"name", name}, {"tensor", name},
+                                    {"quant", {{"format", "fp8_e4m3"}, {"scale", "block"}, {"block", {2, 6}},
+                                               {"scale_name", name + "_scale_inv"}}}});
+      }
+    }
     in = ParseInputs(model, train, Infer(quant), testing::TinyCluster());
     CompileOptions opt;
     opt.staging_mb = staging_mb;
     error = ErrorOf([&] { ir = BuildPlan(in, opt); });
   }
   ValidateReport Validate() { return testing::ValidateBytes(EmitPlan(in, ir)); }
-  // The round of `rank`'s program that assembles a frame, and its unpack steps.
-  Round* FrameRound(uint32_t rank) {
+  // The first round of `rank`'s program with an unpack of quant kind `kind`.
+  Round* RoundWith(uint32_t rank, QuantKind kind) {
     for (Round& r : ir.ranks[rank].rounds)
       for (const Step& u : r.unpack)
-        if (ir.ranks[rank].regions[u.dst].buffer == kStaging) return &r;
+        if (u.quant >= 0 && ir.ranks[rank].quant_ops[u.quant].kind == kind) return &r;
     return nullptr;
   }
+  int Count(uint32_t rank, const Round& r, QuantKind kind) const {
+    int n = 0;
+    for (const std::vector<Step>* v : {&r.local, &r.unpack})
+      for (const Step& s : *v) n += s.quant >= 0 && ir.ranks[rank].quant_ops[s.quant].kind == kind;
+    return n;
+  }
+  bool IntoStaging(uint32_t rank, const Step& s) const { return ir.ranks[rank].regions[s.dst].buffer == kStaging; }
   CompileInputs in;
   PlanIR ir;
   std::string error;
 };
 
-TEST(QuantAssemble, BlocksOnSeveralTrainingRanksAreAssembledInOneRound) {
+TEST(QuantAssemble, AmaxPathSendsGridsAndTheNeedOnly) {
   for (const char* scale : {"tensor", "channel"}) {
     AssembleFixture f(json{{"format", "fp8_e4m3"}, {"scale", scale}});
     ASSERT_EQ(f.error, "") << scale;
     ValidateReport r = f.Validate();
     EXPECT_TRUE(r.ok()) << scale << ": " << (r.errors.empty() ? "" : r.errors[0]);
-    // Inference rank 0 (global 2): per layer and tensor, the two column halves
-    // land in one frame, then one quantize reads the whole frame.
-    Round* round = f.FrameRound(2);
+    // Inference rank 0 (global 2), per tensor (gate, up; both layers in one
+    // group): two grids arrive, one from each training rank, then the scales
+    // of their largest amaxes, then the need quantized with them.
+    Round* round = f.RoundWith(2, QuantKind::scale_from_amax);
     ASSERT_NE(round, nullptr) << scale;
-    int parts = 0, quantizes = 0;
-    for (const Step& u : round->unpack) {
-      if (f.ir.ranks[2].regions[u.dst].buffer == kStaging) ++parts;
-      if (u.quant >= 0) {
-        ++quantizes;
-        EXPECT_EQ(f.ir.ranks[2].regions[u.src].buffer, kStaging);
-      }
+    EXPECT_EQ(f.Count(2, *round, QuantKind::scale_from_amax), 2) << scale;
+    EXPECT_EQ(f.Count(2, *round, QuantKind::quantize_scaled), 2) << scale;
+    int grids = 0;
+    for (const Step& c : round->comm) grids += c.kind == StepKind::recv && c.wire == Dtype::fp32;
+    EXPECT_EQ(grids, 4) << scale;
+    // Scales before the values that use them.
+    for (size_t k = 0; k < round->unpack.size(); ++k) {
+      const Step& u = round->unpack[k];
+      if (u.quant < 0 || f.ir.ranks[2].quant_ops[u.quant].kind != QuantKind::quantize_scaled) continue;
+      bool before = false;
+      for (size_t j = 0; j < k; ++j)
+        before = before || (round->unpack[j].quant >= 0 &&
+                            f.ir.ranks[2].quant_ops[round->unpack[j].quant].kind == QuantKind::scale_from_amax);
+      EXPECT_TRUE(before) << scale;
     }
-    // gate and up, each assembled from 2 parts (both layers in one frame).
-    EXPECT_EQ(parts, 4) << scale;
-    EXPECT_EQ(quantizes, 2) << scale;
-    // Every part's unpack comes before the quantize that reads its frame.
-    bool seen_quantize = false;
-    for (const Step& u : round->unpack) {
-      if (u.quant >= 0) seen_quantize = true;
-      else EXPECT_FALSE(seen_quantize && f.ir.ranks[2].regions[u.dst].buffer == kStaging) << scale;
-    }
+    // The senders: each packs one grid per tensor for each of the 2 receivers.
+    int packs = 0;
+    for (const Round& x : f.ir.ranks[0].rounds) packs += f.Count(0, x, QuantKind::amax);
+    EXPECT_EQ(packs, 4) << scale;
   }
 }
 
+TEST(QuantAssemble, Fp8SourcePartsAreAssembledInOneRound) {
+  AssembleFixture f(json{{"format", "fp8_e4m3"}, {"scale", "channel"}}, true);
+  ASSERT_EQ(f.error, "");
+  ValidateReport r = f.Validate();
+  EXPECT_TRUE(r.ok()) << (r.errors.empty() ? "" : r.errors[0]);
+  Round* round = f.RoundWith(2, QuantKind::quantize);
+  ASSERT_NE(round, nullptr);
+  int parts = 0, quantizes = 0;
+  bool seen_quantize = false;
+  for (const Step& u : round->unpack) {
+    if (u.quant >= 0) {
+      ++quantizes, seen_quantize = true;
+      EXPECT_EQ(f.ir.ranks[2].regions[u.src].buffer, kStaging);
+    } else if (f.IntoStaging(2, u)) {
+      ++parts;
+      EXPECT_FALSE(seen_quantize) << "a part unpacked after the quantize that reads its frame";
+    }
+  }
+  // gate and up, each assembled from 2 parts (both layers in one frame).
+  EXPECT_EQ(parts, 4);
+  EXPECT_EQ(quantizes, 2);
+}
+
 TEST(QuantAssemble, ValidateCatchesBrokenFrames) {
-  AssembleFixture f(json{{"format", "fp8_e4m3"}, {"scale", "tensor"}});
+  AssembleFixture f(json{{"format", "fp8_e4m3"}, {"scale", "tensor"}}, true);
   ASSERT_EQ(f.error, "");
   ASSERT_TRUE(f.Validate().ok());
-  Round* round = f.FrameRound(2);
+  Round* round = f.RoundWith(2, QuantKind::quantize);
   ASSERT_NE(round, nullptr);
   auto first_part = [&] {
     for (size_t i = 0; i < round->unpack.size(); ++i)
-      if (f.ir.ranks[2].regions[round->unpack[i].dst].buffer == kStaging) return i;
+      if (round->unpack[i].quant < 0 && f.IntoStaging(2, round->unpack[i])) return i;
     return round->unpack.size();
   };
   const std::vector<Step> good = round->unpack;
@@ -297,18 +340,59 @@ TEST(QuantAssemble, ValidateCatchesBrokenFrames) {
   EXPECT_NE(errors[0].find("overlap"), std::string::npos) << errors[0];
 }
 
+TEST(QuantAssemble, ValidateCatchesBrokenAmaxPaths) {
+  AssembleFixture f(json{{"format", "fp8_e4m3"}, {"scale", "channel"}});
+  ASSERT_EQ(f.error, "");
+  ASSERT_TRUE(f.Validate().ok());
+  Round* round = f.RoundWith(2, QuantKind::scale_from_amax);
+  ASSERT_NE(round, nullptr);
+  RankProgram& p = f.ir.ranks[2];
+  auto first = [&](QuantKind kind) {
+    for (size_t i = 0; i < round->unpack.size(); ++i)
+      if (round->unpack[i].quant >= 0 && p.quant_ops[round->unpack[i].quant].kind == kind) return i;
+    return round->unpack.size();
+  };
+  const std::vector<Step> good = round->unpack;
+  // Scales from one grid of two: half of each row's amax is missing.
+  const uint32_t grids = good[first(QuantKind::scale_from_amax)].src;
+  const StridedRegion both = p.regions[grids];
+  p.regions[grids].shape[0] = 1;
+  std::vector<std::string> errors = f.Validate().errors;
+  ASSERT_FALSE(errors.empty());
+  EXPECT_NE(errors[0].find("out of its blocks' amaxes"), std::string::npos) << errors[0];
+  p.regions[grids] = both;
+  // Values quantized before their scales were taken.
+  std::swap(round->unpack[first(QuantKind::scale_from_amax)], round->unpack[first(QuantKind::quantize_scaled)]);
+  errors = f.Validate().errors;
+  ASSERT_FALSE(errors.empty());
+  EXPECT_NE(errors[0].find("taken from amaxes before it"), std::string::npos) << errors[0];
+  round->unpack = good;
+  // The grid of one sender read as another's: the same part twice.
+  p.regions[grids].stride[0] = 0;
+  errors = f.Validate().errors;
+  ASSERT_FALSE(errors.empty());
+  EXPECT_NE(errors[0].find("both hold the amax"), std::string::npos) << errors[0];
+}
+
 TEST(QuantAssemble, CoverLargerThanTheStagingBudgetIsRefused) {
-  // One per-tensor block of 2048 x 2048 bf16 (8 MiB): frame and parts need 16 MiB in one round.
+  // One per-tensor block of 2048 x 2048 bf16 (8 MiB) that training TP2 splits
+  // by columns; each inference rank needs half of its rows (4 MiB), from both
+  // training ranks: the two halves and the frame they land in, and two amax grids.
   json model = json::parse(R"({"format": "reshard.model/1", "name": "big", "dtype": "bf16", "dims": {"layer": 1},
     "tensors": [{"name": "layers.{layer}.gate", "shape": [2048, 2048]},
                 {"name": "layers.{layer}.up", "shape": [2048, 2048]},
                 {"name": "layers.{layer}.down", "shape": [2048, 2048]}]})");
-  AssembleFixture f(json{{"format", "fp8_e4m3"}, {"scale", "tensor"}}, 8, model);
+  AssembleFixture f(json{{"format", "fp8_e4m3"}, {"scale", "tensor"}}, false, 8, model);
   EXPECT_EQ(f.error, "infer.json: tensor 'layers.{layer}.gate': inference rank 0 quantizes [0:1, 0:1024, 0:2048] over "
-                     "blocks that 2 training cells share; assembling their cover [0:1, 0:2048, 0:2048] takes 16 MiB of "
-                     "staging in one round, more than the 4 MiB a round may use (half of --staging-mb 8); raise "
-                     "--staging-mb");
-  AssembleFixture roomy(json{{"format", "fp8_e4m3"}, {"scale", "tensor"}}, 64, model);
+                     "blocks that 2 training cells share; receiving it takes 8389120 bytes of staging in one round, "
+                     "more than the 4194304 a round may use (half of --staging-mb 8); raise --staging-mb to at least 17");
+  // From FP8 sources the whole cover is assembled: its frame and its two halves.
+  AssembleFixture frame(json{{"format", "fp8_e4m3"}, {"scale", "tensor"}}, true, 8, model);
+  EXPECT_EQ(frame.error, "infer.json: tensor 'layers.{layer}.gate': inference rank 0 quantizes [0:1, 0:1024, 0:2048] "
+                         "over blocks that 2 training cells share; assembling their cover [0:1, 0:2048, 0:2048] takes "
+                         "16777216 bytes of staging in one round, more than the 4194304 a round may use (half of "
+                         "--staging-mb 8); raise --staging-mb to at least 32");
+  AssembleFixture roomy(json{{"format", "fp8_e4m3"}, {"scale", "tensor"}}, false, 64, model);
   EXPECT_EQ(roomy.error, "");
   EXPECT_TRUE(roomy.Validate().ok());
 }

@@ -140,14 +140,22 @@ struct Hop;
 // Blocks the destination quantizes that several source cells share
 // (quant_route.h): the group `need` of one receiver, the cover its parts
 // make up in the frame, and the round they all arrive in.
+// Two ways (quant_route.h): parts of the cover assembled in a frame, or (the
+// amax path) the need's values plus one partial-amax grid per part of the cover.
 struct Assembly {
   int tensor;
   FragmentRef d;
   Box need, cover;
   uint32_t b;                        // receiver (global rank)
   std::vector<uint32_t> parts;       // indexes of its DPieces
+  bool amax = false;                 // the amax path
+  uint64_t frame_bytes = 0;          // the frame: the cover's image, or (amax path) the need's; 0: none
+  size_t grids = 0;                  // amax path: grids, one per part of the cover
+  uint64_t slot = 0;                 // amax path: bytes between grids in the area
   size_t round = 0;
-  uint64_t frame = ~uint64_t{0};     // its byte in b's staging, once emitted
+  uint64_t frame = ~uint64_t{0};     // bytes in b's staging once emitted: the frame,
+  uint64_t area = ~uint64_t{0};      // the grids,
+  uint64_t values = ~uint64_t{0};    // and (amax path) the need's values
 };
 
 class Router {
@@ -210,6 +218,7 @@ class Router {
                  uint32_t salt, std::vector<DPiece>& pieces);
   void Assemble(int t, const CellGrid& g, const FragmentRef& df, std::vector<DPiece>& pieces);
   void PlaceAssemblies(std::vector<DPiece>& pieces);
+  std::map<uint32_t, uint64_t> AssemblyNeed(const Assembly& as, const std::vector<DPiece>& pieces) const;
   template <typename Fn>
   void ForCells(int t, const CellGrid& g, const FragmentRef& df, const Box& need, Fn fn) const;
   uint32_t HolderOf(const DPiece& p, int32_t hop) const;
@@ -275,6 +284,7 @@ struct DPiece {
   uint32_t hop_begin = 0, hop_count = 0;  // its tree beyond b (hop_pool_)
   int32_t quant = -1;                     // a quantized tensor's piece: index into qpieces_
   int32_t assembly = -1;                  // a part of an assembled cover: index into assemblies_
+  int32_t grid = -1;                      // amax path: the part's grid, its index in the area
 };
 
 uint32_t Router::HolderOf(const DPiece& p, int32_t h) const {
@@ -365,14 +375,29 @@ void Router::ForCells(int t, const CellGrid& g, const FragmentRef& df, const Box
   }
 }
 
-// The need of `df` in groups of whole blocks (quant_route.h). A group whose
-// cover one cell holds is an ordinary piece; any other becomes an assembly:
-// one part per cell of its cover, each from a replica of that cell.
+// The need of `df` in groups of whole blocks (quant_route.h), cut at the
+// source cells' edges in outer dims (so that every part of a group's cover
+// spans its outer extent). A group whose cover one cell holds is an ordinary
+// piece; any other becomes an assembly, one part per cell of its cover, each
+// from a replica of that cell.
 void Router::Assemble(int t, const CellGrid& g, const FragmentRef& df, std::vector<DPiece>& pieces) {
   const TensorSpec& ts = model_.tensors[t];
   const uint64_t esize = DtypeBytes(ts.dtype);
   const uint32_t b = DstGlobal(df.rank);
-  for (const Box& group : quant_.Groups(t, df, DstFrag(df).box, cap_ / 4)) {
+  const bool amax = quant_.AmaxPath(t);
+  std::vector<Box> groups;
+  for (Box x : quant_.Groups(t, df, DstFrag(df).box, cap_ / 4, amax)) {
+    for (int d = 0; d + 2 < x.ndim; ++d)
+      for (int64_t e : g.bp[d])
+        if (e > x.lo[d] && e < x.hi[d]) {
+          Box y = x;
+          y.hi[d] = e;
+          groups.push_back(y);
+          x.lo[d] = e;
+        }
+    groups.push_back(x);
+  }
+  for (const Box& group : groups) {
     const Box cover = quant_.Cover(t, group);
     std::vector<std::pair<int, Box>> parts;
     ForCells(t, g, df, cover, [&](int ci, const Box& part) { parts.push_back({ci, part}); });
@@ -380,36 +405,74 @@ void Router::Assemble(int t, const CellGrid& g, const FragmentRef& df, std::vect
       AddPieces(t, g.cells[parts[0].first], group, df, {}, df.rank, pieces);
       continue;
     }
-    Assembly as{t, df, group, cover, b, {}};
-    uint64_t need = AlignUp(static_cast<uint64_t>(cover.volume()) * esize);
     const uint32_t id = static_cast<uint32_t>(assemblies_.size());
-    for (const auto& [ci, part] : parts) {
+    Assembly as{t, df, group, cover, b, {}};
+    as.amax = amax;
+    std::map<int, FragmentRef> holder;  // per cell: the replica that sends its parts
+    auto add = [&](int ci, const Box& box, uint64_t bytes, int32_t grid) {
       const Cell& cell = g.cells[ci];
-      const FragmentRef sf = cell.replicas[PickReplica(cell.replicas, df.rank)];
+      auto [it, fresh] = holder.try_emplace(ci);
+      if (fresh) it->second = cell.replicas[PickReplica(cell.replicas, df.rank)];
+      const FragmentRef sf = it->second;
       const uint32_t a = SrcGlobal(sf.rank);
-      DPiece p{t, part, sf, df, a, b, static_cast<uint64_t>(part.volume()) * esize, true};
-      const StridedRegion src = SrcFrag(sf).RegionOf(part).Coalesced();
-      if (!RegionFits(src)) {
+      if (!RegionFits(SrcFrag(sf).RegionOf(box).Coalesced())) {
         throw Error(src_layout_.file + ": tensor '" + ts.name + "': training rank " + std::to_string(sf.rank) +
-                    " holds " + part.str() + " of a block cover other ranks share in a layout of more than 4 modes");
+                    " holds " + box.str() + " of a block cover other ranks share in a layout of more than 4 modes");
       }
+      DPiece p{t, box, sf, df, a, b, bytes, true};
       p.assembly = static_cast<int32_t>(id);
-      p.quant = static_cast<int32_t>(qpieces_.size());
-      qpieces_.push_back(quant_.Part(t, part));
-      if (a != b) need += AlignUp(p.bytes), send_load_[a] += p.bytes;
+      p.grid = grid;
+      if (grid < 0) {
+        p.quant = static_cast<int32_t>(qpieces_.size());
+        qpieces_.push_back(quant_.Part(t, box));
+      }
+      if (a != b) send_load_[a] += bytes;
       as.parts.push_back(static_cast<uint32_t>(pieces.size()));
       pieces.push_back(p);
+      return a;
+    };
+    if (amax) {
+      // A grid from every part of the cover; the need's values from the cells it touches.
+      as.grids = parts.size();
+      as.slot = AlignUp(quant_.GridBytes(t, cover));
+      for (size_t k = 0; k < parts.size(); ++k) add(parts[k].first, parts[k].second, quant_.GridBytes(t, cover), static_cast<int32_t>(k));
+      std::vector<std::pair<int, Box>> values;
+      ForCells(t, g, df, group, [&](int ci, const Box& v) { values.push_back({ci, v}); });
+      bool local = false;
+      for (const auto& [ci, v] : values) local = add(ci, v, static_cast<uint64_t>(v.volume()) * esize, -1) == b || local;
+      // One remote part lands as the need's image already; several, or a local one, need a frame.
+      if (values.size() > 1 || local) as.frame_bytes = static_cast<uint64_t>(group.volume()) * esize;
+    } else {
+      as.frame_bytes = static_cast<uint64_t>(cover.volume()) * esize;
+      for (const auto& [ci, part] : parts) add(ci, part, static_cast<uint64_t>(part.volume()) * esize, -1);
     }
+    const uint64_t need = AssemblyNeed(as, pieces)[b];
     if (need > cap_) {
       throw Error(dst_layout_.file + ": tensor '" + ts.name + "': inference rank " + std::to_string(df.rank) +
                   " quantizes " + group.str() + " over blocks that " + std::to_string(parts.size()) +
-                  " training cells share; assembling their cover " + cover.str() + " takes " +
-                  std::to_string((need + (1 << 20) - 1) >> 20) + " MiB of staging in one round, more than the " +
-                  std::to_string(cap_ >> 20) + " MiB a round may use (half of --staging-mb " +
-                  std::to_string(opt_.staging_bytes >> 20) + "); raise --staging-mb");
+                  " training cells share; " + (amax ? "receiving it" : "assembling their cover " + cover.str()) +
+                  " takes " + std::to_string(need) + " bytes of staging in one round, more than the " +
+                  std::to_string(cap_) + " a round may use (half of --staging-mb " +
+                  std::to_string(opt_.staging_bytes >> 20) + "); raise --staging-mb to at least " +
+                  std::to_string((2 * need + (1 << 20) - 1) >> 20));
     }
     assemblies_.push_back(std::move(as));
   }
+}
+
+// The staging an assembly takes in its round, per global rank: at the
+// receiver its frame, its grids and the parts it receives; at each sender
+// what it stages.
+std::map<uint32_t, uint64_t> Router::AssemblyNeed(const Assembly& as, const std::vector<DPiece>& pieces) const {
+  std::map<uint32_t, uint64_t> need;
+  need[as.b] += AlignUp(as.frame_bytes) + as.grids * as.slot;
+  for (uint32_t i : as.parts) {
+    const DPiece& p = pieces[i];
+    if (p.a == p.b) continue;
+    need[p.a] += AlignUp(p.bytes);
+    if (p.grid < 0) need[p.b] += AlignUp(p.bytes);  // a grid lands in the area
+  }
+  return need;
 }
 
 void Router::Direct() {
@@ -559,16 +622,8 @@ void Router::Direct() {
 // every sender for the parts it sends. They are placed before the other
 // pieces, whose rounds then fill around them.
 void Router::PlaceAssemblies(std::vector<DPiece>& pieces) {
-  std::map<uint32_t, uint64_t> need;  // per global rank: staging the assembly takes
   for (Assembly& as : assemblies_) {
-    need.clear();
-    need[as.b] += AlignUp(as.cover.volume() * DtypeBytes(model_.tensors[as.tensor].dtype));
-    for (uint32_t i : as.parts) {
-      const DPiece& p = pieces[i];
-      if (p.a == p.b) continue;
-      need[p.a] += AlignUp(p.bytes);
-      need[p.b] += AlignUp(p.bytes);
-    }
+    const std::map<uint32_t, uint64_t> need = AssemblyNeed(as, pieces);
     size_t r = 0;
     auto fits = [&] {
       for (const auto& [g, n] : need)
@@ -687,7 +742,7 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
   auto need_of = [](const DPiece& p) { return p.staged ? AlignUp(p.bytes) : p.bytes; };
   auto is_net = [&](uint32_t x, uint32_t y) { return ChannelOf(x, y) == Channel::net; };
   std::vector<uint64_t> held(n, 0), net_out(n, 0), net_in(n, 0);
-  for (const Assembly& as : assemblies_) held[as.b] += AlignUp(as.cover.volume() * DtypeBytes(model_.tensors[as.tensor].dtype));
+  for (const Assembly& as : assemblies_) held[as.b] += AlignUp(as.frame_bytes) + as.grids * as.slot;
   for (const DPiece& p : pieces) {
     if (p.a == p.b) continue;
     held[p.a] += need_of(p);
@@ -809,11 +864,16 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
   uint32_t depth = 0;
   size_t batch_round = 0;
   // An assembly's frame, allocated in its receiver's staging with its first part.
+  // An assembly's frame and grid area, allocated in its receiver's staging with its first part.
   auto frame = [&](const DPiece& p) {
     Assembly& as = assemblies_[p.assembly];
-    if (as.frame == ~uint64_t{0})
-      as.frame = Alloc(as.b, as.round, as.cover.volume() * DtypeBytes(model_.tensors[as.tensor].dtype));
+    if (as.frame == ~uint64_t{0}) as.frame = Alloc(as.b, as.round, as.frame_bytes);
     return as.frame;
+  };
+  auto grid_at = [&](const DPiece& p) {
+    Assembly& as = assemblies_[p.assembly];
+    if (as.area == ~uint64_t{0}) as.area = Alloc(as.b, as.round, as.grids * as.slot);
+    return as.area + static_cast<uint64_t>(p.grid) * as.slot;
   };
   std::map<size_t, std::vector<uint32_t>> assembled;  // per round: its assemblies
   for (uint32_t k = 0; k < assemblies_.size(); ++k) assembled[assemblies_[k].round].push_back(k);
@@ -822,7 +882,13 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
     if (auto it = assembled.find(batch_round); it != assembled.end()) {
       for (uint32_t k : it->second) {
         const Assembly& as = assemblies_[k];
-        quant_.EmitUnpack(as.tensor, quant_.Assembled(as.tensor, as.need), as.d, ir_.ranks[as.b], as.round, as.frame);
+        if (as.amax) {
+          const uint64_t values = as.frame_bytes ? as.frame : as.values;
+          quant_.EmitScaledQuantize(as.tensor, as.need, as.grids, as.area, as.slot, values, as.d, ir_.ranks[as.b],
+                                    as.round);
+        } else {
+          quant_.EmitUnpack(as.tensor, quant_.Assembled(as.tensor, as.need), as.d, ir_.ranks[as.b], as.round, as.frame);
+        }
       }
     }
     for (uint32_t level = 1; level <= depth; ++level) {
@@ -899,7 +965,8 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
         const DPiece& p = pieces[order[k]];
         if (p.assembly >= 0) {
           const Assembly& as = assemblies_[p.assembly];
-          quant_.EmitPartCopy(p.tensor, as.cover, p.box, p.s, A, p.round, frame(p));
+          if (p.grid >= 0) quant_.EmitAmax(p.tensor, as.cover, p.box, p.s, A, p.round, grid_at(p));
+          else quant_.EmitPartCopy(p.tensor, as.amax ? as.need : as.cover, p.box, p.s, A, p.round, frame(p));
           continue;
         }
         if (p.quant >= 0) {
@@ -920,16 +987,19 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
     // Staged pieces: one message, contiguous in both staging areas.
     uint64_t total = 0;
     for (size_t k = i; k < j; ++k)
-      if (pieces[order[k]].staged) total += AlignUp(pieces[order[k]].bytes);
+      if (pieces[order[k]].staged && pieces[order[k]].grid < 0) total += AlignUp(pieces[order[k]].bytes);
     if (total > 0) {
       uint64_t oa = Alloc(first.a, first.round, total), ob = Alloc(first.b, first.round, total);
       uint64_t pos = 0;
       for (size_t k = i; k < j; ++k) {
         const DPiece& p = pieces[order[k]];
-        if (!p.staged) continue;
+        if (!p.staged || p.grid >= 0) continue;
         if (p.assembly >= 0) {
+          Assembly& as = assemblies_[p.assembly];
           quant_.EmitPack(p.tensor, qpieces_[p.quant], p.s, A, p.round, oa + pos);
-          quant_.EmitPartUnpack(p.tensor, assemblies_[p.assembly].cover, p.box, B, p.round, ob + pos, frame(p));
+          // The need's values as the amax path receives them: a part into the frame, or the one part as is.
+          if (as.frame_bytes == 0) as.values = ob + pos;
+          else quant_.EmitPartUnpack(p.tensor, as.amax ? as.need : as.cover, p.box, B, p.round, ob + pos, frame(p));
         } else if (p.quant >= 0) {
           quant_.EmitPack(p.tensor, qpieces_[p.quant], p.s, A, p.round, oa + pos);
           quant_.EmitUnpack(p.tensor, qpieces_[p.quant], p.d, B, p.round, ob + pos);
@@ -957,6 +1027,19 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
       A.round(first.round).comm.push_back(snd);
       B.round(first.round).comm.push_back(rcv);
       Count(first.a, first.b, total);
+    }
+    // Partial-amax grids (amax path): a message each, received into the assembly's area.
+    for (size_t k = i; k < j; ++k) {
+      const DPiece& p = pieces[order[k]];
+      if (p.grid < 0) continue;
+      const uint64_t oa = Alloc(p.a, p.round, p.bytes);
+      quant_.EmitAmax(p.tensor, assemblies_[p.assembly].cover, p.box, p.s, A, p.round, oa);
+      Step snd = StagedStep(StepKind::send, Dtype::fp32, oa, p.bytes), rcv = StagedStep(StepKind::recv, Dtype::fp32, grid_at(p), p.bytes);
+      snd.channel = rcv.channel = ch;
+      snd.peer = p.b, rcv.peer = p.a;
+      A.round(p.round).comm.push_back(snd);
+      B.round(p.round).comm.push_back(rcv);
+      Count(p.a, p.b, p.bytes);
     }
     for (size_t k = i; k < j; ++k) {
       const DPiece& p = pieces[order[k]];

@@ -111,7 +111,9 @@ bool Invert(const Affine& f, const StridedRegion& r, Box& out) {
 // block-scaled FP8, the FP8 values of (tensor, box) quantized over blocks of
 // `block` (the last two dims), or the scales of those blocks (`box` then
 // counts blocks).
-enum class SegKind : uint8_t { values, fp8, scales };
+// Or (amax) the partial block amaxes of (tensor, box) laid out over the
+// block grid `grid` (block coordinates, row-major fp32).
+enum class SegKind : uint8_t { values, fp8, scales, amax };
 struct Seg {
   uint64_t bytes;
   int tensor;
@@ -119,6 +121,7 @@ struct Seg {
   fb::Dtype wire;
   SegKind kind = SegKind::values;
   std::array<int64_t, 2> block{0, 0};
+  Box grid;
 };
 
 // The plan's tensor table as validate needs it: which tensors are scales of
@@ -165,6 +168,8 @@ class Validator {
       Seg seg;
     };
     std::vector<Scattered> scattered;
+    // Destination scales a scale_from_amax wrote: (tensor, blocks, block shape).
+    std::vector<std::tuple<int, Box, std::array<int64_t, 2>>> amax_scales;
     size_t round = 0;
     int phase = 0;  // 0 local, 1 comm, 2 unpack, 3 done
     size_t next_comm = 0;  // next comm step of the round still waiting
@@ -397,6 +402,7 @@ class Validator {
     return true;
   }
   void Quant(uint32_t rank, size_t i, const fb::QuantOp& op);
+  void AmaxQuant(uint32_t rank, size_t i, const fb::QuantOp& op);
   void Local(uint32_t rank, size_t i);
   void Unpack(uint32_t rank, size_t i);
   void PostSend(uint32_t rank, size_t i);
@@ -418,7 +424,149 @@ class Validator {
 // every scale of them; a dequantize op must read the scales of exactly the
 // blocks its FP8 values lie in. What it proves is where values come from,
 // not the arithmetic (the kernels are tested against the reference rules).
+// The amax path (quant_route.h): a pack computes a part's partial amaxes
+// over a grid of blocks; an unpack takes the scales of the largest amaxes of
+// grids whose parts make up every block whole; another quantizes values
+// with scales written that way.
+void Validator::AmaxQuant(uint32_t rank, size_t i, const fb::QuantOp& op) {
+  RankState& st = states_[rank];
+  const fb::Step* s = st.p->steps()->Get(static_cast<uint32_t>(i));
+  const std::string where = Where(rank, i);
+  const StridedRegion src = ToRegion(*st.p->regions()->Get(s->src()));
+  const StridedRegion dst = ToRegion(*st.p->regions()->Get(s->dst()));
+  const std::array<int64_t, 2> block{op.block()->Get(0), op.block()->Get(1)};
+  if (op.kind() == fb::QuantKind::amax) {
+    Seg in;
+    if (!ReadLocal(rank, src, s->wire(), where, in)) return;
+    if (in.kind != SegKind::values || in.box.ndim < 2) {
+      Error(where + ": takes block amaxes of " + TensorName(in.tensor) + " " + in.box.str() + ", which are not plain values");
+      return;
+    }
+    const Box& b = in.box;
+    const int n = b.ndim;
+    Seg out{0, in.tensor, b, fb::Dtype::fp32, SegKind::amax, block, b};
+    for (int q = 0; q < 2; ++q) {
+      const int d = n - 2 + q;
+      const int64_t start = b.lo[d] - op.origin()->Get(q);  // the grid's first element
+      if (start < 0 || start % block[q] != 0) {
+        Error(where + ": origin (" + std::to_string(op.origin()->Get(0)) + "," + std::to_string(op.origin()->Get(1)) +
+              ") puts the grid of " + TensorName(in.tensor) + " " + b.str() + " off the block edges");
+        return;
+      }
+      out.grid.lo[d] = start / block[q];
+      out.grid.hi[d] = out.grid.lo[d] + (dst.ndim >= 2 ? dst.shape[dst.ndim - 2 + q] : 0);
+      if (b.hi[d] > out.grid.hi[d] * block[q]) {
+        Error(where + ": the grid " + dst.str() + " does not reach the end of " + TensorName(in.tensor) + " " + b.str());
+        return;
+      }
+    }
+    out.bytes = static_cast<uint64_t>(out.grid.volume()) * 4;
+    if (dst.buffer != kNoneIdx || !dst.Coalesced().contiguous() || static_cast<uint64_t>(dst.elements()) * 4 != out.bytes) {
+      Error(where + ": the amax grid " + dst.str() + " is not " + std::to_string(out.grid.volume()) +
+            " contiguous fp32 values in staging");
+      return;
+    }
+    Write(st, dst.offset * 4, out);
+    return;
+  }
+  if (op.kind() == fb::QuantKind::scale_from_amax) {
+    // The grids: a leading mode over them, each a contiguous segment of the rank's staging.
+    std::vector<const Seg*> grids;
+    StridedRegion one = src;
+    for (int k = 0; k + 1 < src.ndim; ++k) one.shape[k] = src.shape[k + 1], one.stride[k] = src.stride[k + 1];
+    one.ndim = src.ndim - 1;
+    for (int64_t k = 0; k < (src.ndim ? src.shape[0] : 0); ++k) {
+      const uint64_t byte = (src.offset + static_cast<uint64_t>(k * src.stride[0])) * 4;
+      auto it = st.staging.find(byte);
+      if (it == st.staging.end() || it->second.kind != SegKind::amax || !one.Coalesced().contiguous() ||
+          it->second.bytes != static_cast<uint64_t>(one.elements()) * 4) {
+        Error(where + ": grid " + std::to_string(k) + " at staging byte " + std::to_string(byte) +
+              " holds no partial amaxes of that shape");
+        return;
+      }
+      grids.push_back(&it->second);
+    }
+    if (grids.empty()) {
+      Error(where + ": takes scales from no amax grids");
+      return;
+    }
+    const Seg& g0 = *grids[0];
+    const Box& grid = g0.grid;
+    // The elements of the grid's blocks (clipped to the tensor) must be the parts' boxes, each once.
+    Box whole = grid;
+    for (int q = 0; q < 2; ++q) {
+      const int d = grid.ndim - 2 + q;
+      whole.lo[d] = grid.lo[d] * block[q];
+      whole.hi[d] = std::min(grid.hi[d] * block[q], info_[g0.tensor].box.hi[d]);
+    }
+    int64_t volume = 0;
+    for (size_t k = 0; k < grids.size(); ++k) {
+      const Seg& g = *grids[k];
+      if (g.tensor != g0.tensor || !(g.grid == grid) || g.block != block || !whole.contains(g.box)) {
+        Error(where + ": grid " + std::to_string(k) + " (" + TensorName(g.tensor) + " " + g.box.str() +
+              ") is not over the blocks " + grid.str() + " of " + BlockStr(block) + " the others are");
+        return;
+      }
+      for (size_t j = 0; j < k; ++j)
+        if (grids[j]->box.intersects(g.box)) {
+          Error(where + ": grids " + std::to_string(j) + " and " + std::to_string(k) + " both hold the amax of " +
+                TensorName(g.tensor) + " " + g.box.intersect(grids[j]->box).str());
+          return;
+        }
+      volume += g.box.volume();
+    }
+    if (volume != whole.volume()) {
+      Error(where + ": the grids' parts leave " + std::to_string(whole.volume() - volume) + " elements of " +
+            TensorName(g0.tensor) + " " + whole.str() + " out of its blocks' amaxes");
+      return;
+    }
+    Seg scales{static_cast<uint64_t>(grid.volume()) * WireSize(op.scale_dtype()), g0.tensor, grid, op.scale_dtype(),
+               SegKind::scales, block};
+    if (dst.buffer == kNoneIdx) {
+      Error(where + ": scales into staging; they belong in the destination's scale buffer");
+      return;
+    }
+    Land(rank, dst, scales, where);
+    st.amax_scales.emplace_back(g0.tensor, grid, block);
+    return;
+  }
+  // quantize_scaled
+  Seg in;
+  if (!ReadLocal(rank, src, s->wire(), where, in)) return;
+  const Box& b = in.box;
+  if (in.kind != SegKind::values || b.ndim < 2) {
+    Error(where + ": quantizes " + TensorName(in.tensor) + " " + b.str() + ", which are not plain values");
+    return;
+  }
+  for (int q = 0; q < 2; ++q)
+    if (b.lo[b.ndim - 2 + q] % block[q] != op.origin()->Get(q)) {
+      Error(where + ": origin (" + std::to_string(op.origin()->Get(0)) + "," + std::to_string(op.origin()->Get(1)) +
+            ") is not where " + TensorName(in.tensor) + " " + b.str() + " starts in its block");
+      return;
+    }
+  const Box blocks = BlocksOf(b, block);
+  const StridedRegion scale = ToRegion(*st.p->regions()->Get(op.scale()));
+  int frag;
+  Box have;
+  bool ok = scale.buffer != kNoneIdx && Resolve(rank, 1, scale, frag, have) &&
+            info_[st.frags[1][frag].tensor].scale_of == in.tensor && have == blocks;
+  bool computed = false;
+  for (const auto& [t, box, blk] : st.amax_scales) computed = computed || (t == in.tensor && blk == block && box.contains(blocks));
+  if (!ok || !computed) {
+    Error(where + ": scale region " + scale.str() + " does not hold scales of " + TensorName(in.tensor) + " blocks " +
+          blocks.str() + " of " + BlockStr(block) + " taken from amaxes before it");
+    return;
+  }
+  Seg out{static_cast<uint64_t>(b.volume()), in.tensor, b, fb::Dtype::fp8_e4m3, SegKind::fp8, block};
+  Land(rank, dst, out, where);
+}
+
 void Validator::Quant(uint32_t rank, size_t i, const fb::QuantOp& op) {
+  if (op.kind() == fb::QuantKind::amax || op.kind() == fb::QuantKind::scale_from_amax ||
+      op.kind() == fb::QuantKind::quantize_scaled) {
+    AmaxQuant(rank, i, op);
+    return;
+  }
   RankState& st = states_[rank];
   const fb::Step* s = st.p->steps()->Get(static_cast<uint32_t>(i));
   const std::string where = Where(rank, i);

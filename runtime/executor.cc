@@ -76,7 +76,7 @@ Executor::Executor(const fb::Program& program, Transport& transport) : program_(
     const fb::Step& s = *program.steps()->Get(i);
     bool writes = s.kind() == fb::StepKind::unpack || s.kind() == fb::StepKind::copy ||
                   (s.kind() == fb::StepKind::recv && s.dst() != kNone);
-    // A quantize op also writes the scales it computes.
+    // A quantize op also writes the scales it computes (quantize_scaled reads them).
     const fb::QuantOp* op = quant_[i];
     if (op != nullptr && op->kind() == fb::QuantKind::quantize) {
       const fb::Region& r = *program.regions()->Get(op->scale());
@@ -110,7 +110,7 @@ QuantArgs Executor::QuantOf(const fb::QuantOp& op, const fb::Step& s, const std:
   a.kind = op.kind();
   a.src = View(s.src(), s.wire(), buffers, staging);
   a.dst = View(s.dst(), s.wire(), buffers, staging);
-  a.scale = View(op.scale(), op.scale_dtype(), buffers, staging);
+  if (op.scale() != kNone) a.scale = View(op.scale(), op.scale_dtype(), buffers, staging);
   for (int k = 0; k < 2; ++k) {
     a.origin[k] = op.origin()->Get(k);
     a.block[k] = op.block()->Get(k);

@@ -87,6 +87,13 @@ const char* StepKindName(fb::StepKind k) {
   return buf;
 }
 
+const char* QuantKindName(fb::QuantKind k) {
+  static thread_local char buf[32];
+  if (static_cast<unsigned>(k) <= static_cast<unsigned>(fb::QuantKind::MAX)) return fb::EnumNameQuantKind(k);
+  std::snprintf(buf, sizeof buf, "quant(%u)", static_cast<unsigned>(k));
+  return buf;
+}
+
 uint64_t RegionElements(const fb::Region& r) {
   uint64_t n = 1;
   int ndim = r.ndim() > 4 ? 4 : r.ndim();
@@ -383,18 +390,33 @@ void Plan::Impl::CheckProgram(uint32_t rank, const fb::Program& p) const {
     const bool src_staging = s.kind() == fb::StepKind::unpack, dst_staging = s.kind() == fb::StepKind::pack;
     const bool copy = s.kind() == fb::StepKind::copy;
     if (s.src() == kNone || s.dst() == kNone) Fail(sat + "a quant step names both its src and dst regions");
-    const fb::Region& a = check_region(sat, s.src(), "src", s.wire(), !src_staging, src_staging || copy);
-    const fb::Region& b = check_region(sat, s.dst(), "dst", s.wire(), !dst_staging, dst_staging || copy);
-    const fb::Region& c = check_region(sat, op.scale(), "scale", op.scale_dtype(), true, true);
-    if (c.buffer() != kNone && p.buffers()->Get(c.buffer())->dtype() != op.scale_dtype()) {
-      Fail(sat + "scale region is in buffer " + Quote(names[c.buffer()]) + " of " +
-           DtypeName(p.buffers()->Get(c.buffer())->dtype()) + ", the op's scales are " + DtypeName(op.scale_dtype()));
+    // The amax kinds run where the compiler puts them: partial amaxes on the
+    // sender (a pack), their scales and the quantizing on the receiver (unpacks).
+    const bool amax = op.kind() == fb::QuantKind::amax, from_amax = op.kind() == fb::QuantKind::scale_from_amax;
+    if ((amax && s.kind() != fb::StepKind::pack) ||
+        ((from_amax || op.kind() == fb::QuantKind::quantize_scaled) && s.kind() != fb::StepKind::unpack)) {
+      Fail(sat + "a " + QuantKindName(op.kind()) + " op on a " + StepKindName(s.kind()) + " step");
     }
+    if ((amax || from_amax) != (op.scale() == kNone)) {
+      Fail(sat + (amax || from_amax ? "a " + std::string(QuantKindName(op.kind())) + " op names no scale region"
+                                    : std::string("the op's scale region is missing")));
+    }
+    if ((amax || from_amax) && s.wire() != fb::Dtype::fp32) Fail(sat + "amaxes are fp32, the step's wire is " + DtypeName(s.wire()));
+    const fb::Region& a = check_region(sat, s.src(), "src", s.wire(), !src_staging, src_staging || copy);
+    const fb::Region& b = check_region(sat, s.dst(), "dst", from_amax ? op.scale_dtype() : s.wire(), !dst_staging,
+                                       dst_staging || copy);
     QuantArgs args;
+    if (op.scale() != kNone) {
+      const fb::Region& c = check_region(sat, op.scale(), "scale", op.scale_dtype(), true, true);
+      if (c.buffer() != kNone && p.buffers()->Get(c.buffer())->dtype() != op.scale_dtype()) {
+        Fail(sat + "scale region is in buffer " + Quote(names[c.buffer()]) + " of " +
+             DtypeName(p.buffers()->Get(c.buffer())->dtype()) + ", the op's scales are " + DtypeName(op.scale_dtype()));
+      }
+      args.scale = ViewOf(c, nullptr, op.scale_dtype());
+    }
     args.kind = op.kind();
     args.src = ViewOf(a, nullptr, dtype_of(a, s.wire()));
-    args.dst = ViewOf(b, nullptr, dtype_of(b, s.wire()));
-    args.scale = ViewOf(c, nullptr, op.scale_dtype());
+    args.dst = ViewOf(b, nullptr, dtype_of(b, from_amax ? op.scale_dtype() : s.wire()));
     for (int k = 0; k < 2; ++k) args.origin[k] = op.origin()->Get(k), args.block[k] = op.block()->Get(k);
     try {
       CheckQuantArgs(args);

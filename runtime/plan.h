@@ -57,6 +57,7 @@ size_t DtypeSize(fb::Dtype d);
 const char* DtypeName(fb::Dtype d);
 /// "pack", "send", ...; "kind(N)" for values out of range.
 const char* StepKindName(fb::StepKind k);
+const char* QuantKindName(fb::QuantKind k);
 /// Number of elements of a region (product of its mode shapes).
 uint64_t RegionElements(const fb::Region& r);
 /// Number of elements of a buffer (product of its shape).

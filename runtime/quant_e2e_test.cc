@@ -155,11 +155,12 @@ Result CompileOnly(const json& train, const json& infer, const std::string& flag
   return c;
 }
 
-// Blocks that several training ranks hold parts of are assembled at the
-// receiver: training TP2 cuts o_proj's and down_proj's columns, so the one
-// per-tensor block of o_proj and every per-channel row of down_proj come in
-// parts from two ranks (of each stage), land in one round, and are quantized once.
-TEST(QuantE2eTest, BlocksSplitAcrossTrainingRanksAreAssembled) {
+// Blocks that several training ranks hold parts of: training TP2 cuts
+// o_proj's and down_proj's columns, so the one per-tensor block of o_proj and
+// every per-channel row of down_proj lie on two ranks (of each stage). Each
+// sends its partial block amaxes and what the receiver needs of the values;
+// the receiver takes the scales of the largest amaxes and quantizes once.
+TEST(QuantE2eTest, BlocksSplitAcrossTrainingRanksTakeTheAmaxPath) {
   const json train = Load("tiny-dense/train.json");
   json infer = Load("tiny-dense/infer.json");
   Quantize(infer, "model.layers.{layer}.self_attn.o_proj.weight",
@@ -171,12 +172,10 @@ TEST(QuantE2eTest, BlocksSplitAcrossTrainingRanksAreAssembled) {
     const json out = CompileValidateRun(train, infer, flags);
     // Every rank checks its values plus its scales: 4 layers x (1 of o_proj + 64 rows of down_proj) x 4 ranks.
     EXPECT_EQ(out.value("checked", 0), bf16.value("checked", 0) + 4 * (1 + 64) * 4) << flags;
-    // Inference TP4 cuts the columns of both (row-parallel): each receiver
-    // takes the whole cover in BF16 - all of o_proj (its one block) and all
-    // of down_proj (every row is a block) - instead of its quarter: 3 more
-    // quarters each, per receiver and layer.
-    const int64_t o_proj = 64 * 16 * 2, down_proj = 64 * 32 * 2;
-    EXPECT_EQ(out.value("bytes", 0), bf16.value("bytes", 0) + 4 * 4 * 3 * (o_proj + down_proj)) << flags;
+    // The values move as in BF16 (inference TP4 takes a quarter of each row);
+    // on top, per layer and receiver, two grids of fp32 amaxes: o_proj's one
+    // block and down_proj's 64 rows.
+    EXPECT_EQ(out.value("bytes", 0), bf16.value("bytes", 0) + 4 * 4 * 2 * (1 + 64) * 4) << flags;
   }
 }
 
@@ -198,10 +197,11 @@ TEST(QuantE2eTest, ShardEdgesInsideBlocksMixAssembledAndSenderQuantized) {
   EXPECT_LT(sender.value("bytes", 0), receiver.value("bytes", 0));
 }
 
-// FP8 on the training side too: each part is dequantized by its sender; and
-// colocated, where the receiver's own part is copied (dequantized) into the
-// frame before the other parts arrive.
-TEST(QuantE2eTest, AssembledBlocksFromFp8SourcesAndColocatedParts) {
+// FP8 on the training side: the parts of a split block are dequantized by
+// their senders and assembled at the receiver into a frame of the block's
+// cover (BF16), quantized once when complete; colocated, the receiver's own
+// part is copied (dequantized) into the frame before the others arrive.
+TEST(QuantE2eTest, SplitBlocksFromFp8SourcesAreAssembledInAFrame) {
   json train = Load("tiny-dense/train.json");
   Quantize(train, "decoder.layers.{layer.local}.self_attention.linear_proj.weight",
            Quant("decoder.layers.{layer.local}.self_attention.linear_proj.weight_scale_inv", "fp8_e4m3", "block",
@@ -209,13 +209,31 @@ TEST(QuantE2eTest, AssembledBlocksFromFp8SourcesAndColocatedParts) {
   json infer = Load("tiny-dense/infer.json");
   Quantize(infer, "model.layers.{layer}.self_attn.o_proj.weight",
            Quant("model.layers.{layer}.self_attn.o_proj.weight_scale", "fp8_e4m3", "channel"));
+  const json bf16 = CompileValidateRun(train, Load("tiny-dense/infer.json"));
   const json disjoint = CompileValidateRun(train, infer);
   EXPECT_EQ(disjoint.value("ok", false), true);
+  // Each receiver takes whole rows of o_proj (its per-channel blocks) instead
+  // of its quarter: 3 quarters more per receiver and layer, in BF16.
+  EXPECT_EQ(disjoint.value("bytes", 0), bf16.value("bytes", 0) + 4 * 4 * 3 * 64 * 16 * 2);
   json cluster = Load("clusters/dgx-h100.json");
   cluster["placement"] = "colocated";
   const json colocated = CompileValidateRun(train, infer, "", cluster);
   EXPECT_EQ(colocated.value("ok", false), true);
   EXPECT_EQ(colocated.value("checked", 0), disjoint.value("checked", 0));
+}
+
+// Colocated on the amax path: a receiver that holds a part of the cover
+// itself packs that part's amaxes straight into its grid area and copies its
+// own values into the frame.
+TEST(QuantE2eTest, AmaxPathColocated) {
+  json infer = Load("tiny-dense/infer.json");
+  Quantize(infer, "model.layers.{layer}.self_attn.o_proj.weight",
+           Quant("model.layers.{layer}.self_attn.o_proj.weight_scale", "fp8_e4m3", "tensor"));
+  Quantize(infer, kGateUp, Quant(kGateUpScale, "fp8_e4m3", "channel"));
+  json cluster = Load("clusters/dgx-h100.json");
+  cluster["placement"] = "colocated";
+  const json out = CompileValidateRun(Load("tiny-dense/train.json"), infer, "", cluster);
+  EXPECT_EQ(out.value("ok", false), true);
 }
 
 // vLLM's stacked experts (w13_weight[E_local, 2I, H], the expert dim kept as a

@@ -192,6 +192,118 @@ TEST(QuantRegionTest, PerChannelAndPerTensorAreBlockShapes) {
   }
 }
 
+// The amax path: a row of 6 values per channel (block 1x6) split at col 4
+// between two senders. Each sender's partial amaxes, the receiver's scales of
+// their maximum, and its values quantized with them equal the whole row
+// quantized at once.
+TEST(QuantRegionTest, PartialAmaxesThenScaledQuantizeEqualTheWholeBlock) {
+  Mem whole(D::bf16, {2, 6});
+  const std::vector<float> v = {1, -2, 0, NAN, 3, 0.5f, -8, 0, 0, 0, 2, -INFINITY};
+  whole.SetBf16(v);
+  Mem ref_q(D::fp8_e4m3, {2, 6}), ref_s(D::fp32, {2, 1});
+  QuantArgs ref;
+  ref.src = whole.view, ref.dst = ref_q.view, ref.scale = ref_s.view;
+  ref.block[0] = 1, ref.block[1] = 6;
+  QuantRegion(ref);
+  // Sender 0 holds cols 0..4, sender 1 cols 4..6 (origin 4 within the block).
+  Mem left(D::bf16, {2, 4}), right(D::bf16, {2, 2});
+  left.SetBf16({1, -2, 0, NAN, -8, 0, 0, 0});
+  right.SetBf16({3, 0.5f, 2, -INFINITY});
+  Mem grids(D::fp32, {2, 2, 1});  // two grids of 2x1 block amaxes
+  for (int g = 0; g < 2; ++g) {
+    Mem& part = g == 0 ? left : right;
+    QuantArgs a;
+    a.kind = fb::QuantKind::amax;
+    a.src = part.view;
+    a.dst = grids.view;
+    a.dst.ndim = 2;
+    a.dst.shape[0] = 2, a.dst.shape[1] = 1, a.dst.stride[0] = 1, a.dst.stride[1] = 1;
+    a.dst.offset = 2 * g;
+    a.origin[1] = g == 0 ? 0 : 4;
+    a.block[0] = 1, a.block[1] = 6;
+    QuantRegion(a);
+  }
+  EXPECT_EQ(grids.Fp32(0), 2.0f);  // |-2|, the NaN ignored
+  EXPECT_EQ(grids.Fp32(1), 8.0f);
+  EXPECT_EQ(grids.Fp32(2), 3.0f);
+  EXPECT_EQ(grids.Fp32(3), 2.0f);  // -inf does not count
+  Mem scale(D::fp32, {2, 1});
+  QuantArgs s;
+  s.kind = fb::QuantKind::scale_from_amax;
+  s.src = grids.view;
+  s.dst = scale.view;
+  s.block[0] = 1, s.block[1] = 6;
+  QuantRegion(s);
+  EXPECT_EQ(scale.Fp32(0), ref_s.Fp32(0));
+  EXPECT_EQ(scale.Fp32(1), ref_s.Fp32(1));
+  EXPECT_EQ(scale.Fp32(0), 3.0f / 448.0f);
+  // The receiver needs cols 2..6 of both rows: origin 2 within the block.
+  Mem need(D::bf16, {2, 4}), q(D::fp8_e4m3, {2, 4});
+  need.SetBf16({0, NAN, 3, 0.5f, 0, 0, 2, -INFINITY});
+  QuantArgs z;
+  z.kind = fb::QuantKind::quantize_scaled;
+  z.src = need.view, z.dst = q.view, z.scale = scale.view;
+  z.origin[1] = 2;
+  z.block[0] = 1, z.block[1] = 6;
+  QuantRegion(z);
+  for (int r = 0; r < 2; ++r)
+    for (int c = 0; c < 4; ++c) EXPECT_EQ(q.Byte(r * 4 + c), ref_q.Byte(r * 6 + 2 + c)) << r << "," << c;
+}
+
+TEST(QuantRegionTest, AmaxGridsStartBeforeTheirPartAndE8m0ScalesOfZeroGrids) {
+  // Blocks of 1x2 (MXFP8's rule, shorter); the part is cols 3..6 of a 6-col grid of 3 blocks:
+  // block 0 gets nothing (0), block 1 col 3, block 2 cols 4..5.
+  Mem part(D::bf16, {1, 3}), grid(D::fp32, {1, 3});
+  part.SetBf16({-5, 1, 0.25f});
+  QuantArgs a;
+  a.kind = fb::QuantKind::amax;
+  a.src = part.view, a.dst = grid.view;
+  a.origin[1] = 3;
+  a.block[0] = 1, a.block[1] = 2;
+  QuantRegion(a);
+  EXPECT_EQ(grid.Fp32(0), 0.0f);
+  EXPECT_EQ(grid.Fp32(1), 5.0f);
+  EXPECT_EQ(grid.Fp32(2), 1.0f);
+  // One grid all zeros and the other from above: e8m0 scales of the maxima; a block no grid saw is zero: scale 1.
+  Mem grids(D::fp32, {2, 1, 3}), scale(D::e8m0, {1, 3});
+  std::memcpy(grids.bytes.data() + 12, grid.bytes.data(), 12);
+  QuantArgs s;
+  s.kind = fb::QuantKind::scale_from_amax;
+  s.src = grids.view, s.dst = scale.view;
+  s.block[0] = 1, s.block[1] = 2;
+  QuantRegion(s);
+  EXPECT_EQ(scale.Byte(0), 127);          // amax 0: scale 1
+  EXPECT_EQ(scale.Byte(1), 127 - 8 + 2);  // amax 5: 2^(2-8)
+  EXPECT_EQ(scale.Byte(2), 127 - 8 + 0);  // amax 1: 2^-8
+}
+
+TEST(QuantRegionTest, AmaxKindsRefuseMismatchedShapes) {
+  Mem part(D::bf16, {2, 4}), grid(D::fp32, {2, 1}), fp8(D::fp8_e4m3, {2, 4});
+  QuantArgs a;
+  a.kind = fb::QuantKind::amax;
+  a.src = part.view, a.dst = grid.view;
+  a.origin[1] = 3;
+  a.block[0] = 1, a.block[1] = 4;  // cols 3..7 reach a second block the grid lacks
+  EXPECT_THROW(CheckQuantArgs(a), Error);
+  a.origin[1] = 0;
+  EXPECT_NO_THROW(CheckQuantArgs(a));
+  a.dst = fp8.view;  // amaxes are fp32
+  EXPECT_THROW(CheckQuantArgs(a), Error);
+  QuantArgs s;
+  s.kind = fb::QuantKind::scale_from_amax;
+  s.src = grid.view, s.dst = grid.view;  // no leading mode of grids
+  s.block[0] = 1, s.block[1] = 4;
+  EXPECT_THROW(CheckQuantArgs(s), Error);
+  Mem scale(D::fp32, {2, 1});
+  QuantArgs z;
+  z.kind = fb::QuantKind::quantize_scaled;
+  z.src = part.view, z.dst = fp8.view, z.scale = scale.view;
+  z.block[0] = 1, z.block[1] = 4;
+  EXPECT_NO_THROW(CheckQuantArgs(z));
+  z.origin[1] = 1;  // cols 1..5 of a 4-col block: two blocks per row, the scale has one
+  EXPECT_THROW(CheckQuantArgs(z), Error);
+}
+
 TEST(QuantRegionTest, QuantizeKeepsASubBoxOfWholeBlocks) {
   // A destination that holds rows 1..3, cols 2..4 of a 3x4 block cover (blocks 2x2,
   // the last block row partial at the tensor edge) still gets every block's scale.

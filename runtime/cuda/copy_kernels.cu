@@ -57,11 +57,52 @@ __global__ void __launch_bounds__(256) QuantizeKernel(const __grid_constant__ Qu
   }
 }
 
+// Elementwise launches: quantize_scaled over src elements, scale_from_amax over grid blocks.
+__global__ void __launch_bounds__(256) ElementwiseQuantKernel(const __grid_constant__ QuantLaunch l) {
+  const uint64_t total = static_cast<uint64_t>(l.outer) * l.rows * l.cols;
+  const uint64_t step = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {
+    if (l.mode == QuantMode::quantize_scaled) QuantizeScaledElement(l, i);
+    else ScaleFromAmaxElement(l, i);
+  }
+}
+
+// One thread block per grid block: the partial amax of the src elements in it.
+__global__ void __launch_bounds__(256) AmaxKernel(const __grid_constant__ QuantLaunch l) {
+  __shared__ float red[256];
+  const uint64_t blocks = static_cast<uint64_t>(l.outer) * l.dst_rows * l.dst_cols;
+  for (uint64_t b = blockIdx.x; b < blocks; b += gridDim.x) {
+    uint32_t o;
+    uint64_t r, c;
+    float amax = 0;
+    for (uint64_t k = threadIdx.x; AmaxElement(l, b, k, o, r, c); k += blockDim.x) {
+      amax = AmaxStep(amax, LoadWide(At(l.src, o, r, c, WideSize(l.wide)), l.wide));
+    }
+    red[threadIdx.x] = amax;
+    __syncthreads();
+    for (uint32_t s = blockDim.x / 2; s > 0; s >>= 1) {
+      if (threadIdx.x < s) red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + s]);
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) StoreAmax(l, b, red[0]);
+    __syncthreads();
+  }
+}
+
 }  // namespace
 
 cudaError_t LaunchQuant(const QuantLaunch& l, cudaStream_t stream) {
   constexpr uint32_t kThreads = 256, kMaxGrid = 8192;
-  if (l.quantize) {
+  if (l.mode == QuantMode::amax) {
+    const uint64_t blocks = static_cast<uint64_t>(l.outer) * l.dst_rows * l.dst_cols;
+    const uint32_t grid = static_cast<uint32_t>(blocks < kMaxGrid ? (blocks ? blocks : 1) : kMaxGrid);
+    AmaxKernel<<<grid, kThreads, 0, stream>>>(l);
+  } else if (l.mode == QuantMode::quantize_scaled || l.mode == QuantMode::scale_from_amax) {
+    const uint64_t total = static_cast<uint64_t>(l.outer) * l.rows * l.cols;
+    const uint64_t want = (total + kThreads - 1) / kThreads;
+    const uint32_t grid = static_cast<uint32_t>(want < kMaxGrid ? (want ? want : 1) : kMaxGrid);
+    ElementwiseQuantKernel<<<grid, kThreads, 0, stream>>>(l);
+  } else if (l.mode == QuantMode::quantize) {
     const uint64_t blocks = static_cast<uint64_t>(l.outer) * BlockRows(l) * BlockCols(l);
     const uint32_t grid = static_cast<uint32_t>(blocks < kMaxGrid ? (blocks ? blocks : 1) : kMaxGrid);
     QuantizeKernel<<<grid, kThreads, 0, stream>>>(l);

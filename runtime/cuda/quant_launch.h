@@ -21,14 +21,23 @@ struct QuantSide {
   char* base[kMaxSlots] = {};              // per outer combination
 };
 
+// The QuantKinds of schema/plan.fbs, as the launch runs them:
+// - amax: src values -> dst, a grid of fp32 block amaxes (dst_rows x dst_cols);
+// - scale_from_amax: `parts` grids of amaxes (src, `part_stride` elements
+//   apart) -> `scale`, rows x cols of them;
+// - quantize_scaled: src values -> dst FP8 with the scales in `scale`.
+enum class QuantMode : uint8_t { dequantize, quantize, amax, scale_from_amax, quantize_scaled };
+
 struct QuantLaunch {
-  bool quantize = true;      // false: dequantize
+  QuantMode mode = QuantMode::quantize;
   Elem wide = Elem::bf16;    // the non-FP8 side's dtype (dst of dequantize, src of quantize)
   bool e8m0 = false;         // scale dtype: e8m0, else fp32
   uint32_t outer = 0;        // outer combinations in this launch
   uint64_t rows = 0, cols = 0;          // src extents
-  uint64_t dst_rows = 0, dst_cols = 0;  // dst extents (quantize: the kept sub-box)
+  uint64_t dst_rows = 0, dst_cols = 0;  // dst extents (quantize: the kept sub-box; amax: the grid)
   uint32_t origin[2] = {0, 0}, block[2] = {1, 1};
+  uint32_t parts = 1;        // scale_from_amax: partial grids per block
+  int64_t part_stride = 0;   // scale_from_amax: elements from one grid to the next
   QuantSide src, dst, scale;
 };
 
@@ -83,6 +92,61 @@ RESHARD_HD inline void DequantElement(const QuantLaunch& l, uint64_t i) {
   const float s = LoadScale(l, o, (l.origin[0] + r) / l.block[0], (l.origin[1] + c) / l.block[1]);
   const uint8_t q = static_cast<uint8_t>(*At(l.src, o, r, c, 1));
   StoreWide(At(l.dst, o, r, c, WideSize(l.wide)), l.wide, DequantizeValue(q, s));
+}
+
+/// Quantizes element i (row-major over outer, rows, cols) with the scale already in `scale`.
+RESHARD_HD inline void QuantizeScaledElement(const QuantLaunch& l, uint64_t i) {
+  const uint64_t c = i % l.cols, r = (i / l.cols) % l.rows;
+  const uint32_t o = static_cast<uint32_t>(i / (l.cols * l.rows));
+  const float s = LoadScale(l, o, (l.origin[0] + r) / l.block[0], (l.origin[1] + c) / l.block[1]);
+  const float x = LoadWide(At(l.src, o, r, c, WideSize(l.wide)), l.wide);
+  *At(l.dst, o, r, c, 1) = static_cast<char>(QuantizeValue(x, s));
+}
+
+/// The scale of grid element i (row-major over outer, rows, cols): the
+/// largest of its `parts` partial amaxes.
+RESHARD_HD inline void ScaleFromAmaxElement(const QuantLaunch& l, uint64_t i) {
+  const uint64_t c = i % l.cols, r = (i / l.cols) % l.rows;
+  const uint32_t o = static_cast<uint32_t>(i / (l.cols * l.rows));
+  float amax = 0;
+  for (uint32_t k = 0; k < l.parts; ++k) {
+    float x;
+    std::memcpy(&x, At(l.src, o, r, c, 4) + static_cast<int64_t>(k) * l.part_stride * 4, 4);
+    amax = AmaxStep(amax, x);
+  }
+  StoreScale(l, o, r, c, ScaleFromAmax(amax, l.e8m0));
+}
+
+/// The src rows (or cols, q = 1) of an amax launch inside grid row (col) g: [lo, hi), empty if none.
+RESHARD_HD inline void AmaxSpan(const QuantLaunch& l, int q, uint64_t g, uint64_t& lo, uint64_t& hi) {
+  const uint64_t n = q == 0 ? l.rows : l.cols;
+  const uint64_t first = g * l.block[q], last = first + l.block[q];  // in grid coordinates
+  lo = first > l.origin[q] ? first - l.origin[q] : 0;
+  hi = last > l.origin[q] ? last - l.origin[q] : 0;
+  if (hi > n) hi = n;
+  if (lo > hi) lo = hi;
+}
+
+/// Element k (row-major) of src inside grid block b (row-major over outer,
+/// grid rows, grid cols) of an amax launch: false past its end.
+RESHARD_HD inline bool AmaxElement(const QuantLaunch& l, uint64_t b, uint64_t k, uint32_t& o, uint64_t& r, uint64_t& c) {
+  const uint64_t gc = b % l.dst_cols, gr = (b / l.dst_cols) % l.dst_rows;
+  o = static_cast<uint32_t>(b / (l.dst_cols * l.dst_rows));
+  uint64_t r0, r1, c0, c1;
+  AmaxSpan(l, 0, gr, r0, r1);
+  AmaxSpan(l, 1, gc, c0, c1);
+  const uint64_t w = c1 - c0;
+  if (w == 0 || k >= (r1 - r0) * w) return false;
+  r = r0 + k / w;
+  c = c0 + k % w;
+  return true;
+}
+
+/// Stores grid block b's amax.
+RESHARD_HD inline void StoreAmax(const QuantLaunch& l, uint64_t b, float amax) {
+  const uint64_t gc = b % l.dst_cols, gr = (b / l.dst_cols) % l.dst_rows;
+  const uint32_t o = static_cast<uint32_t>(b / (l.dst_cols * l.dst_rows));
+  std::memcpy(At(l.dst, o, gr, gc, 4), &amax, 4);
 }
 
 /// The blocks of outer combination o: rows and cols of the block grid.

@@ -187,27 +187,53 @@ CopyPlan PlanCopy(const RegionView& src_in, const RegionView& dst_in) {
 
 std::vector<QuantLaunch> PlanQuant(const QuantArgs& a) {
   CheckQuantArgs(a);
-  const int n = a.src.ndim, outer = n - 2;
-  for (const RegionView* v : {&a.src, &a.dst, &a.scale}) {
-    if (v->buffer_modes >> outer) throw Error("quant op: rows and cols of a region must not select buffers");
-  }
   QuantLaunch proto;
-  proto.quantize = a.kind == fb::QuantKind::quantize;
-  proto.wide = ElemOf(proto.quantize ? a.src.dtype : a.dst.dtype);
-  proto.e8m0 = a.scale.dtype == fb::Dtype::e8m0;
-  proto.rows = a.src.shape[n - 2];
-  proto.cols = a.src.shape[n - 1];
-  proto.dst_rows = a.dst.shape[n - 2];
-  proto.dst_cols = a.dst.shape[n - 1];
+  // The views each side of the launch reads, with their modes (outer...,
+  // rows, cols); scale_from_amax's src drops its leading mode of grids.
+  RegionView src = a.src;
+  const RegionView* views[3] = {&src, &a.dst, &a.scale};
+  int sides = 3;
+  switch (a.kind) {
+    case fb::QuantKind::dequantize: proto.mode = QuantMode::dequantize; break;
+    case fb::QuantKind::quantize: proto.mode = QuantMode::quantize; break;
+    case fb::QuantKind::amax: proto.mode = QuantMode::amax, sides = 2; break;
+    case fb::QuantKind::quantize_scaled: proto.mode = QuantMode::quantize_scaled; break;
+    case fb::QuantKind::scale_from_amax:
+      proto.mode = QuantMode::scale_from_amax;
+      if (a.src.buffer_modes & 1u) throw Error("quant op: the grids of a scale_from_amax must not select buffers");
+      proto.parts = static_cast<uint32_t>(a.src.shape[0]);
+      proto.part_stride = static_cast<int64_t>(a.src.stride[0]);
+      src.ndim = a.src.ndim - 1;
+      src.buffer_modes = a.src.buffer_modes >> 1;
+      for (int k = 0; k < src.ndim; ++k) src.shape[k] = a.src.shape[k + 1], src.stride[k] = a.src.stride[k + 1];
+      views[1] = &a.scale, views[2] = &a.dst;  // no FP8 side: the grids' scales go to `scale`
+      sides = 3;
+      break;
+  }
+  const int n = src.ndim, outer = n - 2;
+  for (int v = 0; v < sides; ++v) {
+    if (views[v]->ndim == 0) continue;
+    if (views[v]->buffer_modes >> outer) throw Error("quant op: rows and cols of a region must not select buffers");
+  }
+  const bool quantize = proto.mode == QuantMode::quantize || proto.mode == QuantMode::quantize_scaled ||
+                        proto.mode == QuantMode::amax;
+  proto.wide = proto.mode == QuantMode::scale_from_amax ? Elem::fp32 : ElemOf(quantize ? a.src.dtype : a.dst.dtype);
+  proto.e8m0 = (proto.mode == QuantMode::scale_from_amax ? a.dst.dtype : a.scale.dtype) == fb::Dtype::e8m0;
+  proto.rows = src.shape[n - 2];
+  proto.cols = src.shape[n - 1];
+  if (proto.mode != QuantMode::scale_from_amax) {
+    proto.dst_rows = a.dst.shape[n - 2];
+    proto.dst_cols = a.dst.shape[n - 1];
+  }
   for (int k = 0; k < 2; ++k) proto.origin[k] = a.origin[k], proto.block[k] = a.block[k];
-  const RegionView* views[3] = {&a.src, &a.dst, &a.scale};
-  QuantSide* sides[3] = {&proto.src, &proto.dst, &proto.scale};
-  for (int v = 0; v < 3; ++v) {
-    sides[v]->row_stride = static_cast<int64_t>(views[v]->stride[n - 2]);
-    sides[v]->col_stride = static_cast<int64_t>(views[v]->stride[n - 1]);
+  QuantSide* slots[3] = {&proto.src, &proto.dst, &proto.scale};
+  for (int v = 0; v < sides; ++v) {
+    if (views[v]->ndim == 0) continue;
+    slots[v]->row_stride = static_cast<int64_t>(views[v]->stride[n - 2]);
+    slots[v]->col_stride = static_cast<int64_t>(views[v]->stride[n - 1]);
   }
   uint64_t combos = 1;
-  for (int k = 0; k < outer; ++k) combos *= a.src.shape[k];
+  for (int k = 0; k < outer; ++k) combos *= src.shape[k];
   std::vector<QuantLaunch> out;
   uint64_t idx[4] = {0, 0, 0, 0};
   for (uint64_t c = 0; c < combos; ++c) {
@@ -216,24 +242,46 @@ std::vector<QuantLaunch> PlanQuant(const QuantArgs& a) {
       out.back().outer = 0;
     }
     QuantLaunch& l = out.back();
-    for (int v = 0; v < 3; ++v) {
+    for (int v = 0; v < sides; ++v) {
       const RegionView& view = *views[v];
+      if (view.ndim == 0) continue;
       uint64_t buf = view.buffer, off = view.offset;
       for (int k = 0; k < outer; ++k) (view.buffer_modes >> k & 1 ? buf : off) += idx[k] * view.stride[k];
       QuantSide& side = v == 0 ? l.src : v == 1 ? l.dst : l.scale;
       side.base[l.outer] = view.buffers[buf] + off * DtypeSize(view.dtype);
     }
     ++l.outer;
-    for (int k = outer - 1; k >= 0 && ++idx[k] == a.src.shape[k]; --k) idx[k] = 0;
+    for (int k = outer - 1; k >= 0 && ++idx[k] == src.shape[k]; --k) idx[k] = 0;
   }
   return out;
 }
 
 void RunQuantOnHost(const std::vector<QuantLaunch>& launches) {
   for (const QuantLaunch& l : launches) {
-    if (!l.quantize) {
-      for (uint64_t i = 0; i < l.outer * l.rows * l.cols; ++i) DequantElement(l, i);
-      continue;
+    const uint64_t elements = l.outer * l.rows * l.cols;
+    switch (l.mode) {
+      case QuantMode::dequantize:
+        for (uint64_t i = 0; i < elements; ++i) DequantElement(l, i);
+        continue;
+      case QuantMode::quantize_scaled:
+        for (uint64_t i = 0; i < elements; ++i) QuantizeScaledElement(l, i);
+        continue;
+      case QuantMode::scale_from_amax:
+        for (uint64_t i = 0; i < elements; ++i) ScaleFromAmaxElement(l, i);
+        continue;
+      case QuantMode::amax: {
+        const uint64_t blocks = l.outer * l.dst_rows * l.dst_cols;
+        for (uint64_t b = 0; b < blocks; ++b) {
+          uint32_t o;
+          uint64_t r, c;
+          float amax = 0;
+          for (uint64_t k = 0; AmaxElement(l, b, k, o, r, c); ++k) amax = AmaxStep(amax, LoadWide(At(l.src, o, r, c, WideSize(l.wide)), l.wide));
+          StoreAmax(l, b, amax);
+        }
+        continue;
+      }
+      case QuantMode::quantize:
+        break;
     }
     const uint64_t blocks = l.outer * BlockRows(l) * BlockCols(l);
     for (uint64_t b = 0; b < blocks; ++b) {
