@@ -82,6 +82,9 @@ struct PlanIR {
   std::vector<ScaleTensor> scales;
   uint64_t net_bytes = 0, nvlink_bytes = 0;
   size_t num_rounds = 0;
+  /// Needs whose scale blocks several training ranks hold parts of: assembled
+  /// in a frame, or quantized with scales from partial amaxes (quant_route.h).
+  size_t frame_assemblies = 0, amax_assemblies = 0;
 };
 
 struct RouteOptions {

@@ -287,30 +287,38 @@ RandomSpecs MakeRandomQuantSpecs(uint64_t seed) {
     }
     return q;
   };
-  // A quantized dim must be one piece per rank: no "blocks" or "cyclic" shards of the tensor's own dims.
-  auto eligible = [&](const std::string& name) {
+  // A quantized dim must be one piece per rank: no "blocks", "cyclic" or "assign" shards of the tensor's own dims.
+  auto eligible_in = [&](const json& layout, const std::string& name) {
     if (ndim[name] != 2) return false;
-    for (const json& rule : r.infer["placements"]) {
+    for (const json& rule : layout["placements"]) {
       if (rule["match"] != name && rule["match"] != "*") continue;
       for (const auto& [axis, how] : rule.items())
-        if (how.is_object() && how.value("shard", json()).is_number() && (how.contains("blocks") || how.contains("cyclic")))
+        if (how.is_object() && how.value("shard", json()).is_number() &&
+            (how.contains("blocks") || how.contains("cyclic") || how.contains("assign")))
           return false;
       return true;
     }
     return true;
   };
-  std::map<std::string, bool> ruled;
-  json& buffers = r.infer["buffers"];
-  for (json& b : buffers) {
-    bool two_d = true;
-    for (const json& part : b.value("parts", json::array({b.value("tensor", "")}))) {
-      ruled[part] = true;
-      two_d = two_d && eligible(part);
+  auto quantize = [&](json& layout, int percent) {
+    std::map<std::string, bool> ruled;
+    json& buffers = layout["buffers"];
+    for (json& b : buffers) {
+      bool two_d = true;
+      for (const json& part : b.value("parts", json::array({b.value("tensor", "")}))) {
+        ruled[part] = true;
+        two_d = two_d && eligible_in(layout, part);
+      }
+      if (two_d && !b.contains("interleave") && !b.contains("shape") && rng.Chance(percent)) b["quant"] = quant(b["name"]);
     }
-    if (two_d && !b.contains("interleave") && !b.contains("shape") && rng.Chance(60)) b["quant"] = quant(b["name"]);
-  }
-  for (const auto& [name, n] : ndim)
-    if (!ruled[name] && eligible(name) && rng.Chance(60)) buffers.push_back({{"name", name}, {"tensor", name}, {"quant", quant(name)}});
+    for (const auto& [name, n] : ndim)
+      if (!ruled[name] && eligible_in(layout, name) && rng.Chance(percent))
+        buffers.push_back({{"name", name}, {"tensor", name}, {"quant", quant(name)}});
+  };
+  quantize(r.infer, 60);
+  // FP8 training weights too (dequantized by their senders), but not colocated:
+  // a GPU holding a tensor quantized on both sides is refused.
+  if (!r.cluster.contains("placement") && rng.Chance(50)) quantize(r.train, 70);
   return r;
 }
 

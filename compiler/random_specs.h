@@ -19,7 +19,8 @@ RandomSpecs MakeRandomSpecs(uint64_t seed);
 
 /// MakeRandomSpecs(seed) with FP8 inference buffers: some 2-d tensors (alone
 /// or fused by concat) quantized with block scales of random shape (cutting
-/// shards or not), per-channel or per-tensor scales, or MXFP8.
+/// shards or not), per-channel or per-tensor scales, or MXFP8; in some cases
+/// (never colocated) FP8 training buffers as well.
 RandomSpecs MakeRandomQuantSpecs(uint64_t seed);
 
 }  // namespace reshard

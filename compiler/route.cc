@@ -604,6 +604,7 @@ void Router::Direct() {
       }
     }
   }
+  for (const Assembly& as : assemblies_) ++(as.amax ? ir_.amax_assemblies : ir_.frame_assemblies);
   PlaceAssemblies(pieces);
   Schedule(pieces);
   // The odd rounds' arena starts where the even rounds' largest need ends

@@ -28,6 +28,19 @@ __global__ void __launch_bounds__(256) DequantKernel(const __grid_constant__ Qua
 // One thread block per scale block: the block's amax by a shared-memory max
 // reduction (exact in any order: a max of finite magnitudes), its scale by
 // thread 0, then the FP8 values of the elements dst keeps.
+// The largest of the thread block's `amax`es, for every thread of it. `red`
+// (blockDim.x floats of shared memory) is free again after the caller's next
+// __syncthreads().
+__device__ float BlockMax(float amax, float* red) {
+  red[threadIdx.x] = amax;
+  __syncthreads();
+  for (uint32_t s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + s]);
+    __syncthreads();
+  }
+  return red[0];
+}
+
 __global__ void __launch_bounds__(256) QuantizeKernel(const __grid_constant__ QuantLaunch l) {
   __shared__ float red[256];
   const uint64_t blocks = static_cast<uint64_t>(l.outer) * BlockRows(l) * BlockCols(l);
@@ -38,13 +51,7 @@ __global__ void __launch_bounds__(256) QuantizeKernel(const __grid_constant__ Qu
     for (uint64_t k = threadIdx.x; BlockElement(l, b, k, o, r, c); k += blockDim.x) {
       amax = AmaxStep(amax, LoadWide(At(l.src, o, r, c, WideSize(l.wide)), l.wide));
     }
-    red[threadIdx.x] = amax;
-    __syncthreads();
-    for (uint32_t s = blockDim.x / 2; s > 0; s >>= 1) {
-      if (threadIdx.x < s) red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + s]);
-      __syncthreads();
-    }
-    const float scale = ScaleFromAmax(red[0], l.e8m0);
+    const float scale = ScaleFromAmax(BlockMax(amax, red), l.e8m0);
     if (threadIdx.x == 0) {
       uint64_t br, bc;
       BlockCoords(l, b, o, br, bc);
@@ -78,14 +85,9 @@ __global__ void __launch_bounds__(256) AmaxKernel(const __grid_constant__ QuantL
     for (uint64_t k = threadIdx.x; AmaxElement(l, b, k, o, r, c); k += blockDim.x) {
       amax = AmaxStep(amax, LoadWide(At(l.src, o, r, c, WideSize(l.wide)), l.wide));
     }
-    red[threadIdx.x] = amax;
-    __syncthreads();
-    for (uint32_t s = blockDim.x / 2; s > 0; s >>= 1) {
-      if (threadIdx.x < s) red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + s]);
-      __syncthreads();
-    }
-    if (threadIdx.x == 0) StoreAmax(l, b, red[0]);
-    __syncthreads();
+    const float block_amax = BlockMax(amax, red);
+    if (threadIdx.x == 0) StoreAmax(l, b, block_amax);
+    __syncthreads();  // red[] is reused by the next block
   }
 }
 

@@ -219,6 +219,68 @@ TEST(GpuKernelTest, QuantizeAndDequantizeMatchTheCpuReference) {
   }
 }
 
+// The amax path on the device against the CPU reference: partial amaxes of
+// two halves (cols 0..260 and 260..520) of 2 experts' 300 x 520 bf16 values
+// over one grid of per-channel blocks (1 x 520) each, the scales of the
+// largest, then rows 64..264 quantized with them. Every amax, scale and FP8
+// byte compared, for fp32 and e8m0 scales.
+TEST(GpuKernelTest, AmaxKindsMatchTheCpuReference) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(std::random_device{}());
+  for (D scale_dtype : {D::fp32, D::e8m0}) {
+    SCOPED_TRACE(DtypeName(scale_dtype));
+    const size_t ss = DtypeSize(scale_dtype);
+    Buffers src(2, 300 * 520 * 2), grids(2, 2 * 300 * 4), sc(2, 300 * ss), q(2, 200 * 520);
+    for (auto& h : src.host) {
+      for (size_t i = 0; i < 300 * 520; ++i) {
+        const float f = std::ldexp(static_cast<float>(rng() % 2001) - 1000.0f, static_cast<int>(rng() % 40) - 20);
+        const uint16_t b = FloatToBf16(f);
+        std::memcpy(h.data() + 2 * i, &b, 2);
+      }
+    }
+    for (Buffers* b : {&grids, &sc, &q})
+      for (auto& h : b->host) std::memset(h.data(), 0x7f, h.size());
+    for (Buffers* b : {&src, &grids, &sc, &q}) b->Upload();
+    auto run = [&](bool device, Kernels& k) {
+      auto ptrs = [&](Buffers& b) { return device ? b.dev_ptrs.data() : b.host_ptrs.data(); };
+      for (int half = 0; half < 2; ++half) {
+        QuantArgs a;
+        a.kind = fb::QuantKind::amax;
+        a.src = ViewOver(ptrs(src), 260 * half, {2, 300, 260}, {1, 520, 1}, D::bf16, 1);
+        a.dst = ViewOver(ptrs(grids), 300 * half, {2, 300, 1}, {1, 1, 1}, D::fp32, 1);
+        a.origin[1] = 260 * half;
+        a.block[0] = 1, a.block[1] = 520;
+        k.Quant(a);
+      }
+      QuantArgs s;
+      s.kind = fb::QuantKind::scale_from_amax;
+      s.src = ViewOver(ptrs(grids), 0, {2, 2, 300, 1}, {300, 1, 1, 1}, D::fp32, 2);
+      s.dst = ViewOver(ptrs(sc), 0, {2, 300, 1}, {1, 1, 1}, scale_dtype, 1);
+      s.block[0] = 1, s.block[1] = 520;
+      k.Quant(s);
+      QuantArgs z;
+      z.kind = fb::QuantKind::quantize_scaled;
+      z.src = ViewOver(ptrs(src), 64 * 520, {2, 200, 520}, {1, 520, 1}, D::bf16, 1);
+      z.dst = ViewOver(ptrs(q), 0, {2, 200, 520}, {1, 520, 1}, D::fp8_e4m3, 1);
+      z.scale = ViewOver(ptrs(sc), 64, {2, 200, 1}, {1, 1, 1}, scale_dtype, 1);
+      z.block[0] = 1, z.block[1] = 520;
+      k.Quant(z);
+    };
+    run(false, CpuKernels());
+    cudaStream_t stream;
+    Check(cudaStreamCreate(&stream));
+    cuda::DeviceKernels kernels(0, stream);
+    run(true, kernels);
+    kernels.Finish();
+    Check(cudaStreamDestroy(stream));
+    EXPECT_EQ(grids.Download(), grids.Host());
+    EXPECT_EQ(sc.Download(), sc.Host());
+    EXPECT_EQ(q.Download(), q.Host());
+    const std::vector<char> fp8 = q.Host();
+    EXPECT_EQ(std::count(fp8.begin(), fp8.end(), 0x7f), 0);  // every value written
+  }
+}
+
 TEST(GpuKernelTest, HostMemoryIsRefusedAtBind) {
   REQUIRE_GPU();
   Plan plan = Plan::from_bytes(testing::BuildPlan(testing::LoopbackPlan()), "loopback.rsplan");

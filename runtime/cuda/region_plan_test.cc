@@ -273,6 +273,63 @@ TEST(RegionPlanTest, QuantLaunchesMatchTheCpuReference) {
   }
 }
 
+// The amax kinds' launches against the CPU reference: partial amaxes of a
+// part that starts inside the grid (outer mode of 3 buffers), the scales of
+// the largest of two grids, and values quantized with those scales.
+TEST(RegionPlanTest, AmaxLaunchesMatchTheReference) {
+  std::mt19937 rng(11);
+  for (D scale_dtype : {D::fp32, D::e8m0}) {
+    const size_t ss = DtypeSize(scale_dtype);
+    Memory part(3, 9 * 10 * 2), values(3, 9 * 10 * 2);
+    for (Memory* m : {&part, &values})
+      for (size_t b = 0; b < 3; ++b)
+        for (size_t i = 0; i < 9 * 10; ++i) {
+          const float f = std::ldexp(static_cast<float>(rng() % 2001) - 1000.0f, static_cast<int>(rng() % 20) - 12);
+          const uint16_t h = FloatToBf16(f);
+          std::memcpy(m->ptrs[b] + 2 * i, &h, 2);
+        }
+    // Grids of 3x3 blocks of 4x8 per buffer; the part is rows 2..11, cols 5..15 of the grid's 12x24.
+    Memory g_cpu(3, 2 * 9 * 4), g_gpu(3, 2 * 9 * 4);
+    for (Memory* m : {&g_cpu, &g_gpu}) m->Poison();
+    QuantArgs a;
+    a.kind = fb::QuantKind::amax;
+    a.src = View(part, 0, {3, 9, 10}, {1, 10, 1}, D::bf16, 1);
+    a.block[0] = 4, a.block[1] = 8;
+    a.origin[0] = 2, a.origin[1] = 5;
+    for (int g = 0; g < 2; ++g) {  // the same part into both grids, the second one shifted by a block col
+      a.origin[1] = g == 0 ? 5 : 13;
+      a.dst = View(g_cpu, g * 9, {3, 3, 3}, {1, 3, 1}, D::fp32, 1);
+      QuantRegion(a);
+      a.dst = View(g_gpu, g * 9, {3, 3, 3}, {1, 3, 1}, D::fp32, 1);
+      RunQuantOnHost(PlanQuant(a));
+    }
+    EXPECT_EQ(g_gpu.Bytes(), g_cpu.Bytes());
+    Memory s_cpu(3, 9 * ss), s_gpu(3, 9 * ss);
+    for (Memory* m : {&s_cpu, &s_gpu}) m->Poison();
+    QuantArgs s;
+    s.kind = fb::QuantKind::scale_from_amax;
+    s.src = View(g_cpu, 0, {2, 3, 3, 3}, {9, 1, 3, 1}, D::fp32, 2);
+    s.block[0] = 4, s.block[1] = 8;
+    s.dst = View(s_cpu, 0, {3, 3, 3}, {1, 3, 1}, scale_dtype, 1);
+    QuantRegion(s);
+    s.dst = View(s_gpu, 0, {3, 3, 3}, {1, 3, 1}, scale_dtype, 1);
+    RunQuantOnHost(PlanQuant(s));
+    EXPECT_EQ(s_gpu.Bytes(), s_cpu.Bytes());
+    Memory q_cpu(3, 9 * 10), q_gpu(3, 9 * 10);
+    QuantArgs z;
+    z.kind = fb::QuantKind::quantize_scaled;
+    z.src = View(values, 0, {3, 9, 10}, {1, 10, 1}, D::bf16, 1);
+    z.scale = View(s_cpu, 0, {3, 3, 2}, {1, 3, 1}, scale_dtype, 1);
+    z.block[0] = 4, z.block[1] = 8;
+    z.origin[0] = 2, z.origin[1] = 5;
+    z.dst = View(q_cpu, 0, {3, 9, 10}, {1, 10, 1}, D::fp8_e4m3, 1);
+    QuantRegion(z);
+    z.dst = View(q_gpu, 0, {3, 9, 10}, {1, 10, 1}, D::fp8_e4m3, 1);
+    RunQuantOnHost(PlanQuant(z));
+    EXPECT_EQ(q_gpu.Bytes(), q_cpu.Bytes());
+  }
+}
+
 TEST(RegionPlanTest, LaunchShapeCoversEveryGroupWithinTheBlockCap) {
   EXPECT_EQ(ShapeFor(1).blocks, 1u);
   EXPECT_EQ(ShapeFor(256).blocks, 1u);
