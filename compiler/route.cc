@@ -217,7 +217,8 @@ class Router {
   void AddPieces(int t, const Cell& cell, const Box& piece, const FragmentRef& df, const std::vector<Hop>& hops,
                  uint32_t salt, std::vector<DPiece>& pieces);
   void Assemble(int t, const CellGrid& g, const FragmentRef& df, std::vector<DPiece>& pieces);
-  void PlaceAssemblies(std::vector<DPiece>& pieces);
+  void PlaceAssemblies(std::vector<DPiece>& pieces, size_t rounds, std::vector<std::vector<uint64_t>>& out_used,
+                       std::vector<std::vector<uint64_t>>& in_used);
   std::map<uint32_t, uint64_t> AssemblyNeed(const Assembly& as, const std::vector<DPiece>& pieces) const;
   template <typename Fn>
   void ForCells(int t, const CellGrid& g, const FragmentRef& df, const Box& need, Fn fn) const;
@@ -605,7 +606,6 @@ void Router::Direct() {
     }
   }
   for (const Assembly& as : assemblies_) ++(as.amax ? ir_.amax_assemblies : ir_.frame_assemblies);
-  PlaceAssemblies(pieces);
   Schedule(pieces);
   // The odd rounds' arena starts where the even rounds' largest need ends
   // (not at half the budget): a small plan stages only what it moves.
@@ -617,24 +617,38 @@ void Router::Direct() {
   EmitDirect(pieces);
 }
 
-// Every part of an assembly arrives in one round (its receiver quantizes the
-// frame in that round's unpacks): each assembly takes the first round in
-// which its receiver has staging for the frame and the parts it receives, and
-// every sender for the parts it sends. They are placed before the other
-// pieces, whose rounds then fill around them.
-void Router::PlaceAssemblies(std::vector<DPiece>& pieces) {
+// Every part of an assembly arrives in one round (its receiver quantizes in
+// that round's unpacks). Before the other pieces fill the rounds, each
+// assembly takes, among the first `rounds` rounds, the one where the busiest
+// of its GPUs has the least staging and network share in use (so that they
+// spread over the rounds instead of crowding the first), or, if none has
+// room, the first round after them that has.
+void Router::PlaceAssemblies(std::vector<DPiece>& pieces, size_t rounds, std::vector<std::vector<uint64_t>>& out_used,
+                             std::vector<std::vector<uint64_t>>& in_used) {
   for (Assembly& as : assemblies_) {
     const std::map<uint32_t, uint64_t> need = AssemblyNeed(as, pieces);
-    size_t r = 0;
-    auto fits = [&] {
+    auto fits = [&](size_t r) {
       for (const auto& [g, n] : need)
         if (Used(g, r) + n > cap_) return false;
       return true;
     };
-    while (!fits()) ++r;  // ends: Assemble checked that every rank's need fits an empty round
-    for (const auto& [g, n] : need) Used(g, r) += n;
-    as.round = r;
-    for (uint32_t i : as.parts) pieces[i].round = r;
+    auto load = [&](size_t r) {
+      uint64_t most = 0;
+      for (const auto& [g, n] : need)
+        most = std::max({most, Used(g, r) + n, At(out_used[g], r), At(in_used[g], r)});
+      return most;
+    };
+    size_t best = rounds;
+    for (size_t r = 0; r < rounds; ++r)
+      if (fits(r) && (best == rounds || load(r) < load(best))) best = r;
+    while (!fits(best)) ++best;  // ends: Assemble checked that every rank's need fits an empty round
+    for (const auto& [g, n] : need) Used(g, best) += n;
+    as.round = best;
+    for (uint32_t i : as.parts) {
+      DPiece& p = pieces[i];
+      p.round = best;
+      if (p.a != p.b && ChannelOf(p.a, p.b) == Channel::net) At(out_used[p.a], best) += p.bytes, At(in_used[p.b], best) += p.bytes;
+    }
   }
 }
 
@@ -766,6 +780,7 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
   // smaller ones would buy little balance for many more steps.
   const uint64_t min_split = std::max(kMinSplit, net_cap / 16);
   std::vector<std::vector<uint64_t>> out_used(n), in_used(n);
+  PlaceAssemblies(pieces, rounds, out_used, in_used);
   auto room = [&](uint32_t rank, size_t r) { return Used(rank, r) == 0 ? cap_ : cap_ - std::min(cap_, Used(rank, r)); };
   auto net_room = [&](uint32_t from, uint32_t to, size_t r) -> uint64_t {
     if (!is_net(from, to)) return cap_;

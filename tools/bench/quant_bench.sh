@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Quantized refit (issue 7): DeepSeek-V3 from BF16 training (PP16 EP16) into
 # FP8 128x128 block-scaled inference weights (TP32 DP8, the
-# infer-tp32-dp8-fp8.json variant) on DGX H100: bytes on the wire and the
+# infer-tp32-dp8-fp8.json variant), and Qwen3-235B into per-channel FP8
+# (infer-tp8-dp16-fp8-channel.json), on DGX H100: bytes on the wire and the
 # refit time `reshard simulate` predicts, for BF16 sent and requantized on the
 # receiver against FP8 quantized by the sender; the BF16 refit into BF16
 # weights beside them. Simulation is deterministic. Usage:
@@ -13,14 +14,13 @@ ninja -C "$BUILD" -j2 reshard >/dev/null
 BIN=$BUILD/reshard
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-S=samples/deepseek-v3
 C=samples/clusters/dgx-h100.json
 
-# row NAME INFER [compile flags...]
+# row NAME MODEL_DIR TRAIN INFER [compile flags...]
 row() {
-  local name=$1 infer=$2
-  shift 2
-  "$BIN" compile -q --model $S/model.json --from $S/train-pp16-ep16.json --to "$infer" --cluster $C "$@" \
+  local name=$1 dir=$2 train=$3 infer=$4
+  shift 4
+  "$BIN" compile -q --model "$dir/model.json" --from "$dir/$train" --to "$dir/$infer" --cluster $C "$@" \
     -o "$TMP/plan.rsplan"
   "$BIN" show "$TMP/plan.rsplan" --json >"$TMP/show.json"
   "$BIN" simulate "$TMP/plan.rsplan" --cluster $C --json -q >"$TMP/sim.json"
@@ -33,8 +33,22 @@ print(f"| {name} | {net / 1e9:.1f} GB | {nvl / 1e9:.1f} GB | {(net + nvl) / 1e9:
 PY
 }
 
+D=samples/deepseek-v3
 echo "| DeepSeek-V3 PP16 EP16 -> TP32 DP8, DGX H100 | net | NVLink | on the wire | lower bound | predicted refit |"
 echo "|---|---|---|---|---|---|"
-row "BF16 -> BF16 weights (reference)" $S/infer-tp32-dp8.json
-row "BF16 -> FP8 128x128, BF16 sent, requantized on the receiver" $S/infer-tp32-dp8-fp8.json --requantize-on-receiver
-row "BF16 -> FP8 128x128, FP8 + scales quantized by the sender" $S/infer-tp32-dp8-fp8.json
+row "BF16 -> BF16 weights (reference)" $D train-pp16-ep16.json infer-tp32-dp8.json
+row "BF16 -> FP8 128x128, BF16 sent, requantized on the receiver" $D train-pp16-ep16.json infer-tp32-dp8-fp8.json \
+  --requantize-on-receiver
+row "BF16 -> FP8 128x128, FP8 + scales quantized by the sender" $D train-pp16-ep16.json infer-tp32-dp8-fp8.json
+
+# Per-channel FP8 (vLLM's channel-wise scales) where training TP4 cuts the
+# rows of o_proj: every o_proj scale needs amaxes from 4 training ranks.
+Q=samples/qwen3-235b
+echo
+echo "| Qwen3-235B TP4 PP8 EP16 -> TP8 DP16, DGX H100 | net | NVLink | on the wire | lower bound | predicted refit |"
+echo "|---|---|---|---|---|---|"
+row "BF16 -> BF16 weights (reference)" $Q train-tp4-pp8-ep16.json infer-tp8-dp16.json
+row "BF16 -> FP8 per-channel, BF16 sent, requantized on the receiver" $Q train-tp4-pp8-ep16.json \
+  infer-tp8-dp16-fp8-channel.json --requantize-on-receiver
+row "BF16 -> FP8 per-channel, FP8 + scales by the sender, o_proj by partial amaxes" $Q train-tp4-pp8-ep16.json \
+  infer-tp8-dp16-fp8-channel.json
