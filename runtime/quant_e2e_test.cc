@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -281,6 +282,42 @@ TEST(QuantE2eTest, ShowNamesQuantOps) {
   EXPECT_NE(r.out.find("(32,64):(64,1), quantizing over blocks of 64x32 from (32,0), scales fp32 into staging @"),
             std::string::npos)
       << r.out;
+}
+
+TEST(QuantE2eTest, ShowNamesAmaxOps) {
+  TempDir dir;
+  json infer = Load("tiny-dense/infer.json");
+  Quantize(infer, "model.layers.{layer}.mlp.down_proj.weight",
+           Quant("model.layers.{layer}.mlp.down_proj.weight_scale", "fp8_e4m3", "channel"));
+  std::ofstream(dir.File("infer.json")) << infer.dump();
+  ASSERT_EQ(Shell(kBinary + " compile -q --model " + kSamples + "/tiny-dense/model.json --from " + kSamples +
+                  "/tiny-dense/train.json --to " + dir.File("infer.json") + " --cluster " + kSamples +
+                  "/clusters/dgx-h100.json -o " + dir.File("q.rsplan"))
+                .exit_code,
+            0);
+  // Training rank 0 (stage 0, TP rank 0) sends layer 0's partial amaxes over columns 0..64 of 128.
+  Result r = Shell(kBinary + " show " + dir.File("q.rsplan") + " --rank 0");
+  EXPECT_NE(r.out.find(" pack 256 B fp32 from 'decoder.layers.0.mlp.linear_fc2.weight' @0 (64,64):(64,1) into staging @"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("(64,1):(1,1), block amaxes over blocks of 1x128 from (0,0)"), std::string::npos) << r.out;
+  r = Shell(kBinary + " show " + dir.File("q.rsplan") + " --rank 8");
+  EXPECT_NE(r.out.find(" into 'model.layers.0.mlp.down_proj.weight_scale' @0 (64,1):(1,1), fp32 scales of the largest "
+                       "amaxes (blocks of 1x128)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(" into 'model.layers.0.mlp.down_proj.weight' @0 (64,32):(32,1), quantizing over blocks of 1x128 "
+                       "from (0,0) with the scales 'model.layers.0.mlp.down_proj.weight_scale' @0 (64,1):(1,1)"),
+            std::string::npos)
+      << r.out;
+  r = Shell(kBinary + " show " + dir.File("q.rsplan") + " --rank 8 --json");
+  const json j = json::parse(r.out);
+  std::map<std::string, int> kinds;
+  for (const json& s : j["per_rank"][0]["program"])
+    if (s.contains("quant")) ++kinds[s["quant"]["kind"].get<std::string>()];
+  // Layer 0 and layers 1..3 (two pipeline stages): one group each.
+  EXPECT_EQ(kinds["scale_from_amax"], 2) << r.out;
+  EXPECT_EQ(kinds["quantize_scaled"], 2) << r.out;
 }
 
 TEST(QuantE2eTest, GatherRefusesQuantizedLayouts) {

@@ -1,6 +1,7 @@
 // reshard show: what a plan moves, per channel, per rank, per round.
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <numeric>
 #include <string>
 
@@ -84,6 +85,9 @@ void AddShowCommand(CLI::App& app, int& exit_code) {
                                     {"steps", t.steps}};
         if (o->rank >= 0) {
           auto& steps = x["program"] = nlohmann::ordered_json::array();
+          std::map<uint32_t, const fb::QuantOp*> quant;  // by step
+          if (p.quant_ops() != nullptr)
+            for (const fb::QuantOp* op : *p.quant_ops()) quant[op->step()] = op;
           for (uint32_t rd = 0; rd + 1 < p.round_begin()->size(); ++rd)
             for (uint32_t i = p.round_begin()->Get(rd); i < p.round_begin()->Get(rd + 1); ++i) {
               const fb::Step* s = p.steps()->Get(i);
@@ -92,6 +96,14 @@ void AddShowCommand(CLI::App& app, int& exit_code) {
               if (s->src() != kNone) js["src"] = report::RegionText(p, *p.regions()->Get(s->src()));
               if (s->dst() != kNone) js["dst"] = report::RegionText(p, *p.regions()->Get(s->dst()));
               js["staging"] = s->staging();
+              if (auto q = quant.find(i); q != quant.end()) {
+                const fb::QuantOp& op = *q->second;
+                js["quant"] = {{"kind", QuantKindName(op.kind())},
+                               {"block", {op.block()->Get(0), op.block()->Get(1)}},
+                               {"origin", {op.origin()->Get(0), op.origin()->Get(1)}},
+                               {"scale_dtype", DtypeName(op.scale_dtype())}};
+                if (op.scale() != kNone) js["quant"]["scale"] = report::RegionText(p, *p.regions()->Get(op.scale()));
+              }
               steps.push_back(js);
             }
         }
