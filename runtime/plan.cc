@@ -395,12 +395,11 @@ void Plan::Impl::CheckProgram(uint32_t rank, const fb::Program& p) const {
     const bool amax = op.kind() == fb::QuantKind::amax, from_amax = op.kind() == fb::QuantKind::scale_from_amax;
     if ((amax && s.kind() != fb::StepKind::pack) ||
         ((from_amax || op.kind() == fb::QuantKind::quantize_scaled) && s.kind() != fb::StepKind::unpack)) {
-      Fail(sat + "a " + QuantKindName(op.kind()) + " op on a " + StepKindName(s.kind()) + " step");
+      Fail(sat + (amax ? "an " : "a ") + QuantKindName(op.kind()) + " op on a " + StepKindName(s.kind()) + " step");
     }
-    if ((amax || from_amax) != (op.scale() == kNone)) {
-      Fail(sat + (amax || from_amax ? "a " + std::string(QuantKindName(op.kind())) + " op names no scale region"
-                                    : std::string("the op's scale region is missing")));
-    }
+    if ((amax || from_amax) && op.scale() != kNone)
+      Fail(sat + (amax ? "an " : "a ") + QuantKindName(op.kind()) + " op takes no scale region");
+    if (!amax && !from_amax && op.scale() == kNone) Fail(sat + "the " + QuantKindName(op.kind()) + " op has no scale region");
     if ((amax || from_amax) && s.wire() != fb::Dtype::fp32) Fail(sat + "amaxes are fp32, the step's wire is " + DtypeName(s.wire()));
     const fb::Region& a = check_region(sat, s.src(), "src", s.wire(), !src_staging, src_staging || copy);
     const fb::Region& b = check_region(sat, s.dst(), "dst", from_amax ? op.scale_dtype() : s.wire(), !dst_staging,

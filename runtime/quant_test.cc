@@ -4,8 +4,11 @@
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <functional>
 #include <vector>
 
+#include "compiler/compile.h"
 #include "runtime/dtype.h"
 #include "runtime/error.h"
 #include "runtime/gloo_transport.h"
@@ -444,6 +447,71 @@ TEST(QuantPlanTest, BadQuantOpsAreRefusedOnOpen) {
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(), "q.rsplan: rank 1: step 1 (unpack): converts bf16 to fp8_e4m3 without a quant op "
                            "(quantized buffers are read and written by quantize and dequantize steps)");
+  }
+}
+
+// The amax kinds are checked on open like the others: where they may run,
+// which regions they name. Mutations of a compiled plan whose split blocks
+// take the amax path (tiny-dense into per-channel FP8 down_proj, training TP2
+// cutting its columns).
+TEST(QuantPlanTest, BadAmaxOpsAreRefusedOnOpen) {
+  const std::string dir = std::string(RESHARD_SOURCE_DIR) + "/samples/";
+  auto load = [&](const std::string& rel) {
+    std::ifstream f(dir + rel);
+    return nlohmann::json::parse(f);
+  };
+  nlohmann::json infer = load("tiny-dense/infer.json");
+  infer["buffers"].push_back(nlohmann::json::parse(R"({"name": "model.layers.{layer}.mlp.down_proj.weight",
+      "tensor": "model.layers.{layer}.mlp.down_proj.weight", "quant": {"format": "fp8_e4m3", "scale": "channel",
+      "scale_name": "model.layers.{layer}.mlp.down_proj.weight_scale"}})"));
+  const CompileInputs in =
+      ParseInputs(load("tiny-dense/model.json"), load("tiny-dense/train.json"), infer, load("clusters/dgx-h100.json"));
+  const PlanIR good = BuildPlan(in, CompileOptions{});
+  // The first step of `rank` with a quant op of `kind`, and its op.
+  auto find = [](PlanIR& ir, uint32_t rank, QuantKind kind) -> std::pair<Step*, QuantOpIR*> {
+    for (Round& r : ir.ranks[rank].rounds)
+      for (std::vector<Step>* v : {&r.local, &r.unpack})
+        for (Step& st : *v)
+          if (st.quant >= 0 && ir.ranks[rank].quant_ops[st.quant].kind == kind)
+            return {&st, &ir.ranks[rank].quant_ops[st.quant]};
+    return {nullptr, nullptr};
+  };
+  auto refused = [&](const PlanIR& ir, uint32_t rank) {
+    Plan plan = Plan::from_bytes(EmitPlan(in, ir), "q.rsplan");
+    try {
+      plan.program(rank);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(opened)");
+  };
+  ASSERT_EQ(refused(good, 8), "(opened)");
+  ASSERT_EQ(refused(good, 0), "(opened)");
+  struct Mutation {
+    uint32_t rank;          // 0: a training rank (sends amaxes), 8: an inference rank (takes scales)
+    QuantKind kind;         // the first step with an op of this kind is changed
+    std::function<void(RankProgram&, Step&, QuantOpIR&)> change;
+    const char* error;
+  };
+  const Mutation cases[] = {
+      {0, QuantKind::amax, [](RankProgram&, Step&, QuantOpIR& q) { q.kind = QuantKind::scale_from_amax; },
+       "a scale_from_amax op on a pack step"},
+      {0, QuantKind::amax, [](RankProgram&, Step& st, QuantOpIR& q) { q.scale = st.src; },
+       "an amax op takes no scale region"},
+      {8, QuantKind::quantize_scaled, [](RankProgram&, Step&, QuantOpIR& q) { q.scale = kNoRegion; },
+       "the quantize_scaled op has no scale region"},
+      {8, QuantKind::scale_from_amax, [](RankProgram&, Step& st, QuantOpIR&) { st.wire = Dtype::bf16; },
+       "amaxes are fp32, the step's wire is bf16"},
+      {8, QuantKind::scale_from_amax, [](RankProgram& p, Step& st, QuantOpIR&) { p.regions[st.src].ndim -= 1; },
+       "scale_from_amax: src"},  // the grids' leading mode dropped
+  };
+  for (const Mutation& m : cases) {
+    PlanIR ir = good;
+    auto [step, op] = find(ir, m.rank, m.kind);
+    ASSERT_NE(step, nullptr) << m.error;
+    m.change(ir.ranks[m.rank], *step, *op);
+    const std::string why = refused(ir, m.rank);
+    EXPECT_NE(why.find(m.error), std::string::npos) << why;
   }
 }
 
