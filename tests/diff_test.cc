@@ -244,6 +244,22 @@ TEST(DiffTest, ClusterChangeMovesBytesBetweenChannels) {
   EXPECT_NE(r.out.find("cluster          dgx-h100 -> gb200-nvl72"), std::string::npos) << r.out;
 }
 
+// Plans that differ only in how a step converts (its quant op) are not equivalent.
+TEST(DiffTest, QuantOpChangeIsADifference) {
+  TempDir dir;
+  PlanSpec spec = QuantPlan(QuantPath::requantize);
+  WriteFile(dir.File("a.rsplan"), BuildPlan(spec));
+  fb::QuantOp& op = spec.programs[1].quant_ops[0];
+  op = MakeQuant(op.step(), op.kind(), op.scale(), {2, 0}, {2, 4});  // rows 2..4 of the block cover, not 1..3
+  WriteFile(dir.File("b.rsplan"), BuildPlan(spec));
+  json d = DiffJson(dir, dir.File("a.rsplan"), dir.File("b.rsplan"), 1);
+  EXPECT_FALSE(d["equivalent"].get<bool>());
+  Result r = Reshard(dir, {"diff", dir.File("a.rsplan"), dir.File("b.rsplan")});
+  EXPECT_NE(r.out.find("quant op of step 1: quantize -> step 1: quantize (kind, blocks, origin or scales)"),
+            std::string::npos)
+      << r.out;
+}
+
 TEST(DiffTest, ErrorsExitTwoWithMessage) {
   TempDir dir;
   std::string a = TinyDense(dir, "a.rsplan");

@@ -86,6 +86,18 @@ std::string ProgramDifference(const fb::Program& a, const fb::Program& b) {
       return "step " + std::to_string(i) + ": " + report::StepText(a, *x) + "  ->  " + report::StepText(b, *y);
   }
   if (sa != sb) return "steps " + std::to_string(sa) + " -> " + std::to_string(sb);
+  // The block-scaled conversions of the steps.
+  uint32_t qa = a.quant_ops() ? a.quant_ops()->size() : 0, qb = b.quant_ops() ? b.quant_ops()->size() : 0;
+  for (uint32_t i = 0; i < std::min(qa, qb); ++i) {
+    const fb::QuantOp *x = a.quant_ops()->Get(i), *y = b.quant_ops()->Get(i);
+    if (x->step() != y->step() || x->kind() != y->kind() || x->scale_dtype() != y->scale_dtype() ||
+        x->block()->Get(0) != y->block()->Get(0) || x->block()->Get(1) != y->block()->Get(1) ||
+        x->origin()->Get(0) != y->origin()->Get(0) || x->origin()->Get(1) != y->origin()->Get(1) ||
+        !SameRegionRef(a, x->scale(), b, y->scale()))
+      return "quant op of step " + std::to_string(x->step()) + ": " + QuantKindName(x->kind()) + " -> step " +
+             std::to_string(y->step()) + ": " + QuantKindName(y->kind()) + " (kind, blocks, origin or scales)";
+  }
+  if (qa != qb) return "quant ops " + std::to_string(qa) + " -> " + std::to_string(qb);
   return "";
 }
 
