@@ -290,11 +290,15 @@ TEST(QuantE2eTest, ShowNamesAmaxOps) {
   Quantize(infer, "model.layers.{layer}.mlp.down_proj.weight",
            Quant("model.layers.{layer}.mlp.down_proj.weight_scale", "fp8_e4m3", "channel"));
   std::ofstream(dir.File("infer.json")) << infer.dump();
-  ASSERT_EQ(Shell(kBinary + " compile -q --model " + kSamples + "/tiny-dense/model.json --from " + kSamples +
-                  "/tiny-dense/train.json --to " + dir.File("infer.json") + " --cluster " + kSamples +
-                  "/clusters/dgx-h100.json -o " + dir.File("q.rsplan"))
-                .exit_code,
-            0);
+  Result c = Shell(kBinary + " compile --model " + kSamples + "/tiny-dense/model.json --from " + kSamples +
+                   "/tiny-dense/train.json --to " + dir.File("infer.json") + " --cluster " + kSamples +
+                   "/clusters/dgx-h100.json -o " + dir.File("q.rsplan"));
+  ASSERT_EQ(c.exit_code, 0) << c.out;
+  // 4 inference ranks x 2 groups (layer 0; layers 1..3, the pipeline stages).
+  EXPECT_NE(c.out.find("\n  8 groups of scale blocks that several training ranks hold parts of, quantized by their "
+                       "receivers: 8 with scales from partial amaxes, 0 assembled whole in a frame (FP8 sources)\n"),
+            std::string::npos)
+      << c.out;
   // Training rank 0 (stage 0, TP rank 0) sends layer 0's partial amaxes over columns 0..64 of 128.
   Result r = Shell(kBinary + " show " + dir.File("q.rsplan") + " --rank 0");
   EXPECT_NE(r.out.find(" pack 256 B fp32 from 'decoder.layers.0.mlp.linear_fc2.weight' @0 (64,64):(64,1) into staging @"),

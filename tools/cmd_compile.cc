@@ -47,7 +47,8 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
   cmd->add_flag("--requantize-on-receiver", o->requantize_on_receiver,
                "quantized destinations receive the tensor's dtype (BF16) and quantize it themselves, even\n"
                "where the sender holds whole scale blocks (by default such a sender quantizes and sends FP8\n"
-               "values plus scales: about half the bytes)");
+               "values plus scales: about half the bytes). Blocks that several training ranks hold parts of\n"
+               "are quantized by the receiver either way, from the parts' partial amaxes");
   cmd->add_flag("-q,--quiet", o->quiet, "print nothing on success");
   cmd->add_flag("--json", o->json, "print the summary as JSON");
   cmd->callback([o, &exit_code] {
@@ -67,12 +68,19 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
                                   {"ranks", ir.ranks.size()}, {"rounds", ir.num_rounds},
                                   {"net_bytes", ir.net_bytes}, {"nvlink_bytes", ir.nvlink_bytes},
                                   {"plan_bytes", bytes.size()}, {"seconds", secs}};
+      // Groups of scale blocks that several training ranks hold parts of, by the way they are quantized.
+      j["split_blocks"] = {{"partial_amaxes", ir.amax_assemblies}, {"assembled_frames", ir.frame_assemblies}};
       std::printf("%s\n", j.dump().c_str());
     } else if (!o->quiet) {
       std::printf("compiled %s -> %s (%s): %zu ranks, %zu rounds, %.3f GB over the network, %.3f GB over NVLink, "
                   "plan %.2f MiB, %.2f s\n",
                   in.src.name.c_str(), in.dst.name.c_str(), o->strategy.c_str(), ir.ranks.size(), ir.num_rounds,
                   ir.net_bytes / 1e9, ir.nvlink_bytes / 1e9, bytes.size() / 1048576.0, secs);
+      if (ir.amax_assemblies + ir.frame_assemblies > 0) {
+        std::printf("  %zu groups of scale blocks that several training ranks hold parts of, quantized by their "
+                    "receivers: %zu with scales from partial amaxes, %zu assembled whole in a frame (FP8 sources)\n",
+                    ir.amax_assemblies + ir.frame_assemblies, ir.amax_assemblies, ir.frame_assemblies);
+      }
     }
     exit_code = 0;
   });
