@@ -68,8 +68,8 @@ TEST(Property, RandomQuantLayoutsCompileAndValidate) {
       }
       ValidateReport rep = ValidateBytes(bytes);
       if (!rep.ok()) {
-        ADD_FAILURE() << what << ": " << rep.errors[0] << "\nmodel " << s.model.dump() << "\ntrain "
-                      << s.train.dump() << "\ninfer " << s.infer.dump() << "\ncluster " << s.cluster.dump();
+        ADD_FAILURE() << what << ": " << rep.errors[0] << "\nmodel " << s.model.dump() << "\ntrain " << s.train.dump()
+                      << "\ninfer " << s.infer.dump() << "\ncluster " << s.cluster.dump();
         ++failures;
       }
       // Split blocks: parts of a block cover assembled in a frame (FP8

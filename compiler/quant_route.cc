@@ -225,8 +225,8 @@ QuantPiece QuantRouter::Assembled(int t, const Box& need) const {
   return p;
 }
 
-void QuantRouter::EmitPartUnpack(int t, const Box& cover, const Box& part, RankProgram& B, size_t round,
-                                 uint64_t slot, uint64_t frame) const {
+void QuantRouter::EmitPartUnpack(int t, const Box& cover, const Box& part, RankProgram& B, size_t round, uint64_t slot,
+                                 uint64_t frame) const {
   const Dtype wide = model_.tensors[t].dtype;
   Step up;
   up.kind = StepKind::unpack;

@@ -223,9 +223,11 @@ struct AssembleFixture {
     if (fp8_source) {
       for (const char* t : {"gate", "up"}) {
         const std::string name = std::string("layers.{layer}.") + t;
-        train["buffers"].push_back({{"name", name}, {"tensor", name},
-                                    {"quant", {{"format", "fp8_e4m3"}, {"scale", "block"}, {"block", {2, 6}},
-                                               {"scale_name", name + "_scale_inv"}}}});
+        train["buffers"].push_back(
+            {{"name", name},
+             {"tensor", name},
+             {"quant",
+              {{"format", "fp8_e4m3"}, {"scale", "block"}, {"block", {2, 6}}, {"scale_name", name + "_scale_inv"}}}});
       }
     }
     in = ParseInputs(model, train, Infer(quant), testing::TinyCluster());
@@ -383,15 +385,17 @@ TEST(QuantAssemble, CoverLargerThanTheStagingBudgetIsRefused) {
                 {"name": "layers.{layer}.up", "shape": [2048, 2048]},
                 {"name": "layers.{layer}.down", "shape": [2048, 2048]}]})");
   AssembleFixture f(json{{"format", "fp8_e4m3"}, {"scale", "tensor"}}, false, 8, model);
-  EXPECT_EQ(f.error, "infer.json: tensor 'layers.{layer}.gate': inference rank 0 quantizes [0:1, 0:1024, 0:2048] over "
-                     "blocks that 2 training cells share; receiving it takes 8389120 bytes of staging in one round, "
-                     "more than the 4194304 a round may use (half of --staging-mb 8); raise --staging-mb to at least 17");
+  EXPECT_EQ(f.error,
+            "infer.json: tensor 'layers.{layer}.gate': inference rank 0 quantizes [0:1, 0:1024, 0:2048] over "
+            "blocks that 2 training cells share; receiving it takes 8389120 bytes of staging in one round, "
+            "more than the 4194304 a round may use (half of --staging-mb 8); raise --staging-mb to at least 17");
   // From FP8 sources the whole cover is assembled: its frame and its two halves.
   AssembleFixture frame(json{{"format", "fp8_e4m3"}, {"scale", "tensor"}}, true, 8, model);
-  EXPECT_EQ(frame.error, "infer.json: tensor 'layers.{layer}.gate': inference rank 0 quantizes [0:1, 0:1024, 0:2048] "
-                         "over blocks that 2 training cells share; assembling their cover [0:1, 0:2048, 0:2048] takes "
-                         "16777216 bytes of staging in one round, more than the 4194304 a round may use (half of "
-                         "--staging-mb 8); raise --staging-mb to at least 32");
+  EXPECT_EQ(frame.error,
+            "infer.json: tensor 'layers.{layer}.gate': inference rank 0 quantizes [0:1, 0:1024, 0:2048] "
+            "over blocks that 2 training cells share; assembling their cover [0:1, 0:2048, 0:2048] takes "
+            "16777216 bytes of staging in one round, more than the 4194304 a round may use (half of "
+            "--staging-mb 8); raise --staging-mb to at least 32");
   AssembleFixture roomy(json{{"format", "fp8_e4m3"}, {"scale", "tensor"}}, false, 64, model);
   EXPECT_EQ(roomy.error, "");
   EXPECT_TRUE(roomy.Validate().ok());

@@ -309,7 +309,8 @@ RandomSpecs MakeRandomQuantSpecs(uint64_t seed) {
         ruled[part] = true;
         two_d = two_d && eligible_in(layout, part);
       }
-      if (two_d && !b.contains("interleave") && !b.contains("shape") && rng.Chance(percent)) b["quant"] = quant(b["name"]);
+      if (two_d && !b.contains("interleave") && !b.contains("shape") && rng.Chance(percent))
+        b["quant"] = quant(b["name"]);
     }
     for (const auto& [name, n] : ndim)
       if (!ruled[name] && eligible_in(layout, name) && rng.Chance(percent))

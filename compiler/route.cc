@@ -146,16 +146,16 @@ struct Assembly {
   int tensor;
   FragmentRef d;
   Box need, cover;
-  uint32_t b;                        // receiver (global rank)
-  std::vector<uint32_t> parts;       // indexes of its DPieces
-  bool amax = false;                 // the amax path
-  uint64_t frame_bytes = 0;          // the frame: the cover's image, or (amax path) the need's; 0: none
-  size_t grids = 0;                  // amax path: grids, one per part of the cover
-  uint64_t slot = 0;                 // amax path: bytes between grids in the area
+  uint32_t b;                   // receiver (global rank)
+  std::vector<uint32_t> parts;  // indexes of its DPieces
+  bool amax = false;            // the amax path
+  uint64_t frame_bytes = 0;     // the frame: the cover's image, or (amax path) the need's; 0: none
+  size_t grids = 0;             // amax path: grids, one per part of the cover
+  uint64_t slot = 0;            // amax path: bytes between grids in the area
   size_t round = 0;
-  uint64_t frame = ~uint64_t{0};     // bytes in b's staging once emitted: the frame,
-  uint64_t area = ~uint64_t{0};      // the grids,
-  uint64_t values = ~uint64_t{0};    // and (amax path) the need's values
+  uint64_t frame = ~uint64_t{0};   // bytes in b's staging once emitted: the frame,
+  uint64_t area = ~uint64_t{0};    // the grids,
+  uint64_t values = ~uint64_t{0};  // and (amax path) the need's values
 };
 
 class Router {
@@ -436,11 +436,13 @@ void Router::Assemble(int t, const CellGrid& g, const FragmentRef& df, std::vect
       // A grid from every part of the cover; the need's values from the cells it touches.
       as.grids = parts.size();
       as.slot = AlignUp(quant_.GridBytes(t, cover));
-      for (size_t k = 0; k < parts.size(); ++k) add(parts[k].first, parts[k].second, quant_.GridBytes(t, cover), static_cast<int32_t>(k));
+      for (size_t k = 0; k < parts.size(); ++k)
+        add(parts[k].first, parts[k].second, quant_.GridBytes(t, cover), static_cast<int32_t>(k));
       std::vector<std::pair<int, Box>> values;
       ForCells(t, g, df, group, [&](int ci, const Box& v) { values.push_back({ci, v}); });
       bool local = false;
-      for (const auto& [ci, v] : values) local = add(ci, v, static_cast<uint64_t>(v.volume()) * esize, -1) == b || local;
+      for (const auto& [ci, v] : values)
+        local = add(ci, v, static_cast<uint64_t>(v.volume()) * esize, -1) == b || local;
       // One remote part lands as the need's image already; several, or a local one, need a frame.
       if (values.size() > 1 || local) as.frame_bytes = static_cast<uint64_t>(group.volume()) * esize;
     } else {
@@ -489,9 +491,9 @@ void Router::Direct() {
     for (const FragmentRef& df : dst_.by_tensor[t]) {
       // A need whose blocks some source cell cuts is assembled at the receiver.
       bool whole = true;
-      if (quant_.Quantized(t)) ForCells(t, g, df, DstFrag(df).box, [&](int ci, const Box& piece) {
-        whole = whole && g.cells[ci].box.contains(quant_.Cover(t, piece));
-      });
+      if (quant_.Quantized(t))
+        ForCells(t, g, df, DstFrag(df).box,
+                 [&](int ci, const Box& piece) { whole = whole && g.cells[ci].box.contains(quant_.Cover(t, piece)); });
       if (!whole) {
         Assemble(t, g, df, pieces);
         continue;
@@ -634,8 +636,7 @@ void Router::PlaceAssemblies(std::vector<DPiece>& pieces, size_t rounds, std::ve
     };
     auto load = [&](size_t r) {
       uint64_t most = 0;
-      for (const auto& [g, n] : need)
-        most = std::max({most, Used(g, r) + n, At(out_used[g], r), At(in_used[g], r)});
+      for (const auto& [g, n] : need) most = std::max({most, Used(g, r) + n, At(out_used[g], r), At(in_used[g], r)});
       return most;
     };
     size_t best = rounds;
@@ -647,7 +648,8 @@ void Router::PlaceAssemblies(std::vector<DPiece>& pieces, size_t rounds, std::ve
     for (uint32_t i : as.parts) {
       DPiece& p = pieces[i];
       p.round = best;
-      if (p.a != p.b && ChannelOf(p.a, p.b) == Channel::net) At(out_used[p.a], best) += p.bytes, At(in_used[p.b], best) += p.bytes;
+      if (p.a != p.b && ChannelOf(p.a, p.b) == Channel::net)
+        At(out_used[p.a], best) += p.bytes, At(in_used[p.b], best) += p.bytes;
     }
   }
 }
@@ -879,7 +881,6 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
   std::vector<std::vector<uint64_t>> at;
   uint32_t depth = 0;
   size_t batch_round = 0;
-  // An assembly's frame, allocated in its receiver's staging with its first part.
   // An assembly's frame and grid area, allocated in its receiver's staging with its first part.
   auto frame = [&](const DPiece& p) {
     Assembly& as = assemblies_[p.assembly];
@@ -981,8 +982,10 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
         const DPiece& p = pieces[order[k]];
         if (p.assembly >= 0) {
           const Assembly& as = assemblies_[p.assembly];
-          if (p.grid >= 0) quant_.EmitAmax(p.tensor, as.cover, p.box, p.s, A, p.round, grid_at(p));
-          else quant_.EmitPartCopy(p.tensor, as.amax ? as.need : as.cover, p.box, p.s, A, p.round, frame(p));
+          if (p.grid >= 0)
+            quant_.EmitAmax(p.tensor, as.cover, p.box, p.s, A, p.round, grid_at(p));
+          else
+            quant_.EmitPartCopy(p.tensor, as.amax ? as.need : as.cover, p.box, p.s, A, p.round, frame(p));
           continue;
         }
         if (p.quant >= 0) {
@@ -1014,8 +1017,10 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
           Assembly& as = assemblies_[p.assembly];
           quant_.EmitPack(p.tensor, qpieces_[p.quant], p.s, A, p.round, oa + pos);
           // The need's values as the amax path receives them: a part into the frame, or the one part as is.
-          if (as.frame_bytes == 0) as.values = ob + pos;
-          else quant_.EmitPartUnpack(p.tensor, as.amax ? as.need : as.cover, p.box, B, p.round, ob + pos, frame(p));
+          if (as.frame_bytes == 0)
+            as.values = ob + pos;
+          else
+            quant_.EmitPartUnpack(p.tensor, as.amax ? as.need : as.cover, p.box, B, p.round, ob + pos, frame(p));
         } else if (p.quant >= 0) {
           quant_.EmitPack(p.tensor, qpieces_[p.quant], p.s, A, p.round, oa + pos);
           quant_.EmitUnpack(p.tensor, qpieces_[p.quant], p.d, B, p.round, ob + pos);
@@ -1050,7 +1055,8 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
       if (p.grid < 0) continue;
       const uint64_t oa = Alloc(p.a, p.round, p.bytes);
       quant_.EmitAmax(p.tensor, assemblies_[p.assembly].cover, p.box, p.s, A, p.round, oa);
-      Step snd = StagedStep(StepKind::send, Dtype::fp32, oa, p.bytes), rcv = StagedStep(StepKind::recv, Dtype::fp32, grid_at(p), p.bytes);
+      Step snd = StagedStep(StepKind::send, Dtype::fp32, oa, p.bytes),
+           rcv = StagedStep(StepKind::recv, Dtype::fp32, grid_at(p), p.bytes);
       snd.channel = rcv.channel = ch;
       snd.peer = p.b, rcv.peer = p.a;
       A.round(p.round).comm.push_back(snd);

@@ -346,10 +346,12 @@ class Validator {
     for (const RankState::Scattered* x : parts) {
       const Seg& p = x->seg;
       if (p.tensor != first.tensor || p.kind != SegKind::values || p.wire != wire || p.box.ndim != f.ndim) {
-        why = "the parts written there are not values of one tensor in " + std::string(DtypeString(static_cast<Dtype>(wire)));
+        why = "the parts written there are not values of one tensor in " +
+              std::string(DtypeString(static_cast<Dtype>(wire)));
         return false;
       }
-      for (int d = 0; d < f.ndim; ++d) f.lo[d] = std::min(f.lo[d], p.box.lo[d]), f.hi[d] = std::max(f.hi[d], p.box.hi[d]);
+      for (int d = 0; d < f.ndim; ++d)
+        f.lo[d] = std::min(f.lo[d], p.box.lo[d]), f.hi[d] = std::max(f.hi[d], p.box.hi[d]);
       volume += p.box.volume();
     }
     for (size_t i = 0; i < parts.size(); ++i)
@@ -370,7 +372,8 @@ class Validator {
       return false;
     }
     if (!SameRegion(RowMajorRegion(f, f, c.offset, kNoneIdx).Coalesced(), c)) {
-      why = "it is not the row-major image of " + TensorName(first.tensor) + " " + f.str() + ", which its parts make up";
+      why =
+          "it is not the row-major image of " + TensorName(first.tensor) + " " + f.str() + ", which its parts make up";
       return false;
     }
     for (const RankState::Scattered* x : parts) {
@@ -439,7 +442,8 @@ void Validator::AmaxQuant(uint32_t rank, size_t i, const fb::QuantOp& op) {
     Seg in;
     if (!ReadLocal(rank, src, s->wire(), where, in)) return;
     if (in.kind != SegKind::values || in.box.ndim < 2) {
-      Error(where + ": takes block amaxes of " + TensorName(in.tensor) + " " + in.box.str() + ", which are not plain values");
+      Error(where + ": takes block amaxes of " + TensorName(in.tensor) + " " + in.box.str() +
+            ", which are not plain values");
       return;
     }
     const Box& b = in.box;
@@ -456,12 +460,14 @@ void Validator::AmaxQuant(uint32_t rank, size_t i, const fb::QuantOp& op) {
       out.grid.lo[d] = start / block[q];
       out.grid.hi[d] = out.grid.lo[d] + (dst.ndim >= 2 ? dst.shape[dst.ndim - 2 + q] : 0);
       if (b.hi[d] > out.grid.hi[d] * block[q]) {
-        Error(where + ": the grid " + dst.str() + " does not reach the end of " + TensorName(in.tensor) + " " + b.str());
+        Error(where + ": the grid " + dst.str() + " does not reach the end of " + TensorName(in.tensor) + " " +
+              b.str());
         return;
       }
     }
     out.bytes = static_cast<uint64_t>(out.grid.volume()) * 4;
-    if (dst.buffer != kNoneIdx || !dst.Coalesced().contiguous() || static_cast<uint64_t>(dst.elements()) * 4 != out.bytes) {
+    if (dst.buffer != kNoneIdx || !dst.Coalesced().contiguous() ||
+        static_cast<uint64_t>(dst.elements()) * 4 != out.bytes) {
       Error(where + ": the amax grid " + dst.str() + " is not " + std::to_string(out.grid.volume()) +
             " contiguous fp32 values in staging");
       return;
@@ -520,8 +526,12 @@ void Validator::AmaxQuant(uint32_t rank, size_t i, const fb::QuantOp& op) {
             TensorName(g0.tensor) + " " + whole.str() + " out of its blocks' amaxes");
       return;
     }
-    Seg scales{static_cast<uint64_t>(grid.volume()) * WireSize(op.scale_dtype()), g0.tensor, grid, op.scale_dtype(),
-               SegKind::scales, block};
+    Seg scales{static_cast<uint64_t>(grid.volume()) * WireSize(op.scale_dtype()),
+               g0.tensor,
+               grid,
+               op.scale_dtype(),
+               SegKind::scales,
+               block};
     if (dst.buffer == kNoneIdx) {
       Error(where + ": scales into staging; they belong in the destination's scale buffer");
       return;
@@ -551,7 +561,8 @@ void Validator::AmaxQuant(uint32_t rank, size_t i, const fb::QuantOp& op) {
   bool ok = scale.buffer != kNoneIdx && Resolve(rank, 1, scale, frag, have) &&
             info_[st.frags[1][frag].tensor].scale_of == in.tensor && have == blocks;
   bool computed = false;
-  for (const auto& [t, box, blk] : st.amax_scales) computed = computed || (t == in.tensor && blk == block && box.contains(blocks));
+  for (const auto& [t, box, blk] : st.amax_scales)
+    computed = computed || (t == in.tensor && blk == block && box.contains(blocks));
   if (!ok || !computed) {
     Error(where + ": scale region " + scale.str() + " does not hold scales of " + TensorName(in.tensor) + " blocks " +
           blocks.str() + " of " + BlockStr(block) + " taken from amaxes before it");
@@ -626,7 +637,8 @@ void Validator::Quant(uint32_t rank, size_t i, const fb::QuantOp& op) {
   if (quantize) {
     if (scale.buffer == kNoneIdx) {
       if (!scale.Coalesced().contiguous()) Error(where + ": scale region " + scale.str() + " is not contiguous in staging");
-      else Write(st, scale.offset * WireSize(op.scale_dtype()), scales);
+      else
+        Write(st, scale.offset * WireSize(op.scale_dtype()), scales);
     } else {
       Land(rank, scale, scales, where);
     }
@@ -681,8 +693,10 @@ void Validator::Local(uint32_t rank, size_t i) {
     StridedRegion dst = ToRegion(*st.p->regions()->Get(s->dst()));
     Seg what;
     if (!ReadLocal(rank, src, s->wire(), where, what)) return;
-    if (dst.buffer == kNoneIdx) WritePart(st, dst, what);
-    else Land(rank, dst, what, where);
+    if (dst.buffer == kNoneIdx)
+      WritePart(st, dst, what);
+    else
+      Land(rank, dst, what, where);
   }
 }
 
@@ -764,8 +778,10 @@ void Validator::Unpack(uint32_t rank, size_t i) {
     return;
   }
   const StridedRegion dst = ToRegion(*st.p->regions()->Get(s->dst()));
-  if (dst.buffer == kNoneIdx) WritePart(st, dst, what);  // a part of a block cover, into its frame
-  else Land(rank, dst, what, where);
+  if (dst.buffer == kNoneIdx)
+    WritePart(st, dst, what);  // a part of a block cover, into its frame
+  else
+    Land(rank, dst, what, where);
 }
 
 void Validator::Coverage() {

@@ -399,11 +399,13 @@ void Plan::Impl::CheckProgram(uint32_t rank, const fb::Program& p) const {
     }
     if ((amax || from_amax) && op.scale() != kNone)
       Fail(sat + (amax ? "an " : "a ") + QuantKindName(op.kind()) + " op takes no scale region");
-    if (!amax && !from_amax && op.scale() == kNone) Fail(sat + "the " + QuantKindName(op.kind()) + " op has no scale region");
-    if ((amax || from_amax) && s.wire() != fb::Dtype::fp32) Fail(sat + "amaxes are fp32, the step's wire is " + DtypeName(s.wire()));
+    if (!amax && !from_amax && op.scale() == kNone)
+      Fail(sat + "the " + QuantKindName(op.kind()) + " op has no scale region");
+    if ((amax || from_amax) && s.wire() != fb::Dtype::fp32)
+      Fail(sat + "amaxes are fp32, the step's wire is " + DtypeName(s.wire()));
     const fb::Region& a = check_region(sat, s.src(), "src", s.wire(), !src_staging, src_staging || copy);
-    const fb::Region& b = check_region(sat, s.dst(), "dst", from_amax ? op.scale_dtype() : s.wire(), !dst_staging,
-                                       dst_staging || copy);
+    const fb::Region& b =
+        check_region(sat, s.dst(), "dst", from_amax ? op.scale_dtype() : s.wire(), !dst_staging, dst_staging || copy);
     QuantArgs args;
     if (op.scale() != kNone) {
       const fb::Region& c = check_region(sat, op.scale(), "scale", op.scale_dtype(), true, true);

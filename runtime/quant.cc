@@ -66,10 +66,13 @@ void CheckAmaxArgs(const QuantArgs& a) {
   if (a.block[0] == 0 || a.block[1] == 0) fail("block extents must be positive");
   if (a.kind == fb::QuantKind::scale_from_amax) {
     const int n = a.dst.ndim;
-    if (n < 2 || a.src.ndim != n + 1) fail("src " + Shape(a.src) + " must be dst " + Shape(a.dst) + " with a leading mode of partial grids");
+    if (n < 2 || a.src.ndim != n + 1)
+      fail("src " + Shape(a.src) + " must be dst " + Shape(a.dst) + " with a leading mode of partial grids");
     for (int k = 0; k < n; ++k)
-      if (a.src.shape[k + 1] != a.dst.shape[k]) fail("src " + Shape(a.src) + " holds grids of another shape than dst " + Shape(a.dst));
-    if (a.src.dtype != fb::Dtype::fp32) fail(std::string("src is ") + DtypeName(a.src.dtype) + ", expected fp32 amaxes");
+      if (a.src.shape[k + 1] != a.dst.shape[k])
+        fail("src " + Shape(a.src) + " holds grids of another shape than dst " + Shape(a.dst));
+    if (a.src.dtype != fb::Dtype::fp32)
+      fail(std::string("src is ") + DtypeName(a.src.dtype) + ", expected fp32 amaxes");
     if (a.dst.dtype != fb::Dtype::fp32 && a.dst.dtype != fb::Dtype::e8m0)
       fail(std::string("scales are fp32 or e8m0, not ") + DtypeName(a.dst.dtype));
     return;
@@ -77,27 +80,34 @@ void CheckAmaxArgs(const QuantArgs& a) {
   const int n = a.src.ndim;
   const RegionView& grid = a.kind == fb::QuantKind::amax ? a.dst : a.scale;
   if (n < 2 || grid.ndim != n || (a.kind == fb::QuantKind::quantize_scaled && a.dst.ndim != n)) {
-    fail("src " + Shape(a.src) + ", dst " + Shape(a.dst) + (a.kind == fb::QuantKind::amax ? "" : " and scale " + Shape(a.scale)) +
+    fail("src " + Shape(a.src) + ", dst " + Shape(a.dst) +
+         (a.kind == fb::QuantKind::amax ? "" : " and scale " + Shape(a.scale)) +
          " need the same number of modes, at least 2 (outer..., rows, cols)");
   }
   for (int k = 0; k + 2 < n; ++k)
-    if (a.src.shape[k] != grid.shape[k] || (a.kind == fb::QuantKind::quantize_scaled && a.src.shape[k] != a.dst.shape[k]))
+    if (a.src.shape[k] != grid.shape[k] ||
+        (a.kind == fb::QuantKind::quantize_scaled && a.src.shape[k] != a.dst.shape[k]))
       fail("outer mode " + std::to_string(k) + " differs: src " + Shape(a.src) + ", dst " + Shape(a.dst));
   const uint64_t R = a.src.shape[n - 2], C = a.src.shape[n - 1];
-  if (!KernelSupports(a.src.dtype)) fail(std::string("src is ") + DtypeName(a.src.dtype) + ", expected bf16, fp16 or fp32");
+  if (!KernelSupports(a.src.dtype))
+    fail(std::string("src is ") + DtypeName(a.src.dtype) + ", expected bf16, fp16 or fp32");
   if (a.kind == fb::QuantKind::amax) {
-    if (a.dst.dtype != fb::Dtype::fp32) fail(std::string("dst is ") + DtypeName(a.dst.dtype) + ", expected fp32 amaxes");
-    if (a.dst.shape[n - 2] < Ceil(a.origin[0] + R, a.block[0]) || a.dst.shape[n - 1] < Ceil(a.origin[1] + C, a.block[1]))
-      fail("grid " + Shape(a.dst) + " does not reach src " + Shape(a.src) + " at (" + std::to_string(a.origin[0]) + "," +
-           std::to_string(a.origin[1]) + ")");
+    if (a.dst.dtype != fb::Dtype::fp32)
+      fail(std::string("dst is ") + DtypeName(a.dst.dtype) + ", expected fp32 amaxes");
+    if (a.dst.shape[n - 2] < Ceil(a.origin[0] + R, a.block[0]) ||
+        a.dst.shape[n - 1] < Ceil(a.origin[1] + C, a.block[1]))
+      fail("grid " + Shape(a.dst) + " does not reach src " + Shape(a.src) + " at (" + std::to_string(a.origin[0]) +
+           "," + std::to_string(a.origin[1]) + ")");
     return;
   }
   if (a.dst.dtype != fb::Dtype::fp8_e4m3) fail(std::string("dst is ") + DtypeName(a.dst.dtype) + ", expected fp8_e4m3");
-  if (a.dst.shape[n - 2] != R || a.dst.shape[n - 1] != C) fail("src " + Shape(a.src) + " and dst " + Shape(a.dst) + " differ");
+  if (a.dst.shape[n - 2] != R || a.dst.shape[n - 1] != C)
+    fail("src " + Shape(a.src) + " and dst " + Shape(a.dst) + " differ");
   if (a.origin[0] >= a.block[0] || a.origin[1] >= a.block[1]) fail("origin lies outside the first block");
   if (a.scale.dtype != fb::Dtype::fp32 && a.scale.dtype != fb::Dtype::e8m0)
     fail(std::string("scales are fp32 or e8m0, not ") + DtypeName(a.scale.dtype));
-  if (a.scale.shape[n - 2] != Ceil(a.origin[0] + R, a.block[0]) || a.scale.shape[n - 1] != Ceil(a.origin[1] + C, a.block[1]))
+  if (a.scale.shape[n - 2] != Ceil(a.origin[0] + R, a.block[0]) ||
+      a.scale.shape[n - 1] != Ceil(a.origin[1] + C, a.block[1]))
     fail("scale " + Shape(a.scale) + " does not match the blocks of src " + Shape(a.src));
 }
 

@@ -6,9 +6,8 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "runtime/test.h"
 
@@ -204,9 +203,9 @@ TEST(QuantE2eTest, ShardEdgesInsideBlocksMixAssembledAndSenderQuantized) {
 // part is copied (dequantized) into the frame before the others arrive.
 TEST(QuantE2eTest, SplitBlocksFromFp8SourcesAreAssembledInAFrame) {
   json train = Load("tiny-dense/train.json");
-  Quantize(train, "decoder.layers.{layer.local}.self_attention.linear_proj.weight",
-           Quant("decoder.layers.{layer.local}.self_attention.linear_proj.weight_scale_inv", "fp8_e4m3", "block",
-                 {32, 32}));
+  Quantize(
+      train, "decoder.layers.{layer.local}.self_attention.linear_proj.weight",
+      Quant("decoder.layers.{layer.local}.self_attention.linear_proj.weight_scale_inv", "fp8_e4m3", "block", {32, 32}));
   json infer = Load("tiny-dense/infer.json");
   Quantize(infer, "model.layers.{layer}.self_attn.o_proj.weight",
            Quant("model.layers.{layer}.self_attn.o_proj.weight_scale", "fp8_e4m3", "channel"));
@@ -301,8 +300,9 @@ TEST(QuantE2eTest, ShowNamesAmaxOps) {
       << c.out;
   // Training rank 0 (stage 0, TP rank 0) sends layer 0's partial amaxes over columns 0..64 of 128.
   Result r = Shell(kBinary + " show " + dir.File("q.rsplan") + " --rank 0");
-  EXPECT_NE(r.out.find(" pack 256 B fp32 from 'decoder.layers.0.mlp.linear_fc2.weight' @0 (64,64):(64,1) into staging @"),
-            std::string::npos)
+  EXPECT_NE(
+      r.out.find(" pack 256 B fp32 from 'decoder.layers.0.mlp.linear_fc2.weight' @0 (64,64):(64,1) into staging @"),
+      std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("(64,1):(1,1), block amaxes over blocks of 1x128 from (0,0)"), std::string::npos) << r.out;
   r = Shell(kBinary + " show " + dir.File("q.rsplan") + " --rank 8");

@@ -488,8 +488,8 @@ TEST(QuantPlanTest, BadAmaxOpsAreRefusedOnOpen) {
   ASSERT_EQ(refused(good, 8), "(opened)");
   ASSERT_EQ(refused(good, 0), "(opened)");
   struct Mutation {
-    uint32_t rank;          // 0: a training rank (sends amaxes), 8: an inference rank (takes scales)
-    QuantKind kind;         // the first step with an op of this kind is changed
+    uint32_t rank;   // 0: a training rank (sends amaxes), 8: an inference rank (takes scales)
+    QuantKind kind;  // the first step with an op of this kind is changed
     std::function<void(RankProgram&, Step&, QuantOpIR&)> change;
     const char* error;
   };

@@ -135,11 +135,11 @@ void RunCases(std::vector<Case>& cases, double compile_s) {
     }
   }
   EXPECT_EQ(failures, 0);
-  std::printf("%zu plans: compiled in %.1f s, run in %.1f s, %llu destination elements checked, "
-              "%d rerun after a transport crash\n",
-              cases.size(), compile_s, run_s, static_cast<unsigned long long>(checked), retried);
+  std::printf(
+      "%zu plans: compiled in %.1f s, run in %.1f s, %llu destination elements checked, "
+      "%d rerun after a transport crash\n",
+      cases.size(), compile_s, run_s, static_cast<unsigned long long>(checked), retried);
 }
-
 
 TEST(RandomE2eTest, RandomLayoutsRunWithEveryElementRight) {
   testing::TempDir dir;

@@ -45,10 +45,10 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
                "NVLink domain need the same region (by default such a region enters the domain once,\n"
                "striped over the domain's NICs, and is forwarded over NVLink)");
   cmd->add_flag("--requantize-on-receiver", o->requantize_on_receiver,
-               "quantized destinations receive the tensor's dtype (BF16) and quantize it themselves, even\n"
-               "where the sender holds whole scale blocks (by default such a sender quantizes and sends FP8\n"
-               "values plus scales: about half the bytes). Blocks that several training ranks hold parts of\n"
-               "are quantized by the receiver either way, from the parts' partial amaxes");
+                "quantized destinations receive the tensor's dtype (BF16) and quantize it themselves, even\n"
+                "where the sender holds whole scale blocks (by default such a sender quantizes and sends FP8\n"
+                "values plus scales: about half the bytes). Blocks that several training ranks hold parts of\n"
+                "are quantized by the receiver either way, from the parts' partial amaxes");
   cmd->add_flag("-q,--quiet", o->quiet, "print nothing on success");
   cmd->add_flag("--json", o->json, "print the summary as JSON");
   cmd->callback([o, &exit_code] {
@@ -77,9 +77,10 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
                   in.src.name.c_str(), in.dst.name.c_str(), o->strategy.c_str(), ir.ranks.size(), ir.num_rounds,
                   ir.net_bytes / 1e9, ir.nvlink_bytes / 1e9, bytes.size() / 1048576.0, secs);
       if (ir.amax_assemblies + ir.frame_assemblies > 0) {
-        std::printf("  %zu groups of scale blocks that several training ranks hold parts of, quantized by their "
-                    "receivers: %zu with scales from partial amaxes, %zu assembled whole in a frame (FP8 sources)\n",
-                    ir.amax_assemblies + ir.frame_assemblies, ir.amax_assemblies, ir.frame_assemblies);
+        std::printf(
+            "  %zu groups of scale blocks that several training ranks hold parts of, quantized by their "
+            "receivers: %zu with scales from partial amaxes, %zu assembled whole in a frame (FP8 sources)\n",
+            ir.amax_assemblies + ir.frame_assemblies, ir.amax_assemblies, ir.frame_assemblies);
       }
     }
     exit_code = 0;

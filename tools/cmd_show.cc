@@ -2,10 +2,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 #include "runtime/error.h"
 #include "runtime/plan.h"

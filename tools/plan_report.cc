@@ -103,13 +103,15 @@ std::string StepText(const fb::Program& p, const fb::Step& s) {
     for (const fb::QuantOp* op : *p.quant_ops()) {
       if (op->step() != index) continue;
       const std::string blocks = std::to_string(op->block()->Get(0)) + "x" + std::to_string(op->block()->Get(1));
-      const std::string origin = "(" + std::to_string(op->origin()->Get(0)) + "," + std::to_string(op->origin()->Get(1)) + ")";
+      const std::string origin =
+          "(" + std::to_string(op->origin()->Get(0)) + "," + std::to_string(op->origin()->Get(1)) + ")";
       if (op->kind() == fb::QuantKind::amax) {
         line += ", block amaxes over blocks of " + blocks + " from " + origin;
         continue;
       }
       if (op->kind() == fb::QuantKind::scale_from_amax) {
-        line += ", " + std::string(DtypeName(op->scale_dtype())) + " scales of the largest amaxes (blocks of " + blocks + ")";
+        line += ", " + std::string(DtypeName(op->scale_dtype())) + " scales of the largest amaxes (blocks of " +
+                blocks + ")";
         continue;
       }
       if (op->kind() == fb::QuantKind::quantize_scaled) {

@@ -69,8 +69,10 @@ __global__ void __launch_bounds__(256) ElementwiseQuantKernel(const __grid_const
   const uint64_t total = static_cast<uint64_t>(l.outer) * l.rows * l.cols;
   const uint64_t step = static_cast<uint64_t>(gridDim.x) * blockDim.x;
   for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {
-    if (l.mode == QuantMode::quantize_scaled) QuantizeScaledElement(l, i);
-    else ScaleFromAmaxElement(l, i);
+    if (l.mode == QuantMode::quantize_scaled)
+      QuantizeScaledElement(l, i);
+    else
+      ScaleFromAmaxElement(l, i);
   }
 }
 

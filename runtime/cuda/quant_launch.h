@@ -36,8 +36,8 @@ struct QuantLaunch {
   uint64_t rows = 0, cols = 0;          // src extents
   uint64_t dst_rows = 0, dst_cols = 0;  // dst extents (quantize: the kept sub-box; amax: the grid)
   uint32_t origin[2] = {0, 0}, block[2] = {1, 1};
-  uint32_t parts = 1;        // scale_from_amax: partial grids per block
-  int64_t part_stride = 0;   // scale_from_amax: elements from one grid to the next
+  uint32_t parts = 1;       // scale_from_amax: partial grids per block
+  int64_t part_stride = 0;  // scale_from_amax: elements from one grid to the next
   QuantSide src, dst, scale;
 };
 
@@ -129,7 +129,8 @@ RESHARD_HD inline void AmaxSpan(const QuantLaunch& l, int q, uint64_t g, uint64_
 
 /// Element k (row-major) of src inside grid block b (row-major over outer,
 /// grid rows, grid cols) of an amax launch: false past its end.
-RESHARD_HD inline bool AmaxElement(const QuantLaunch& l, uint64_t b, uint64_t k, uint32_t& o, uint64_t& r, uint64_t& c) {
+RESHARD_HD inline bool AmaxElement(const QuantLaunch& l, uint64_t b, uint64_t k, uint32_t& o, uint64_t& r,
+                                   uint64_t& c) {
   const uint64_t gc = b % l.dst_cols, gr = (b / l.dst_cols) % l.dst_rows;
   o = static_cast<uint32_t>(b / (l.dst_cols * l.dst_rows));
   uint64_t r0, r1, c0, c1;

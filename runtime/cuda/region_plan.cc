@@ -194,10 +194,18 @@ std::vector<QuantLaunch> PlanQuant(const QuantArgs& a) {
   const RegionView* views[3] = {&src, &a.dst, &a.scale};
   int sides = 3;
   switch (a.kind) {
-    case fb::QuantKind::dequantize: proto.mode = QuantMode::dequantize; break;
-    case fb::QuantKind::quantize: proto.mode = QuantMode::quantize; break;
-    case fb::QuantKind::amax: proto.mode = QuantMode::amax, sides = 2; break;
-    case fb::QuantKind::quantize_scaled: proto.mode = QuantMode::quantize_scaled; break;
+    case fb::QuantKind::dequantize:
+      proto.mode = QuantMode::dequantize;
+      break;
+    case fb::QuantKind::quantize:
+      proto.mode = QuantMode::quantize;
+      break;
+    case fb::QuantKind::amax:
+      proto.mode = QuantMode::amax, sides = 2;
+      break;
+    case fb::QuantKind::quantize_scaled:
+      proto.mode = QuantMode::quantize_scaled;
+      break;
     case fb::QuantKind::scale_from_amax:
       proto.mode = QuantMode::scale_from_amax;
       if (a.src.buffer_modes & 1u) throw Error("quant op: the grids of a scale_from_amax must not select buffers");
@@ -215,8 +223,8 @@ std::vector<QuantLaunch> PlanQuant(const QuantArgs& a) {
     if (views[v]->ndim == 0) continue;
     if (views[v]->buffer_modes >> outer) throw Error("quant op: rows and cols of a region must not select buffers");
   }
-  const bool quantize = proto.mode == QuantMode::quantize || proto.mode == QuantMode::quantize_scaled ||
-                        proto.mode == QuantMode::amax;
+  const bool quantize =
+      proto.mode == QuantMode::quantize || proto.mode == QuantMode::quantize_scaled || proto.mode == QuantMode::amax;
   proto.wide = proto.mode == QuantMode::scale_from_amax ? Elem::fp32 : ElemOf(quantize ? a.src.dtype : a.dst.dtype);
   proto.e8m0 = (proto.mode == QuantMode::scale_from_amax ? a.dst.dtype : a.scale.dtype) == fb::Dtype::e8m0;
   proto.rows = src.shape[n - 2];
@@ -275,7 +283,8 @@ void RunQuantOnHost(const std::vector<QuantLaunch>& launches) {
           uint32_t o;
           uint64_t r, c;
           float amax = 0;
-          for (uint64_t k = 0; AmaxElement(l, b, k, o, r, c); ++k) amax = AmaxStep(amax, LoadWide(At(l.src, o, r, c, WideSize(l.wide)), l.wide));
+          for (uint64_t k = 0; AmaxElement(l, b, k, o, r, c); ++k)
+            amax = AmaxStep(amax, LoadWide(At(l.src, o, r, c, WideSize(l.wide)), l.wide));
           StoreAmax(l, b, amax);
         }
         continue;
