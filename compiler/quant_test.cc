@@ -376,6 +376,26 @@ TEST(QuantAssemble, ValidateCatchesBrokenAmaxPaths) {
   EXPECT_NE(errors[0].find("both hold the amax"), std::string::npos) << errors[0];
 }
 
+// The bundled per-channel FP8 sample: o_proj's rows lie on the 4 ranks of
+// training TP, so every inference rank's o_proj takes the amax path; the
+// plan is proven, and moves about half the bytes of the BF16 one.
+TEST(QuantAssemble, Qwen3PerChannelSampleTakesTheAmaxPath) {
+  const std::string train = testing::Sample("qwen3-235b/train-tp4-pp8-ep16.json");
+  const std::string model = testing::Sample("qwen3-235b/model.json"), cluster = testing::Sample("clusters/dgx-h100.json");
+  CompileInputs fp8 = LoadInputs(model, train, testing::Sample("qwen3-235b/infer-tp8-dp16-fp8-channel.json"), cluster);
+  CompileInputs bf16 = LoadInputs(model, train, testing::Sample("qwen3-235b/infer-tp8-dp16.json"), cluster);
+  const PlanIR ir = BuildPlan(fp8, CompileOptions{});
+  // Every one of the 128 inference ranks, at least one group per pipeline stage of o_proj.
+  EXPECT_GE(ir.amax_assemblies, 128u * 8u);
+  EXPECT_EQ(ir.amax_assemblies % 128, 0u);
+  EXPECT_EQ(ir.frame_assemblies, 0u);
+  const ValidateReport r = testing::ValidateBytes(EmitPlan(fp8, ir));
+  EXPECT_TRUE(r.ok()) << (r.errors.empty() ? "" : r.errors[0]);
+  const PlanIR ref = BuildPlan(bf16, CompileOptions{});
+  EXPECT_LT(ir.net_bytes, ref.net_bytes * 53 / 100);
+  EXPECT_GT(ir.net_bytes, ref.net_bytes * 50 / 100);
+}
+
 TEST(QuantAssemble, CoverLargerThanTheStagingBudgetIsRefused) {
   // One per-tensor block of 2048 x 2048 bf16 (8 MiB) that training TP2 splits
   // by columns; each inference rank needs half of its rows (4 MiB), from both
