@@ -147,6 +147,18 @@ TEST(SimulateTest, PackCostsItsBytesReadAndWrittenThroughHbm) {
   EXPECT_NEAR(j["predicted_seconds"].get<double>(), 2 * kGB / kHbm + kGB / kNic + kNicLat, 1e-9);
 }
 
+// A block-scaled conversion reads and writes different amounts: it counts
+// the average of what it reads and writes. The receiver's quantize of
+// QuantPlan reads the 4x8 bf16 cover (64 B) and writes 2x8 FP8 values (16 B)
+// and 2x2 fp32 scales (16 B): 48 B, not the step's 16; the sender's plain
+// pack of the cover stays 64 B.
+TEST(SimulateTest, QuantStepsCountWhatTheyReadAndWrite) {
+  TempDir dir;
+  auto j = Simulate(testing::QuantPlan(testing::QuantPath::requantize), 1, dir);
+  EXPECT_EQ(j["bytes"]["hbm_unpack"].get<uint64_t>(), 48u) << j.dump();
+  EXPECT_EQ(j["bytes"]["hbm_local"].get<uint64_t>(), 64u) << j.dump();
+}
+
 TEST(SimulateTest, ARoundStartsWhenTheRankFinishedThePrevious) {
   TempDir dir;
   // Round 0: 0 -> 1 (1 GB). Round 1: 1 -> 2 (1 GB): rank 1 starts it only after its receive.

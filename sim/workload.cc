@@ -41,6 +41,28 @@ void Merge(std::vector<Message>& list, uint32_t peer, uint64_t bytes, bool send)
   list.push_back({peer, bytes, send});
 }
 
+// The bytes a step moves through HBM, counted as its read and write halves
+// (local steps cost 2 x bytes / HBM: every byte read once and written once).
+// A plain step reads and writes its `bytes`; a block-scaled conversion reads
+// and writes different amounts - a quantize reads a whole block cover in
+// BF16 and writes FP8 of part of it plus scales, an amax pack reads a part
+// and writes a grid of a few bytes per block - so it counts the average of
+// its regions' bytes (src read, dst and any computed scales written).
+uint64_t HbmBytes(const fb::Program& prog, const fb::Step& s, const fb::QuantOp* op) {
+  if (op == nullptr) return s.bytes();
+  auto bytes_of = [&](uint32_t region, fb::Dtype staging_dtype) -> uint64_t {
+    if (region == kNone) return 0;
+    const fb::Region& r = *prog.regions()->Get(region);
+    const fb::Dtype d = r.buffer() == kNone ? staging_dtype : prog.buffers()->Get(r.buffer())->dtype();
+    return RegionElements(r) * DtypeSize(d);
+  };
+  const bool from_amax = op->kind() == fb::QuantKind::scale_from_amax;
+  uint64_t read = bytes_of(s.src(), s.wire()), written = bytes_of(s.dst(), from_amax ? op->scale_dtype() : s.wire());
+  if (op->kind() == fb::QuantKind::quantize) written += bytes_of(op->scale(), op->scale_dtype());
+  else read += bytes_of(op->scale(), op->scale_dtype());
+  return (read + written + 1) / 2;
+}
+
 }  // namespace
 
 Workload BuildWorkload(const Plan& plan, const ClusterSpec& cluster) {
@@ -73,6 +95,10 @@ Workload BuildWorkload(const Plan& plan, const ClusterSpec& cluster) {
     const auto* rb = prog.round_begin();
     if (!steps || !rb || rb->size() < 1) continue;
     w.steps += steps->size();
+    std::vector<const fb::QuantOp*> quant(steps->size(), nullptr);
+    if (prog.quant_ops() != nullptr)
+      for (const fb::QuantOp* op : *prog.quant_ops())
+        if (op->step() < quant.size()) quant[op->step()] = op;
     for (uint32_t r = 0; r + 1 < rb->size(); ++r) {
       RankRound rr;
       rr.round = r;
@@ -82,10 +108,10 @@ Workload BuildWorkload(const Plan& plan, const ClusterSpec& cluster) {
         switch (s->kind()) {
           case fb::StepKind::pack:
           case fb::StepKind::copy:
-            rr.local_bytes += bytes;
+            rr.local_bytes += HbmBytes(prog, *s, quant[i]);
             break;
           case fb::StepKind::unpack:
-            rr.unpack_bytes += bytes;
+            rr.unpack_bytes += HbmBytes(prog, *s, quant[i]);
             break;
           case fb::StepKind::send:
           case fb::StepKind::forward:
