@@ -20,13 +20,20 @@
 // relay stripes are cut at block edges (Stripes).
 //
 // A block whose cover no single training rank holds (TP cutting per-channel
-// or per-tensor blocks, or shard edges inside 128x128 blocks) is assembled at
-// the receiver: the need is cut into groups of whole blocks (Groups); every
-// source cell the group's cover touches sends its part in the tensor's dtype,
-// all in one round; the receiver unpacks each part into its place in a
-// row-major image of the whole cover in its staging (the frame,
-// EmitPartUnpack/EmitPartCopy) and quantizes the frame once, after every part
-// has landed (EmitUnpack of Assembled()).
+// or per-tensor blocks, or shard edges inside 128x128 blocks) is quantized by
+// the receiver from parts that several senders send in one round. Its need is
+// cut into groups of whole blocks (Groups), each one of two ways:
+// - the amax path (AmaxPath: the training side holds the tensor unquantized):
+//   every source cell the group's cover touches sends the partial block
+//   amaxes of its part (EmitAmax), and the cells the need touches send its
+//   values; the receiver takes the scales of the largest amaxes and quantizes
+//   the need with them (EmitScaledQuantize). The values, when they come from
+//   several cells, are first unpacked into a frame of the need;
+// - the frame path (FP8 training weights): every cell sends its part of the
+//   cover, dequantized, in the tensor's dtype; the receiver unpacks each part
+//   into its place in a row-major image of the whole cover in its staging
+//   (the frame, EmitPartUnpack/EmitPartCopy) and quantizes the frame once,
+//   after every part has landed (EmitUnpack of Assembled()).
 #pragma once
 
 #include <cstdint>
