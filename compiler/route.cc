@@ -473,7 +473,7 @@ std::map<uint32_t, uint64_t> Router::AssemblyNeed(const Assembly& as, const std:
     const DPiece& p = pieces[i];
     if (p.a == p.b) continue;
     need[p.a] += AlignUp(p.bytes);
-    if (p.grid < 0) need[p.b] += AlignUp(p.bytes);  // a grid lands in the area
+    need[p.b] += AlignUp(p.bytes);  // a grid lands with the values, then is copied into the area
   }
   return need;
 }
@@ -1006,14 +1006,26 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
     // Staged pieces: one message, contiguous in both staging areas.
     uint64_t total = 0;
     for (size_t k = i; k < j; ++k)
-      if (pieces[order[k]].staged && pieces[order[k]].grid < 0) total += AlignUp(pieces[order[k]].bytes);
+      if (pieces[order[k]].staged) total += AlignUp(pieces[order[k]].bytes);
     if (total > 0) {
       uint64_t oa = Alloc(first.a, first.round, total), ob = Alloc(first.b, first.round, total);
       uint64_t pos = 0;
       for (size_t k = i; k < j; ++k) {
         const DPiece& p = pieces[order[k]];
-        if (!p.staged || p.grid >= 0) continue;
-        if (p.assembly >= 0) {
+        if (!p.staged) continue;
+        if (p.grid >= 0) {
+          // A partial-amax grid (amax path) travels with the pair's values and is copied into the area.
+          quant_.EmitAmax(p.tensor, assemblies_[p.assembly].cover, p.box, p.s, A, p.round, oa + pos);
+          Step up = StagedStep(StepKind::unpack, Dtype::fp32, ob + pos, p.bytes);
+          StridedRegion area;
+          area.buffer = kStaging;
+          area.offset = grid_at(p) / 4;
+          area.ndim = 1;
+          area.shape[0] = static_cast<int64_t>(p.bytes / 4);
+          area.stride[0] = 1;
+          up.dst = B.AddRegion(area);
+          B.round(p.round).unpack.push_back(up);
+        } else if (p.assembly >= 0) {
           Assembly& as = assemblies_[p.assembly];
           quant_.EmitPack(p.tensor, qpieces_[p.quant], p.s, A, p.round, oa + pos);
           // The need's values as the amax path receives them: a part into the frame, or the one part as is.
@@ -1048,20 +1060,6 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
       A.round(first.round).comm.push_back(snd);
       B.round(first.round).comm.push_back(rcv);
       Count(first.a, first.b, total);
-    }
-    // Partial-amax grids (amax path): a message each, received into the assembly's area.
-    for (size_t k = i; k < j; ++k) {
-      const DPiece& p = pieces[order[k]];
-      if (p.grid < 0) continue;
-      const uint64_t oa = Alloc(p.a, p.round, p.bytes);
-      quant_.EmitAmax(p.tensor, assemblies_[p.assembly].cover, p.box, p.s, A, p.round, oa);
-      Step snd = StagedStep(StepKind::send, Dtype::fp32, oa, p.bytes),
-           rcv = StagedStep(StepKind::recv, Dtype::fp32, grid_at(p), p.bytes);
-      snd.channel = rcv.channel = ch;
-      snd.peer = p.b, rcv.peer = p.a;
-      A.round(p.round).comm.push_back(snd);
-      B.round(p.round).comm.push_back(rcv);
-      Count(p.a, p.b, p.bytes);
     }
     for (size_t k = i; k < j; ++k) {
       const DPiece& p = pieces[order[k]];

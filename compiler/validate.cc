@@ -772,12 +772,25 @@ void Validator::Unpack(uint32_t rank, size_t i) {
     src.offset = s->staging() / WireSize(s->wire());
   }
   Seg what;
+  const StridedRegion dst = ToRegion(*st.p->regions()->Get(s->dst()));
+  // A partial-amax grid (amax path), copied whole into its assembly's area.
+  auto grid = st.staging.find(src.offset * WireSize(s->wire()));
+  if (s->src() == kNoneIdx && grid != st.staging.end() && grid->second.kind == SegKind::amax) {
+    if (grid->second.bytes != s->bytes() || dst.buffer != kNoneIdx || !dst.Coalesced().contiguous() ||
+        static_cast<uint64_t>(dst.elements()) * 4 != s->bytes()) {
+      Error(where + ": copies a partial-amax grid of " + TensorName(grid->second.tensor) + " " +
+            grid->second.box.str() + " other than whole into contiguous staging");
+      return;
+    }
+    const Seg copy = grid->second;  // Write may erase the source when the ranges meet
+    Write(st, dst.offset * 4, copy);
+    return;
+  }
   if (!ResolveStaging(rank, src, s->wire(), what)) {
     Error(where + ": staging at byte " + std::to_string(src.offset * WireSize(s->wire())) +
           " does not hold a whole box of one tensor (nothing was received or packed there)");
     return;
   }
-  const StridedRegion dst = ToRegion(*st.p->regions()->Get(s->dst()));
   if (dst.buffer == kNoneIdx)
     WritePart(st, dst, what);  // a part of a block cover, into its frame
   else

@@ -173,9 +173,13 @@ TEST(QuantE2eTest, BlocksSplitAcrossTrainingRanksTakeTheAmaxPath) {
     // Every rank checks its values plus its scales: 4 layers x (1 of o_proj + 64 rows of down_proj) x 4 ranks.
     EXPECT_EQ(out.value("checked", 0), bf16.value("checked", 0) + 4 * (1 + 64) * 4) << flags;
     // The values move as in BF16 (inference TP4 takes a quarter of each row);
-    // on top, per layer and receiver, two grids of fp32 amaxes: o_proj's one
-    // block and down_proj's 64 rows.
-    EXPECT_EQ(out.value("bytes", 0), bf16.value("bytes", 0) + 4 * 4 * 2 * (1 + 64) * 4) << flags;
+    // on top, per receiver and pipeline stage (layer 0; layers 1..3), one
+    // grid of fp32 amaxes from each of the 2 training ranks for o_proj (1
+    // block per layer) and for down_proj (64 rows per layer), each padded to
+    // the 256-byte alignment of pieces in a message.
+    auto padded = [](int64_t b) { return (b + 255) / 256 * 256; };
+    const int64_t grids = 4 * 2 * (padded(1 * 4) + padded(3 * 4) + padded(64 * 4) + padded(3 * 64 * 4));
+    EXPECT_EQ(out.value("bytes", 0), bf16.value("bytes", 0) + grids) << flags;
   }
 }
 
