@@ -18,6 +18,19 @@ enum class Channel : uint8_t { net = 0, nvlink = 1 };
 constexpr uint32_t kNoRegion = 0xFFFFFFFFu;
 constexpr uint32_t kStaging = 0xFFFFFFFFu;  // StridedRegion::buffer naming the staging area
 
+/// Staged pieces start at multiples of kAlign bytes (for vectorized kernels).
+constexpr uint64_t kAlign = 256;
+inline uint64_t AlignUp(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+/// Whether a region fits the plan's Region format: at most 4 modes, each
+/// extent and stride under 2^32.
+inline bool RegionFits(const StridedRegion& r) {
+  if (r.ndim > 4) return false;
+  for (int k = 0; k < r.ndim; ++k)
+    if (r.stride[k] >= (int64_t{1} << 32) || r.shape[k] >= (int64_t{1} << 32)) return false;
+  return true;
+}
+
 struct Step {
   StepKind kind = StepKind::pack;
   Channel channel = Channel::net;

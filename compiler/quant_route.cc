@@ -7,9 +7,6 @@
 namespace reshard {
 namespace {
 
-constexpr uint64_t kAlign = 256;  // staging alignment, as route.cc's
-uint64_t AlignUp(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
-
 std::string Quote(const std::string& s) { return "'" + s + "'"; }
 
 // The block cover of `b`, clipped to the tensor's box.
@@ -48,13 +45,6 @@ int OuterModes(const Box& b) {
   int n = 0;
   for (int d = 0; d + 2 < b.ndim; ++d) n += b.extent(d) > 1;
   return n;
-}
-
-bool Fits(const StridedRegion& r) {
-  if (r.ndim > 4) return false;
-  for (int k = 0; k < r.ndim; ++k)
-    if (r.stride[k] >= (int64_t{1} << 32) || r.shape[k] >= (int64_t{1} << 32)) return false;
-  return true;
 }
 
 // Cuts `n` in two along its outermost dim that can be cut - outer dims
@@ -169,7 +159,7 @@ std::vector<QuantPiece> QuantRouter::Pieces(int t, const FragmentRef& sf, const 
     QuantPiece p = plan(n);
     const StridedRegion data = QuantForm(dst_.e->ranks[df.rank].fragments[df.index].RegionOf(n));
     const StridedRegion held = QuantForm(src_.e->ranks[sf.rank].fragments[sf.index].RegionOf(p.read));
-    if (OuterModes(n) <= 2 && p.bytes <= max_bytes && Fits(data) && Fits(held)) {
+    if (OuterModes(n) <= 2 && p.bytes <= max_bytes && RegionFits(data) && RegionFits(held)) {
       out.push_back(p);
       continue;
     }
@@ -199,7 +189,7 @@ std::vector<Box> QuantRouter::Groups(int t, const FragmentRef& df, const Box& ne
     work.pop_back();
     const Box cover = CoverOf(n, block, ts);
     if (OuterModes(n) <= 1 && static_cast<uint64_t>((by_need ? n : cover).volume()) * esize <= max_bytes &&
-        Fits(QuantForm(dfr.RegionOf(n))) && Fits(StagingImage(cover, cover, 0))) {
+        RegionFits(QuantForm(dfr.RegionOf(n))) && RegionFits(StagingImage(cover, cover, 0))) {
       out.push_back(n);
       continue;
     }
@@ -282,6 +272,19 @@ void QuantRouter::EmitAmax(int t, const Box& cover, const Box& part, const Fragm
   q.scale_dtype = Dtype::fp32;
   pk.quant = P.AddQuant(q);
   P.round(round).local.push_back(pk);
+}
+
+void QuantRouter::EmitGridUnpack(uint64_t bytes, RankProgram& B, size_t round, uint64_t slot, uint64_t at) const {
+  Step up;
+  up.kind = StepKind::unpack;
+  up.wire = Dtype::fp32;
+  up.staging = slot;
+  up.bytes = bytes;
+  Box run;
+  run.ndim = 1;
+  run.hi[0] = static_cast<int64_t>(bytes / 4);
+  up.dst = B.AddRegion(RowMajorRegion(run, run, at / 4, kStaging));
+  B.round(round).unpack.push_back(up);
 }
 
 void QuantRouter::EmitScaledQuantize(int t, const Box& need, size_t grids, uint64_t area, uint64_t slot,

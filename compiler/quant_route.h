@@ -109,6 +109,8 @@ class QuantRouter {
   /// the receiver's own when colocated).
   void EmitAmax(int t, const Box& cover, const Box& part, const FragmentRef& sf, RankProgram& P, size_t round,
                 uint64_t off) const;
+  /// A grid of `bytes` received at byte `slot` of B's staging, copied to its place `at` in the grid area.
+  void EmitGridUnpack(uint64_t bytes, RankProgram& B, size_t round, uint64_t slot, uint64_t at) const;
   /// The receiver's two unpacks: scales of `need`'s blocks from the `grids`
   /// grids at byte `area` (`slot` bytes apart), then its FP8 values from their
   /// BF16 image at byte `values`.

@@ -215,7 +215,8 @@ TEST(QuantPieces, SplitOnlyAtBlockEdges) {
 // `fp8_source`, training holds gate and up as FP8 (blocks of 2x6), which
 // takes the frame path; otherwise the amax path.
 struct AssembleFixture {
-  explicit AssembleFixture(json quant, bool fp8_source = false, uint64_t staging_mb = 2, json model = Model()) {
+  explicit AssembleFixture(json quant, bool fp8_source = false, uint64_t staging_mb = 2, json model = Model(),
+                           json cluster = testing::TinyCluster()) {
     json train = Train();
     train["placements"] = json::parse(R"([{"match": "layers.{layer}.gate", "mesh": "dense", "tp": {"shard": 1}},
                                           {"match": "layers.{layer}.up", "mesh": "dense", "tp": {"shard": 1}},
@@ -230,7 +231,13 @@ struct AssembleFixture {
               {{"format", "fp8_e4m3"}, {"scale", "block"}, {"block", {2, 6}}, {"scale_name", name + "_scale_inv"}}}});
       }
     }
-    in = ParseInputs(model, train, Infer(quant), testing::TinyCluster());
+    if (cluster.contains("placement")) {  // colocated: the training side's buffers need names of their own
+      for (const char* t : {"gate", "up", "down", "norm"}) {
+        const std::string name = std::string("layers.{layer}.") + t;
+        train["buffers"].push_back({{"name", "train." + name}, {"tensor", name}});
+      }
+    }
+    in = ParseInputs(model, train, Infer(quant), cluster);
     CompileOptions opt;
     opt.staging_mb = staging_mb;
     error = ErrorOf([&] { ir = BuildPlan(in, opt); });
@@ -287,6 +294,38 @@ TEST(QuantAssemble, AmaxPathSendsGridsAndTheNeedOnly) {
     for (const Round& x : f.ir.ranks[0].rounds) packs += f.Count(0, x, QuantKind::amax);
     EXPECT_EQ(packs, 4) << scale;
   }
+}
+
+// Colocated, GPU 0 is training rank 0 (columns 0..6 of gate and up) and
+// inference rank 0 (rows 0..4): the grid of its own part is packed straight
+// into its grid area and its own values copied into the frame; only GPU 1's
+// part arrives by message.
+TEST(QuantAssemble, ColocatedPartsStayLocal) {
+  json cluster = testing::TinyCluster();
+  cluster["placement"] = "colocated";
+  AssembleFixture f(json{{"format", "fp8_e4m3"}, {"scale", "channel"}}, false, 2, Model(), cluster);
+  ASSERT_EQ(f.error, "");
+  ValidateReport r = f.Validate();
+  EXPECT_TRUE(r.ok()) << (r.errors.empty() ? "" : r.errors[0]);
+  Round* round = f.RoundWith(0, QuantKind::scale_from_amax);
+  ASSERT_NE(round, nullptr);
+  const RankProgram& p = f.ir.ranks[0];
+  // The byte spans of the grid areas the round's scale_from_amax ops read.
+  std::vector<std::pair<uint64_t, uint64_t>> areas;
+  for (const Step& u : round->unpack)
+    if (u.quant >= 0 && p.quant_ops[u.quant].kind == QuantKind::scale_from_amax) {
+      const StridedRegion& g = p.regions[u.src];
+      areas.push_back({g.offset * 4, (g.offset + g.shape[0] * g.stride[0]) * 4});
+    }
+  int local_grids = 0, local_values = 0;
+  for (const Step& l : round->local) {
+    if (l.quant >= 0 && p.quant_ops[l.quant].kind == QuantKind::amax)
+      for (const auto& [lo, hi] : areas) local_grids += l.staging >= lo && l.staging < hi;
+    local_values += l.kind == StepKind::copy && f.IntoStaging(0, l);
+  }
+  EXPECT_EQ(areas.size(), 2u);  // gate and up
+  EXPECT_EQ(local_grids, 2);
+  EXPECT_EQ(local_values, 2);
 }
 
 TEST(QuantAssemble, Fp8SourcePartsAreAssembledInOneRound) {

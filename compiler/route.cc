@@ -24,12 +24,10 @@
 namespace reshard {
 namespace {
 
-constexpr uint64_t kAlign = 256;
 constexpr uint64_t kMinSplit = 4ull << 20;  // smallest part split off a piece to fill a round
 constexpr size_t kTreeDomains = 2;          // destination domains one source send reaches (relay trees)
 constexpr size_t kTreeFanout = 1;           // domains each entry GPU forwards a piece to
 constexpr double kFill = 0.9;               // staging share the pace of rounds plans for
-uint64_t AlignUp(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 // A pack or unpack step of `bytes` at byte `staging` of the rank's staging.
 Step StagedStep(StepKind kind, Dtype wire, uint64_t staging, uint64_t bytes) {
@@ -39,13 +37,6 @@ Step StagedStep(StepKind kind, Dtype wire, uint64_t staging, uint64_t bytes) {
   s.staging = staging;
   s.bytes = bytes;
   return s;
-}
-
-bool RegionFits(const StridedRegion& r) {
-  if (r.ndim > 4) return false;
-  for (int k = 0; k < r.ndim; ++k)
-    if (r.stride[k] >= (int64_t{1} << 32) || r.shape[k] >= (int64_t{1} << 32)) return false;
-  return true;
 }
 
 // Row-major region of `sub` inside a staging block holding `whole` (row-major)
@@ -148,7 +139,6 @@ struct Assembly {
   Box need, cover;
   uint32_t b;                   // receiver (global rank)
   std::vector<uint32_t> parts;  // indexes of its DPieces
-  bool amax = false;            // the amax path
   uint64_t frame_bytes = 0;     // the frame: the cover's image, or (amax path) the need's; 0: none
   size_t grids = 0;             // amax path: grids, one per part of the cover
   uint64_t slot = 0;            // amax path: bytes between grids in the area
@@ -156,6 +146,7 @@ struct Assembly {
   uint64_t frame = ~uint64_t{0};   // bytes in b's staging once emitted: the frame,
   uint64_t area = ~uint64_t{0};    // the grids,
   uint64_t values = ~uint64_t{0};  // and (amax path) the need's values
+  bool amax() const { return grids > 0; }  // the amax path
 };
 
 class Router {
@@ -408,7 +399,6 @@ void Router::Assemble(int t, const CellGrid& g, const FragmentRef& df, std::vect
     }
     const uint32_t id = static_cast<uint32_t>(assemblies_.size());
     Assembly as{t, df, group, cover, b, {}};
-    as.amax = amax;
     std::map<int, FragmentRef> holder;  // per cell: the replica that sends its parts
     auto add = [&](int ci, const Box& box, uint64_t bytes, int32_t grid) {
       const Cell& cell = g.cells[ci];
@@ -490,15 +480,17 @@ void Router::Direct() {
     std::map<int, std::vector<std::pair<FragmentRef, Box>>> wants;
     for (const FragmentRef& df : dst_.by_tensor[t]) {
       // A need whose blocks some source cell cuts is assembled at the receiver.
+      std::vector<std::pair<int, Box>> mine;
       bool whole = true;
-      if (quant_.Quantized(t))
-        ForCells(t, g, df, DstFrag(df).box,
-                 [&](int ci, const Box& piece) { whole = whole && g.cells[ci].box.contains(quant_.Cover(t, piece)); });
+      ForCells(t, g, df, DstFrag(df).box, [&](int ci, const Box& piece) {
+        whole = whole && (!quant_.Quantized(t) || g.cells[ci].box.contains(quant_.Cover(t, piece)));
+        mine.push_back({ci, piece});
+      });
       if (!whole) {
         Assemble(t, g, df, pieces);
         continue;
       }
-      ForCells(t, g, df, DstFrag(df).box, [&](int ci, const Box& piece) { wants[ci].push_back({df, piece}); });
+      for (const auto& [ci, piece] : mine) wants[ci].push_back({df, piece});
     }
     for (auto& [ci, list] : wants) {
       const Cell& cell = g.cells[ci];
@@ -607,7 +599,7 @@ void Router::Direct() {
       }
     }
   }
-  for (const Assembly& as : assemblies_) ++(as.amax ? ir_.amax_assemblies : ir_.frame_assemblies);
+  for (const Assembly& as : assemblies_) ++(as.amax() ? ir_.amax_assemblies : ir_.frame_assemblies);
   Schedule(pieces);
   // The odd rounds' arena starts where the even rounds' largest need ends
   // (not at half the budget): a small plan stages only what it moves.
@@ -899,7 +891,7 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
     if (auto it = assembled.find(batch_round); it != assembled.end()) {
       for (uint32_t k : it->second) {
         const Assembly& as = assemblies_[k];
-        if (as.amax) {
+        if (as.amax()) {
           const uint64_t values = as.frame_bytes ? as.frame : as.values;
           quant_.EmitScaledQuantize(as.tensor, as.need, as.grids, as.area, as.slot, values, as.d, ir_.ranks[as.b],
                                     as.round);
@@ -985,7 +977,7 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
           if (p.grid >= 0)
             quant_.EmitAmax(p.tensor, as.cover, p.box, p.s, A, p.round, grid_at(p));
           else
-            quant_.EmitPartCopy(p.tensor, as.amax ? as.need : as.cover, p.box, p.s, A, p.round, frame(p));
+            quant_.EmitPartCopy(p.tensor, as.amax() ? as.need : as.cover, p.box, p.s, A, p.round, frame(p));
           continue;
         }
         if (p.quant >= 0) {
@@ -1016,15 +1008,7 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
         if (p.grid >= 0) {
           // A partial-amax grid (amax path) travels with the pair's values and is copied into the area.
           quant_.EmitAmax(p.tensor, assemblies_[p.assembly].cover, p.box, p.s, A, p.round, oa + pos);
-          Step up = StagedStep(StepKind::unpack, Dtype::fp32, ob + pos, p.bytes);
-          StridedRegion area;
-          area.buffer = kStaging;
-          area.offset = grid_at(p) / 4;
-          area.ndim = 1;
-          area.shape[0] = static_cast<int64_t>(p.bytes / 4);
-          area.stride[0] = 1;
-          up.dst = B.AddRegion(area);
-          B.round(p.round).unpack.push_back(up);
+          quant_.EmitGridUnpack(p.bytes, B, p.round, ob + pos, grid_at(p));
         } else if (p.assembly >= 0) {
           Assembly& as = assemblies_[p.assembly];
           quant_.EmitPack(p.tensor, qpieces_[p.quant], p.s, A, p.round, oa + pos);
@@ -1032,7 +1016,7 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
           if (as.frame_bytes == 0)
             as.values = ob + pos;
           else
-            quant_.EmitPartUnpack(p.tensor, as.amax ? as.need : as.cover, p.box, B, p.round, ob + pos, frame(p));
+            quant_.EmitPartUnpack(p.tensor, as.amax() ? as.need : as.cover, p.box, B, p.round, ob + pos, frame(p));
         } else if (p.quant >= 0) {
           quant_.EmitPack(p.tensor, qpieces_[p.quant], p.s, A, p.round, oa + pos);
           quant_.EmitUnpack(p.tensor, qpieces_[p.quant], p.d, B, p.round, ob + pos);

@@ -121,7 +121,7 @@ struct Seg {
   fb::Dtype wire;
   SegKind kind = SegKind::values;
   std::array<int64_t, 2> block{0, 0};
-  Box grid;
+  Box grid{};
 };
 
 // The plan's tensor table as validate needs it: which tensors are scales of
@@ -212,6 +212,12 @@ class Validator {
     --it;
     const Seg& s = it->second;
     if (byte >= it->first + s.bytes || s.wire != wire) return false;
+    if (s.kind == SegKind::amax) {  // a grid of partial amaxes is read whole, as one contiguous run
+      if (byte != it->first || !r.Coalesced().contiguous() || static_cast<uint64_t>(r.elements()) * 4 != s.bytes)
+        return false;
+      out = s;
+      return true;
+    }
     Affine a;
     a.tensor = s.tensor;
     a.box = s.box;
@@ -476,27 +482,26 @@ void Validator::AmaxQuant(uint32_t rank, size_t i, const fb::QuantOp& op) {
     return;
   }
   if (op.kind() == fb::QuantKind::scale_from_amax) {
-    // The grids: a leading mode over them, each a contiguous segment of the rank's staging.
-    std::vector<const Seg*> grids;
+    // The grids: a leading mode over them, each a whole grid in the rank's staging.
     StridedRegion one = src;
     for (int k = 0; k + 1 < src.ndim; ++k) one.shape[k] = src.shape[k + 1], one.stride[k] = src.stride[k + 1];
     one.ndim = src.ndim - 1;
+    std::vector<Seg> grids;
     for (int64_t k = 0; k < (src.ndim ? src.shape[0] : 0); ++k) {
-      const uint64_t byte = (src.offset + static_cast<uint64_t>(k * src.stride[0])) * 4;
-      auto it = st.staging.find(byte);
-      if (it == st.staging.end() || it->second.kind != SegKind::amax || !one.Coalesced().contiguous() ||
-          it->second.bytes != static_cast<uint64_t>(one.elements()) * 4) {
-        Error(where + ": grid " + std::to_string(k) + " at staging byte " + std::to_string(byte) +
+      one.offset = src.offset + static_cast<uint64_t>(k * src.stride[0]);
+      Seg g;
+      if (!ResolveStaging(rank, one, fb::Dtype::fp32, g) || g.kind != SegKind::amax) {
+        Error(where + ": grid " + std::to_string(k) + " at staging byte " + std::to_string(one.offset * 4) +
               " holds no partial amaxes of that shape");
         return;
       }
-      grids.push_back(&it->second);
+      grids.push_back(g);
     }
     if (grids.empty()) {
       Error(where + ": takes scales from no amax grids");
       return;
     }
-    const Seg& g0 = *grids[0];
+    const Seg& g0 = grids[0];
     const Box& grid = g0.grid;
     // The elements of the grid's blocks (clipped to the tensor) must be the parts' boxes, each once.
     Box whole = grid;
@@ -507,16 +512,16 @@ void Validator::AmaxQuant(uint32_t rank, size_t i, const fb::QuantOp& op) {
     }
     int64_t volume = 0;
     for (size_t k = 0; k < grids.size(); ++k) {
-      const Seg& g = *grids[k];
+      const Seg& g = grids[k];
       if (g.tensor != g0.tensor || !(g.grid == grid) || g.block != block || !whole.contains(g.box)) {
         Error(where + ": grid " + std::to_string(k) + " (" + TensorName(g.tensor) + " " + g.box.str() +
               ") is not over the blocks " + grid.str() + " of " + BlockStr(block) + " the others are");
         return;
       }
       for (size_t j = 0; j < k; ++j)
-        if (grids[j]->box.intersects(g.box)) {
+        if (grids[j].box.intersects(g.box)) {
           Error(where + ": grids " + std::to_string(j) + " and " + std::to_string(k) + " both hold the amax of " +
-                TensorName(g.tensor) + " " + g.box.intersect(grids[j]->box).str());
+                TensorName(g.tensor) + " " + g.box.intersect(grids[j].box).str());
           return;
         }
       volume += g.box.volume();
@@ -772,29 +777,22 @@ void Validator::Unpack(uint32_t rank, size_t i) {
     src.offset = s->staging() / WireSize(s->wire());
   }
   Seg what;
-  const StridedRegion dst = ToRegion(*st.p->regions()->Get(s->dst()));
-  // A partial-amax grid (amax path), copied whole into its assembly's area.
-  auto grid = st.staging.find(src.offset * WireSize(s->wire()));
-  if (s->src() == kNoneIdx && grid != st.staging.end() && grid->second.kind == SegKind::amax) {
-    if (grid->second.bytes != s->bytes() || dst.buffer != kNoneIdx || !dst.Coalesced().contiguous() ||
-        static_cast<uint64_t>(dst.elements()) * 4 != s->bytes()) {
-      Error(where + ": copies a partial-amax grid of " + TensorName(grid->second.tensor) + " " +
-            grid->second.box.str() + " other than whole into contiguous staging");
-      return;
-    }
-    const Seg copy = grid->second;  // Write may erase the source when the ranges meet
-    Write(st, dst.offset * 4, copy);
-    return;
-  }
   if (!ResolveStaging(rank, src, s->wire(), what)) {
     Error(where + ": staging at byte " + std::to_string(src.offset * WireSize(s->wire())) +
           " does not hold a whole box of one tensor (nothing was received or packed there)");
     return;
   }
-  if (dst.buffer == kNoneIdx)
-    WritePart(st, dst, what);  // a part of a block cover, into its frame
-  else
+  const StridedRegion dst = ToRegion(*st.p->regions()->Get(s->dst()));
+  if (dst.buffer != kNoneIdx) {
     Land(rank, dst, what, where);
+  } else if (what.kind != SegKind::amax) {
+    WritePart(st, dst, what);  // a part of a block cover, into its frame
+  } else if (dst.Coalesced().contiguous()) {
+    Write(st, dst.offset * 4, what);  // a partial-amax grid, into its assembly's area
+  } else {
+    Error(where + ": copies a partial-amax grid of " + TensorName(what.tensor) + " " + what.box.str() +
+          " into staging that is not contiguous");
+  }
 }
 
 void Validator::Coverage() {

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "compiler/test.h"
 #include "runtime/test.h"
 
 namespace reshard {
@@ -23,10 +24,7 @@ using testing::Shell;
 const std::string kBinary = RESHARD_BINARY;
 const std::string kSamples = std::string(RESHARD_SOURCE_DIR) + "/samples";
 
-json Load(const std::string& rel) {
-  std::ifstream in(kSamples + "/" + rel);
-  return json::parse(in);
-}
+using testing::LoadSample;
 
 json Quant(const std::string& scale_name, const std::string& format, const std::string& scale = "",
            std::vector<int> block = {}) {
@@ -48,7 +46,7 @@ void Quantize(json& layout, const std::string& name, const json& quant) {
 
 // Compiles, validates and runs; returns the run's JSON summary.
 json CompileValidateRun(const json& train, const json& infer, const std::string& flags = "",
-                        const json& cluster = Load("clusters/dgx-h100.json"), const std::string& model = "tiny-dense") {
+                        const json& cluster = LoadSample("clusters/dgx-h100.json"), const std::string& model = "tiny-dense") {
   TempDir dir;
   std::ofstream(dir.File("train.json")) << train.dump();
   std::ofstream(dir.File("infer.json")) << infer.dump();
@@ -75,10 +73,10 @@ const std::string kGateUpScale = "model.layers.{layer}.mlp.gate_up_proj.weight_s
 // where blocks of 32 rows are whole on every rank; the sender quantizes
 // (half the bytes) or the receiver does.
 TEST(QuantE2eTest, Fp8BlockScalesWithAndWithoutCutBlocks) {
-  const json train = Load("tiny-dense/train.json");
-  const json bf16 = CompileValidateRun(train, Load("tiny-dense/infer.json"));
+  const json train = LoadSample("tiny-dense/train.json");
+  const json bf16 = CompileValidateRun(train, LoadSample("tiny-dense/infer.json"));
   for (int rows : {64, 32}) {
-    json infer = Load("tiny-dense/infer.json");
+    json infer = LoadSample("tiny-dense/infer.json");
     Quantize(infer, kGateUp, Quant(kGateUpScale, "fp8_e4m3", "block", {rows, 32}));
     const json sender = CompileValidateRun(train, infer);
     const json receiver = CompileValidateRun(train, infer, "--requantize-on-receiver");
@@ -98,11 +96,11 @@ TEST(QuantE2eTest, Fp8BlockScalesWithAndWithoutCutBlocks) {
 // stripe (whole blocks) leaves the sources once, is relayed to the other
 // domain's entry GPU and forwarded over NVLink, FP8 values and scales alike.
 TEST(QuantE2eTest, Fp8StripesAreRelayedBetweenDomains) {
-  json cluster = Load("clusters/dgx-h100.json");
+  json cluster = LoadSample("clusters/dgx-h100.json");
   cluster["gpus_per_domain"] = 2;
-  json infer = Load("tiny-dense/infer-tp1-dp4.json");
+  json infer = LoadSample("tiny-dense/infer-tp1-dp4.json");
   Quantize(infer, kGateUp, Quant(kGateUpScale, "fp8_e4m3", "block", {32, 32}));
-  const json train = Load("tiny-dense/train.json");
+  const json train = LoadSample("tiny-dense/train.json");
   const json relayed = CompileValidateRun(train, infer, "", cluster);
   const json direct = CompileValidateRun(train, infer, "--no-nvlink-exchange", cluster);
   EXPECT_EQ(relayed.value("checked", 0), direct.value("checked", 0));
@@ -114,10 +112,10 @@ TEST(QuantE2eTest, Fp8StripesAreRelayedBetweenDomains) {
 TEST(QuantE2eTest, Mxfp8PerChannelAndPerTensor) {
   // o_proj and down_proj whole on every training rank of a stage, so that one
   // rank holds o_proj's one block and every row (channel) of down_proj.
-  json train = Load("tiny-dense/train.json");
+  json train = LoadSample("tiny-dense/train.json");
   train["placements"][1].erase("tp");
   train["placements"][4].erase("tp");
-  json infer = Load("tiny-dense/infer.json");
+  json infer = LoadSample("tiny-dense/infer.json");
   Quantize(infer, "model.layers.{layer}.self_attn.qkv_proj.weight",
            Quant("model.layers.{layer}.self_attn.qkv_proj.weight_scale", "mxfp8"));
   Quantize(infer, "model.layers.{layer}.mlp.down_proj.weight",
@@ -132,12 +130,12 @@ TEST(QuantE2eTest, Mxfp8PerChannelAndPerTensor) {
 // FP8 on the training side: dequantized on the sender for a BF16 destination,
 // and requantized on the receiver over its own blocks for an FP8 one.
 TEST(QuantE2eTest, Fp8Source) {
-  json train = Load("tiny-dense/train.json");
+  json train = LoadSample("tiny-dense/train.json");
   Quantize(train, "decoder.layers.{layer.local}.mlp.linear_fc1.weight",
            Quant("decoder.layers.{layer.local}.mlp.linear_fc1.weight_scale_inv", "fp8_e4m3", "block", {64, 32}));
-  const json plain = CompileValidateRun(train, Load("tiny-dense/infer.json"));
+  const json plain = CompileValidateRun(train, LoadSample("tiny-dense/infer.json"));
   EXPECT_EQ(plain.value("ok", false), true);
-  json infer = Load("tiny-dense/infer.json");
+  json infer = LoadSample("tiny-dense/infer.json");
   Quantize(infer, kGateUp, Quant(kGateUpScale, "mxfp8"));
   const json both = CompileValidateRun(train, infer);
   EXPECT_EQ(both.value("ok", false), true);
@@ -161,13 +159,13 @@ Result CompileOnly(const json& train, const json& infer, const std::string& flag
 // sends its partial block amaxes and what the receiver needs of the values;
 // the receiver takes the scales of the largest amaxes and quantizes once.
 TEST(QuantE2eTest, BlocksSplitAcrossTrainingRanksTakeTheAmaxPath) {
-  const json train = Load("tiny-dense/train.json");
-  json infer = Load("tiny-dense/infer.json");
+  const json train = LoadSample("tiny-dense/train.json");
+  json infer = LoadSample("tiny-dense/infer.json");
   Quantize(infer, "model.layers.{layer}.self_attn.o_proj.weight",
            Quant("model.layers.{layer}.self_attn.o_proj.weight_scale", "fp8_e4m3", "tensor"));
   Quantize(infer, "model.layers.{layer}.mlp.down_proj.weight",
            Quant("model.layers.{layer}.mlp.down_proj.weight_scale", "fp8_e4m3", "channel"));
-  const json bf16 = CompileValidateRun(train, Load("tiny-dense/infer.json"));
+  const json bf16 = CompileValidateRun(train, LoadSample("tiny-dense/infer.json"));
   for (const char* flags : {"", "--requantize-on-receiver"}) {
     const json out = CompileValidateRun(train, infer, flags);
     // Every rank checks its values plus its scales: 4 layers x (1 of o_proj + 64 rows of down_proj) x 4 ranks.
@@ -188,9 +186,9 @@ TEST(QuantE2eTest, BlocksSplitAcrossTrainingRanksTakeTheAmaxPath) {
 // one (the sender quantizes those). MXFP8 (1x32 blocks) on o_proj, whose
 // columns training cuts unevenly at 48: the blocks 32:64 are assembled.
 TEST(QuantE2eTest, ShardEdgesInsideBlocksMixAssembledAndSenderQuantized) {
-  json train = Load("tiny-dense/train.json");
+  json train = LoadSample("tiny-dense/train.json");
   train["placements"][1]["tp"]["sizes"] = {48, 16};
-  json infer = Load("tiny-dense/infer.json");
+  json infer = LoadSample("tiny-dense/infer.json");
   Quantize(infer, kGateUp, Quant(kGateUpScale, "fp8_e4m3", "block", {48, 32}));
   Quantize(infer, "model.layers.{layer}.self_attn.o_proj.weight",
            Quant("model.layers.{layer}.self_attn.o_proj.weight_scale", "mxfp8"));
@@ -206,20 +204,20 @@ TEST(QuantE2eTest, ShardEdgesInsideBlocksMixAssembledAndSenderQuantized) {
 // cover (BF16), quantized once when complete; colocated, the receiver's own
 // part is copied (dequantized) into the frame before the others arrive.
 TEST(QuantE2eTest, SplitBlocksFromFp8SourcesAreAssembledInAFrame) {
-  json train = Load("tiny-dense/train.json");
+  json train = LoadSample("tiny-dense/train.json");
   Quantize(
       train, "decoder.layers.{layer.local}.self_attention.linear_proj.weight",
       Quant("decoder.layers.{layer.local}.self_attention.linear_proj.weight_scale_inv", "fp8_e4m3", "block", {32, 32}));
-  json infer = Load("tiny-dense/infer.json");
+  json infer = LoadSample("tiny-dense/infer.json");
   Quantize(infer, "model.layers.{layer}.self_attn.o_proj.weight",
            Quant("model.layers.{layer}.self_attn.o_proj.weight_scale", "fp8_e4m3", "channel"));
-  const json bf16 = CompileValidateRun(train, Load("tiny-dense/infer.json"));
+  const json bf16 = CompileValidateRun(train, LoadSample("tiny-dense/infer.json"));
   const json disjoint = CompileValidateRun(train, infer);
   EXPECT_EQ(disjoint.value("ok", false), true);
   // Each receiver takes whole rows of o_proj (its per-channel blocks) instead
   // of its quarter: 3 quarters more per receiver and layer, in BF16.
   EXPECT_EQ(disjoint.value("bytes", 0), bf16.value("bytes", 0) + 4 * 4 * 3 * 64 * 16 * 2);
-  json cluster = Load("clusters/dgx-h100.json");
+  json cluster = LoadSample("clusters/dgx-h100.json");
   cluster["placement"] = "colocated";
   const json colocated = CompileValidateRun(train, infer, "", cluster);
   EXPECT_EQ(colocated.value("ok", false), true);
@@ -230,13 +228,13 @@ TEST(QuantE2eTest, SplitBlocksFromFp8SourcesAreAssembledInAFrame) {
 // itself packs that part's amaxes straight into its grid area and copies its
 // own values into the frame.
 TEST(QuantE2eTest, AmaxPathColocated) {
-  json infer = Load("tiny-dense/infer.json");
+  json infer = LoadSample("tiny-dense/infer.json");
   Quantize(infer, "model.layers.{layer}.self_attn.o_proj.weight",
            Quant("model.layers.{layer}.self_attn.o_proj.weight_scale", "fp8_e4m3", "tensor"));
   Quantize(infer, kGateUp, Quant(kGateUpScale, "fp8_e4m3", "channel"));
-  json cluster = Load("clusters/dgx-h100.json");
+  json cluster = LoadSample("clusters/dgx-h100.json");
   cluster["placement"] = "colocated";
-  const json out = CompileValidateRun(Load("tiny-dense/train.json"), infer, "", cluster);
+  const json out = CompileValidateRun(LoadSample("tiny-dense/train.json"), infer, "", cluster);
   EXPECT_EQ(out.value("ok", false), true);
 }
 
@@ -245,7 +243,7 @@ TEST(QuantE2eTest, AmaxPathColocated) {
 // the 96-row experts, or EP8 with whole experts; MXFP8 attention.
 TEST(QuantE2eTest, StackedExperts) {
   for (const char* layout : {"tiny-moe/infer.json", "tiny-moe/infer-ep.json"}) {
-    json infer = Load(layout);
+    json infer = LoadSample(layout);
     for (json& b : infer["buffers"]) {
       const std::string name = b["name"];
       if (name.find(".w13_weight") != std::string::npos || name.find(".w2_weight") != std::string::npos)
@@ -254,7 +252,7 @@ TEST(QuantE2eTest, StackedExperts) {
         b["quant"] = Quant(name + "_scale", "mxfp8");
     }
     for (const char* flags : {"", "--requantize-on-receiver"}) {
-      const json out = CompileValidateRun(Load("tiny-moe/train.json"), infer, flags, Load("clusters/dgx-h100.json"),
+      const json out = CompileValidateRun(LoadSample("tiny-moe/train.json"), infer, flags, LoadSample("clusters/dgx-h100.json"),
                                           "tiny-moe");
       EXPECT_EQ(out.value("ok", false), true) << layout << " " << flags;
     }
@@ -263,7 +261,7 @@ TEST(QuantE2eTest, StackedExperts) {
 
 TEST(QuantE2eTest, ShowNamesQuantOps) {
   TempDir dir;
-  json infer = Load("tiny-dense/infer.json");
+  json infer = LoadSample("tiny-dense/infer.json");
   Quantize(infer, kGateUp, Quant(kGateUpScale, "fp8_e4m3", "block", {64, 32}));
   std::ofstream(dir.File("infer.json")) << infer.dump();
   const std::string compile = kBinary + " compile -q --model " + kSamples + "/tiny-dense/model.json --from " +
@@ -289,7 +287,7 @@ TEST(QuantE2eTest, ShowNamesQuantOps) {
 
 TEST(QuantE2eTest, ShowNamesAmaxOps) {
   TempDir dir;
-  json infer = Load("tiny-dense/infer.json");
+  json infer = LoadSample("tiny-dense/infer.json");
   Quantize(infer, "model.layers.{layer}.mlp.down_proj.weight",
            Quant("model.layers.{layer}.mlp.down_proj.weight_scale", "fp8_e4m3", "channel"));
   std::ofstream(dir.File("infer.json")) << infer.dump();
@@ -329,9 +327,9 @@ TEST(QuantE2eTest, ShowNamesAmaxOps) {
 }
 
 TEST(QuantE2eTest, GatherRefusesQuantizedLayouts) {
-  json infer = Load("tiny-dense/infer.json");
+  json infer = LoadSample("tiny-dense/infer.json");
   Quantize(infer, kGateUp, Quant(kGateUpScale, "mxfp8"));
-  Result c = CompileOnly(Load("tiny-dense/train.json"), infer, "--strategy gather");
+  Result c = CompileOnly(LoadSample("tiny-dense/train.json"), infer, "--strategy gather");
   EXPECT_EQ(c.exit_code, 2) << c.out;
   EXPECT_EQ(c.out, "reshard: error: --strategy gather: tensor 'model.layers.{layer}.mlp.gate_proj.weight' is stored "
                    "quantized; quantized layouts are routed by the direct strategy only\n");

@@ -4,11 +4,10 @@
 
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <vector>
 
-#include "compiler/compile.h"
+#include "compiler/test.h"
 #include "runtime/dtype.h"
 #include "runtime/error.h"
 #include "runtime/gloo_transport.h"
@@ -416,38 +415,33 @@ TEST(QuantGlooTest, AWrongOriginIsCaughtElementForElement) {
       << out[1].message;
 }
 
+// The error opening rank `rank`'s program of a plan, or "(opened)".
+std::string OpenError(std::vector<uint8_t> bytes, uint32_t rank) {
+  Plan plan = Plan::from_bytes(std::move(bytes), "q.rsplan");
+  try {
+    plan.program(rank);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(opened)";
+}
+
 TEST(QuantPlanTest, BadQuantOpsAreRefusedOnOpen) {
   testing::PlanSpec spec = testing::QuantPlan(QuantPath::requantize);
   spec.programs[1].quant_ops[0] =
       testing::MakeQuant(1, fb::QuantKind::quantize, spec.programs[1].quant_ops[0].scale(), {1, 0}, {4, 4});
-  Plan plan = Plan::from_bytes(testing::BuildPlan(spec), "q.rsplan");
-  try {
-    plan.program(1);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "q.rsplan: rank 1: step 1 (unpack): quantize: scale (2,2) should have 1x2 blocks of 4x4 "
-                           "for src (4,8)");
-  }
+  EXPECT_EQ(OpenError(testing::BuildPlan(spec), 1),
+            "q.rsplan: rank 1: step 1 (unpack): quantize: scale (2,2) should have 1x2 blocks of 4x4 for src (4,8)");
   spec = testing::QuantPlan(QuantPath::requantize);
   spec.programs[1].quant_ops[0] =
       testing::MakeQuant(0, fb::QuantKind::quantize, spec.programs[1].quant_ops[0].scale(), {1, 0}, {2, 4});
-  plan = Plan::from_bytes(testing::BuildPlan(spec), "q.rsplan");
-  try {
-    plan.program(1);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "q.rsplan: rank 1: step 0 (recv): has a quant op, which only pack, unpack and copy steps take");
-  }
+  EXPECT_EQ(OpenError(testing::BuildPlan(spec), 1),
+            "q.rsplan: rank 1: step 0 (recv): has a quant op, which only pack, unpack and copy steps take");
   spec = testing::QuantPlan(QuantPath::requantize);
   spec.programs[1].quant_ops.clear();
-  plan = Plan::from_bytes(testing::BuildPlan(spec), "q.rsplan");
-  try {
-    plan.program(1);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "q.rsplan: rank 1: step 1 (unpack): converts bf16 to fp8_e4m3 without a quant op "
-                           "(quantized buffers are read and written by quantize and dequantize steps)");
-  }
+  EXPECT_EQ(OpenError(testing::BuildPlan(spec), 1),
+            "q.rsplan: rank 1: step 1 (unpack): converts bf16 to fp8_e4m3 without a quant op "
+            "(quantized buffers are read and written by quantize and dequantize steps)");
 }
 
 // The amax kinds are checked on open like the others: where they may run,
@@ -455,17 +449,13 @@ TEST(QuantPlanTest, BadQuantOpsAreRefusedOnOpen) {
 // take the amax path (tiny-dense into per-channel FP8 down_proj, training TP2
 // cutting its columns).
 TEST(QuantPlanTest, BadAmaxOpsAreRefusedOnOpen) {
-  const std::string dir = std::string(RESHARD_SOURCE_DIR) + "/samples/";
-  auto load = [&](const std::string& rel) {
-    std::ifstream f(dir + rel);
-    return nlohmann::json::parse(f);
-  };
-  nlohmann::json infer = load("tiny-dense/infer.json");
+  nlohmann::json infer = testing::LoadSample("tiny-dense/infer.json");
   infer["buffers"].push_back(nlohmann::json::parse(R"({"name": "model.layers.{layer}.mlp.down_proj.weight",
       "tensor": "model.layers.{layer}.mlp.down_proj.weight", "quant": {"format": "fp8_e4m3", "scale": "channel",
       "scale_name": "model.layers.{layer}.mlp.down_proj.weight_scale"}})"));
-  const CompileInputs in =
-      ParseInputs(load("tiny-dense/model.json"), load("tiny-dense/train.json"), infer, load("clusters/dgx-h100.json"));
+  const CompileInputs in = ParseInputs(testing::LoadSample("tiny-dense/model.json"),
+                                       testing::LoadSample("tiny-dense/train.json"), infer,
+                                       testing::LoadSample("clusters/dgx-h100.json"));
   const PlanIR good = BuildPlan(in, CompileOptions{});
   // The first step of `rank` with a quant op of `kind`, and its op.
   auto find = [](PlanIR& ir, uint32_t rank, QuantKind kind) -> std::pair<Step*, QuantOpIR*> {
@@ -476,15 +466,7 @@ TEST(QuantPlanTest, BadAmaxOpsAreRefusedOnOpen) {
             return {&st, &ir.ranks[rank].quant_ops[st.quant]};
     return {nullptr, nullptr};
   };
-  auto refused = [&](const PlanIR& ir, uint32_t rank) {
-    Plan plan = Plan::from_bytes(EmitPlan(in, ir), "q.rsplan");
-    try {
-      plan.program(rank);
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("(opened)");
-  };
+  auto refused = [&](const PlanIR& ir, uint32_t rank) { return OpenError(EmitPlan(in, ir), rank); };
   ASSERT_EQ(refused(good, 8), "(opened)");
   ASSERT_EQ(refused(good, 0), "(opened)");
   struct Mutation {

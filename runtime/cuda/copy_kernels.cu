@@ -47,11 +47,7 @@ __global__ void __launch_bounds__(256) QuantizeKernel(const __grid_constant__ Qu
   for (uint64_t b = blockIdx.x; b < blocks; b += gridDim.x) {
     uint32_t o;
     uint64_t r, c;
-    float amax = 0;
-    for (uint64_t k = threadIdx.x; BlockElement(l, b, k, o, r, c); k += blockDim.x) {
-      amax = AmaxStep(amax, LoadWide(At(l.src, o, r, c, WideSize(l.wide)), l.wide));
-    }
-    const float scale = ScaleFromAmax(BlockMax(amax, red), l.e8m0);
+    const float scale = ScaleFromAmax(BlockMax(BlockAmax(l, b, threadIdx.x, blockDim.x), red), l.e8m0);
     if (threadIdx.x == 0) {
       uint64_t br, bc;
       BlockCoords(l, b, o, br, bc);
@@ -81,13 +77,7 @@ __global__ void __launch_bounds__(256) AmaxKernel(const __grid_constant__ QuantL
   __shared__ float red[256];
   const uint64_t blocks = static_cast<uint64_t>(l.outer) * l.dst_rows * l.dst_cols;
   for (uint64_t b = blockIdx.x; b < blocks; b += gridDim.x) {
-    uint32_t o;
-    uint64_t r, c;
-    float amax = 0;
-    for (uint64_t k = threadIdx.x; AmaxElement(l, b, k, o, r, c); k += blockDim.x) {
-      amax = AmaxStep(amax, LoadWide(At(l.src, o, r, c, WideSize(l.wide)), l.wide));
-    }
-    const float block_amax = BlockMax(amax, red);
+    const float block_amax = BlockMax(BlockAmax(l, b, threadIdx.x, blockDim.x), red);
     if (threadIdx.x == 0) StoreAmax(l, b, block_amax);
     __syncthreads();  // red[] is reused by the next block
   }

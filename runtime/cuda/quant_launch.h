@@ -176,6 +176,20 @@ RESHARD_HD inline bool BlockElement(const QuantLaunch& l, uint64_t b, uint64_t k
   return true;
 }
 
+/// The largest finite magnitude among the src elements of block b - a scale
+/// block of a quantize launch, a grid block of an amax launch - from the
+/// `first`-th on, every `step`-th: one thread's share (first = the thread,
+/// step = the threads), or all of them (0, 1).
+RESHARD_HD inline float BlockAmax(const QuantLaunch& l, uint64_t b, uint64_t first, uint64_t step) {
+  const bool grid = l.mode == QuantMode::amax;
+  uint32_t o;
+  uint64_t r, c;
+  float amax = 0;
+  for (uint64_t k = first; grid ? AmaxElement(l, b, k, o, r, c) : BlockElement(l, b, k, o, r, c); k += step)
+    amax = AmaxStep(amax, LoadWide(At(l.src, o, r, c, WideSize(l.wide)), l.wide));
+  return amax;
+}
+
 /// Writes block b's scale `s` and the FP8 values of its elements that dst keeps.
 RESHARD_HD inline void QuantizeBlockElement(const QuantLaunch& l, uint32_t o, uint64_t r, uint64_t c, float s) {
   if (r < l.origin[0] || c < l.origin[1] || r - l.origin[0] >= l.dst_rows || c - l.origin[1] >= l.dst_cols) return;

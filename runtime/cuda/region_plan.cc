@@ -279,14 +279,7 @@ void RunQuantOnHost(const std::vector<QuantLaunch>& launches) {
         continue;
       case QuantMode::amax: {
         const uint64_t blocks = l.outer * l.dst_rows * l.dst_cols;
-        for (uint64_t b = 0; b < blocks; ++b) {
-          uint32_t o;
-          uint64_t r, c;
-          float amax = 0;
-          for (uint64_t k = 0; AmaxElement(l, b, k, o, r, c); ++k)
-            amax = AmaxStep(amax, LoadWide(At(l.src, o, r, c, WideSize(l.wide)), l.wide));
-          StoreAmax(l, b, amax);
-        }
+        for (uint64_t b = 0; b < blocks; ++b) StoreAmax(l, b, BlockAmax(l, b, 0, 1));
         continue;
       }
       case QuantMode::quantize:
@@ -296,9 +289,7 @@ void RunQuantOnHost(const std::vector<QuantLaunch>& launches) {
     for (uint64_t b = 0; b < blocks; ++b) {
       uint32_t o;
       uint64_t r, c, br, bc;
-      float amax = 0;
-      for (uint64_t k = 0; BlockElement(l, b, k, o, r, c); ++k) amax = AmaxStep(amax, LoadWide(At(l.src, o, r, c, WideSize(l.wide)), l.wide));
-      const float s = ScaleFromAmax(amax, l.e8m0);
+      const float s = ScaleFromAmax(BlockAmax(l, b, 0, 1), l.e8m0);
       BlockCoords(l, b, o, br, bc);
       StoreScale(l, o, br, bc, s);
       for (uint64_t k = 0; BlockElement(l, b, k, o, r, c); ++k) QuantizeBlockElement(l, o, r, c, s);
