@@ -14,5 +14,7 @@ void AddRunCommand(CLI::App& app, int& exit_code);
 void AddSimulateCommand(CLI::App& app, int& exit_code);
 void AddDiffCommand(CLI::App& app, int& exit_code);
 void AddVizCommand(CLI::App& app, int& exit_code);
+void AddCheckCommand(CLI::App& app, int& exit_code);
+void AddInitCommand(CLI::App& app, int& exit_code);
 
 }  // namespace reshard::cli

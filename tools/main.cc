@@ -15,7 +15,9 @@ int main(int argc, char** argv) {
       "  reshard run PLAN --local\n"
       "  reshard simulate PLAN --cluster C [--trace T.json]\n"
       "  reshard diff A B\n"
-      "  reshard viz PLAN -o OUT.html|.svg|.dot\n",
+      "  reshard viz PLAN -o OUT.html|.svg|.dot\n"
+      "  reshard init --hf-config config.json --train megatron:... --infer vllm:... -o DIR\n"
+      "  reshard check --layout L --model M --state-dict DUMP\n",
       "reshard"};
   app.require_subcommand(1);
   app.set_version_flag("--version", RESHARD_VERSION);
@@ -27,6 +29,8 @@ int main(int argc, char** argv) {
   reshard::cli::AddSimulateCommand(app, exit_code);
   reshard::cli::AddDiffCommand(app, exit_code);
   reshard::cli::AddVizCommand(app, exit_code);
+  reshard::cli::AddCheckCommand(app, exit_code);
+  reshard::cli::AddInitCommand(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Creates (or reuses) the Python virtual environment of the framework and
+# Python tests under build/venv, with the packages of tools/requirements.txt.
+# The environment is cached: it is rebuilt only when requirements.txt changes.
+# Prints the venv's python on stdout. Exit 3 when the package registry cannot
+# be reached (callers skip with a message); any other failure exits 1.
+#
+#   PY=$(tools/venv.sh) && "$PY" -c 'import megatron.core'
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=${RESHARD_VENV:-build/venv}
+req=tools/requirements.txt
+stamp="$venv/.requirements.sha256"
+want=$(sha256sum "$req" | cut -d' ' -f1)
+if [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+  echo "$venv/bin/python"; exit 0
+fi
+# Python 3.12 (the machine's pyenv) if there is one, else Debian's python3.
+py=""
+for c in python3.12 /root/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12; do
+  if command -v "$c" >/dev/null 2>&1 && "$c" -c 'import venv' >/dev/null 2>&1; then py=$(command -v "$c"); break; fi
+done
+if [ -z "$py" ]; then
+  if ! python3 -c 'import ensurepip' >/dev/null 2>&1; then
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-venv >&2
+  fi
+  py=$(command -v python3)
+fi
+echo "venv: creating $venv with $("$py" --version 2>&1) ($py)" >&2
+rm -rf "$venv"
+"$py" -m venv "$venv" >&2
+if ! "$venv/bin/python" -m pip download --no-deps -q -d /tmp/reshard-probe "pytest" >/dev/null 2>&1; then
+  echo "venv: the Python package registry cannot be reached" >&2
+  rm -rf "$venv"; exit 3
+fi
+start=$(date +%s)
+"$venv/bin/python" -m pip install -q -r "$req" >&2
+echo "venv: installed tools/requirements.txt in $(( $(date +%s) - start )) s" >&2
+echo "$want" > "$stamp"
+echo "$venv/bin/python"
