@@ -12,6 +12,9 @@ venv=${RESHARD_VENV:-build/venv}
 req=tools/requirements.txt
 stamp="$venv/.requirements.sha256"
 want=$(sha256sum "$req" | cut -d' ' -f1)
+mkdir -p "$(dirname "$venv")"
+exec 9>"$venv.lock"
+flock 9  # one creator at a time; the others wait and reuse its result
 if [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
   echo "$venv/bin/python"; exit 0
 fi
