@@ -5,40 +5,13 @@
 #include <exception>
 
 #include "runtime/error.h"
+#include "runtime/pipeline.h"
 
 namespace reshard {
 namespace {
 
 double Seconds(Transport::Clock::time_point a, Transport::Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
-}
-
-// The buffers a (buffer) region addresses, each once.
-std::vector<uint32_t> BuffersOf(const fb::Region& r) {
-  std::vector<uint32_t> out;
-  uint64_t combos = 1, span = 0;
-  for (int k = 0; k < r.ndim(); ++k) {
-    if (!(r.buffer_modes() & (1u << k))) continue;
-    combos *= r.shape()->Get(k);
-    span += static_cast<uint64_t>(r.shape()->Get(k) - 1) * r.stride()->Get(k);
-  }
-  if (combos == 0) return out;
-  if (combos > (uint64_t{1} << 16)) {
-    for (uint64_t b = r.buffer(); b <= r.buffer() + span; ++b) out.push_back(static_cast<uint32_t>(b));
-    return out;
-  }
-  for (uint64_t c = 0; c < combos; ++c) {
-    uint64_t rest = c, b = r.buffer();
-    for (int k = r.ndim() - 1; k >= 0; --k) {
-      if (!(r.buffer_modes() & (1u << k))) continue;
-      b += (rest % r.shape()->Get(k)) * r.stride()->Get(k);
-      rest /= r.shape()->Get(k);
-    }
-    out.push_back(static_cast<uint32_t>(b));
-  }
-  std::sort(out.begin(), out.end());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
-  return out;
 }
 
 }  // namespace
@@ -80,17 +53,18 @@ Executor::Executor(const fb::Program& program, Transport& transport) : program_(
     const fb::QuantOp* op = quant_[i];
     if (op != nullptr && op->kind() == fb::QuantKind::quantize) {
       const fb::Region& r = *program.regions()->Get(op->scale());
-      if (r.buffer() != kNone) written_[i] = BuffersOf(r);
+      if (r.buffer() != kNone) written_[i] = RegionBuffers(r);
     }
     if (writes) {
       const fb::Region& r = *program.regions()->Get(s.dst());
       if (r.buffer() != kNone) {
-        std::vector<uint32_t> more = BuffersOf(r);
+        std::vector<uint32_t> more = RegionBuffers(r);
         written_[i].insert(written_[i].end(), more.begin(), more.end());
       }
     }
     for (uint32_t b : written_[i]) ++writers_[b];
   }
+  schedule_ = SchedulePipeline(program, PipelineEnabled());
   send_seq_.assign(transport.size(), 0);
   recv_seq_.assign(transport.size(), 0);
 }
@@ -160,128 +134,175 @@ RunStats Executor::Run(const std::vector<char*>& buffers, char* staging) {
   const std::string at = "rank " + std::to_string(program_.rank()) + ": ";
   Kernels& kernels = transport_.kernels();
   const auto t0 = Clock::now();
+  const size_t nrounds = rounds_.size();
+  stats.rounds.resize(nrounds);
 
-  for (size_t r = 0; r < rounds_.size(); ++r) {
-    const Round& round = rounds_[r];
-    RoundStats rs;
-    const auto r0 = Clock::now();
-    auto run_local = [&](uint32_t i) {
-      const fb::Step& s = *program_.steps()->Get(i);
-      // The views hold the address of `at_staging`: a device's Copy reads it
-      // before returning, so the array may live in this scope only.
-      char* const at_staging[1] = {staging + s.staging()};
-      if (quant_[i] != nullptr) {
-        // Quant steps address staging through regions (never at s.staging()).
-        QuantArgs args = QuantOf(*quant_[i], s, buffers, staging_base);
-        rs.bytes_local += ViewElements(args.dst) * DtypeSize(args.dst.dtype);
-        try {
-          kernels.Quant(args);
-        } catch (const std::exception& e) {
-          throw Error(at + "step " + std::to_string(i) + " (" + StepKindName(s.kind()) + ") of round " +
-                      std::to_string(r) + ": " + e.what());
-        }
-      } else if (s.kind() == fb::StepKind::pack) {
-        RegionView src = View(s.src(), s.wire(), buffers, staging_base);
-        kernels.Copy(src, ContiguousView(at_staging, 0, ViewElements(src), s.wire()));
-        rs.bytes_local += s.bytes();
-      } else if (s.kind() == fb::StepKind::copy) {
-        RegionView src = View(s.src(), s.wire(), buffers, staging_base);
-        RegionView dst = View(s.dst(), s.wire(), buffers, staging_base);
-        kernels.Copy(src, dst);
-        rs.bytes_local += ViewElements(dst) * DtypeSize(dst.dtype);
-      } else {  // unpack
-        RegionView dst = View(s.dst(), s.wire(), buffers, staging_base);
-        if (s.src() == kNone) {
-          kernels.Copy(ContiguousView(at_staging, 0, ViewElements(dst), s.wire()), dst);
-        } else {
-          kernels.Copy(View(s.src(), s.wire(), buffers, staging_base), dst);
-        }
-        rs.bytes_local += ViewElements(dst) * DtypeSize(dst.dtype);
+  auto run_local = [&](size_t r, uint32_t i) {
+    RoundStats& rs = stats.rounds[r];
+    const fb::Step& s = *program_.steps()->Get(i);
+    // The views hold the address of `at_staging`: a device's Copy reads it
+    // before returning, so the array may live in this scope only.
+    char* const at_staging[1] = {staging + s.staging()};
+    if (quant_[i] != nullptr) {
+      // Quant steps address staging through regions (never at s.staging()).
+      QuantArgs args = QuantOf(*quant_[i], s, buffers, staging_base);
+      rs.bytes_local += ViewElements(args.dst) * DtypeSize(args.dst.dtype);
+      try {
+        kernels.Quant(args);
+      } catch (const std::exception& e) {
+        throw Error(at + "step " + std::to_string(i) + " (" + StepKindName(s.kind()) + ") of round " +
+                    std::to_string(r) + ": " + e.what());
       }
-      Wrote(i, remaining);
-    };
+    } else if (s.kind() == fb::StepKind::pack) {
+      RegionView src = View(s.src(), s.wire(), buffers, staging_base);
+      kernels.Copy(src, ContiguousView(at_staging, 0, ViewElements(src), s.wire()));
+      rs.bytes_local += s.bytes();
+    } else if (s.kind() == fb::StepKind::copy) {
+      RegionView src = View(s.src(), s.wire(), buffers, staging_base);
+      RegionView dst = View(s.dst(), s.wire(), buffers, staging_base);
+      kernels.Copy(src, dst);
+      rs.bytes_local += ViewElements(dst) * DtypeSize(dst.dtype);
+    } else {  // unpack
+      RegionView dst = View(s.dst(), s.wire(), buffers, staging_base);
+      if (s.src() == kNone) {
+        kernels.Copy(ContiguousView(at_staging, 0, ViewElements(dst), s.wire()), dst);
+      } else {
+        kernels.Copy(View(s.src(), s.wire(), buffers, staging_base), dst);
+      }
+      rs.bytes_local += ViewElements(dst) * DtypeSize(dst.dtype);
+    }
+    Wrote(i, remaining);
+  };
+  auto local_phase = [&](size_t r, const std::vector<uint32_t>& steps) {
+    const auto l0 = Clock::now();
+    for (uint32_t i : steps) run_local(r, i);
+    stats.rounds[r].seconds += Seconds(l0, Clock::now());
+  };
 
-    for (uint32_t i : round.local) run_local(i);
-
-    if (!round.comm.empty()) {
-      const auto c0 = Clock::now();
-      bool used[2] = {false, false};
-      transport_.reset();
-      std::vector<size_t> handles;
-      handles.reserve(round.comm.size());
-      // A message that cannot be posted or completed ends the run with the
-      // step, its peer and what is already in place.
-      auto fail = [&](uint32_t i, const std::exception& e) {
-        const fb::Step& s = *program_.steps()->Get(i);
-        const bool in = s.kind() == fb::StepKind::recv;
-        transport_.reset();
-        return Error(at + "step " + std::to_string(i) + " (" + StepKindName(s.kind()) + ") of round " +
-                     std::to_string(r) + (in ? " from" : " to") + " peer " + std::to_string(s.peer()) + " failed: " +
-                     e.what() + "; " + WrittenReport(remaining));
-      };
+  // The round whose messages are in flight.
+  struct Flight {
+    size_t round = 0;
+    std::vector<uint32_t> order;  // steps in posting order: receives, then sends
+    std::vector<size_t> handles;
+    Clock::time_point c0, deadline;
+    bool used[2] = {false, false};
+  };
+  // A message that cannot be posted or completed ends the run with the step,
+  // its peer and what is already in place.
+  auto fail = [&](size_t r, uint32_t i, const std::exception& e) {
+    const fb::Step& s = *program_.steps()->Get(i);
+    const bool in = s.kind() == fb::StepKind::recv;
+    transport_.reset();
+    return Error(at + "step " + std::to_string(i) + " (" + StepKindName(s.kind()) + ") of round " + std::to_string(r) +
+                 (in ? " from" : " to") + " peer " + std::to_string(s.peer()) + " failed: " + e.what() + "; " +
+                 WrittenReport(remaining));
+  };
+  auto post = [&](size_t r, Flight& f) {
+    const Round& round = rounds_[r];
+    RoundStats& rs = stats.rounds[r];
+    f.round = r;
+    f.c0 = Clock::now();
+    transport_.reset();
+    f.order.clear();
+    f.handles.clear();
+    f.handles.reserve(round.comm.size());
+    // Receives first: Gloo sends a message's data only once its receiver has
+    // said it is ready, and that signal queues behind the receiver's own
+    // outgoing data to the same peer; posted after a large send, it would
+    // make the two directions take turns. Messages of one direction keep plan
+    // order (their sequence numbers).
+    for (int pass = 0; pass < 2; ++pass) {
       for (uint32_t i : round.comm) {
         const fb::Step& s = *program_.steps()->Get(i);
+        const bool is_recv = s.kind() == fb::StepKind::recv;
+        if (is_recv != (pass == 0)) continue;
         const uint32_t peer = s.peer();
         const size_t bytes = s.bytes();
-        used[static_cast<int>(s.channel())] = true;
-        ChannelStats& ch = stats.channels[static_cast<int>(s.channel())];
         const int channel = static_cast<int>(s.channel());
-        if (s.kind() == fb::StepKind::recv) {
-          char* dst = s.dst() == kNone ? staging + s.staging() : Direct(s.dst(), buffers);
-          try {
-            handles.push_back(transport_.post(false, channel, peer, recv_seq_[peer]++, dst, bytes));
-          } catch (const std::exception& e) {
-            throw fail(i, e);
-          }
-          rs.bytes_received += bytes;
-          ch.bytes_received += bytes;
-        } else {
-          char* src =
-              (s.kind() == fb::StepKind::send && s.src() != kNone) ? Direct(s.src(), buffers) : staging + s.staging();
-          try {
-            handles.push_back(transport_.post(true, channel, peer, send_seq_[peer]++, src, bytes));
-          } catch (const std::exception& e) {
-            throw fail(i, e);
-          }
-          rs.bytes_sent += bytes;
-          ch.bytes_sent += bytes;
-        }
-      }
-      // NCCL posts the round as one group here; a failure to start is the
-      // round's, reported at its first message.
-      try {
-        transport_.start();
-      } catch (const std::exception& e) {
-        throw fail(round.comm.front(), e);
-      }
-      // One deadline for the whole round: a peer that stalls is reported once
-      // the round has waited `timeout` for it, whichever message it is.
-      const auto deadline = Clock::now() + transport_.timeout();
-      for (size_t h = 0; h < handles.size(); ++h) {
-        const uint32_t i = round.comm[h];
+        f.used[channel] = true;
+        ChannelStats& ch = stats.channels[channel];
         try {
-          transport_.wait(handles[h], deadline);
+          if (is_recv) {
+            char* dst = s.dst() == kNone ? staging + s.staging() : Direct(s.dst(), buffers);
+            f.handles.push_back(transport_.post(false, channel, peer, recv_seq_[peer]++, dst, bytes));
+            rs.bytes_received += bytes;
+            ch.bytes_received += bytes;
+          } else {
+            char* src = (s.kind() == fb::StepKind::send && s.src() != kNone) ? Direct(s.src(), buffers)
+                                                                             : staging + s.staging();
+            f.handles.push_back(transport_.post(true, channel, peer, send_seq_[peer]++, src, bytes));
+            rs.bytes_sent += bytes;
+            ch.bytes_sent += bytes;
+          }
         } catch (const std::exception& e) {
-          throw fail(i, e);
+          throw fail(r, i, e);
         }
-        Wrote(i, remaining);
-      }
-      transport_.reset();
-      const auto c1 = Clock::now();
-      rs.comm_seconds = Seconds(c0, c1);
-      for (int c = 0; c < 2; ++c) {
-        if (used[c]) stats.channels[c].seconds += rs.comm_seconds;
+        f.order.push_back(i);
       }
     }
+    // NCCL posts the round as one group here; a failure to start is the
+    // round's, reported at its first message.
+    try {
+      transport_.start();
+    } catch (const std::exception& e) {
+      throw fail(r, f.order.front(), e);
+    }
+    // One deadline for the whole round: a peer that stalls is reported once
+    // the round has waited `timeout` for it, whichever message it is.
+    f.deadline = Clock::now() + transport_.timeout();
+  };
+  auto land = [&](Flight& f) {
+    for (size_t h = 0; h < f.handles.size(); ++h) {
+      try {
+        transport_.wait(f.handles[h], f.deadline);
+      } catch (const std::exception& e) {
+        throw fail(f.round, f.order[h], e);
+      }
+      Wrote(f.order[h], remaining);
+    }
+    transport_.reset();
+    RoundStats& rs = stats.rounds[f.round];
+    rs.comm_seconds = Seconds(f.c0, Clock::now());
+    rs.seconds += rs.comm_seconds;
+    for (int c = 0; c < 2; ++c) {
+      if (f.used[c]) stats.channels[c].seconds += rs.comm_seconds;
+    }
+  };
 
-    for (uint32_t i : round.unpack) run_local(i);
-
+  // Round r: [pack r unless packed early] post r | unpack r-1 (late),
+  // pack r+1 (early) | wait r | [unpack r unless late].
+  std::vector<uint8_t> packed(nrounds, 0);
+  for (size_t r = 0; r < nrounds; ++r) {
+    const Round& round = rounds_[r];
+    if (!packed[r]) local_phase(r, round.local);
+    const bool late_prev = r > 0 && schedule_.late_unpack[r - 1];
+    const bool early_next = r + 1 < nrounds && schedule_.early_pack[r + 1];
+    if (round.comm.empty()) {
+      if (late_prev) local_phase(r - 1, rounds_[r - 1].unpack);
+    } else {
+      Flight f;
+      post(r, f);
+      if (late_prev) local_phase(r - 1, rounds_[r - 1].unpack);
+      if (early_next) {
+        local_phase(r + 1, rounds_[r + 1].local);
+        packed[r + 1] = 1;
+      }
+      land(f);
+    }
+    if (early_next && !packed[r + 1]) {  // no messages to overlap: in order
+      local_phase(r + 1, rounds_[r + 1].local);
+      packed[r + 1] = 1;
+    }
+    const bool late = r + 1 < nrounds && schedule_.late_unpack[r];
+    if (!late) local_phase(r, round.unpack);
+  }
+  for (size_t r = 0; r < nrounds; ++r) {
+    RoundStats& rs = stats.rounds[r];
+    const Round& round = rounds_[r];
     rs.steps = static_cast<uint32_t>(round.local.size() + round.comm.size() + round.unpack.size());
-    rs.seconds = Seconds(r0, Clock::now());
     stats.bytes_sent += rs.bytes_sent;
     stats.bytes_received += rs.bytes_received;
     stats.steps += rs.steps;
-    stats.rounds.push_back(rs);
   }
   // Device kernels run asynchronously: the run is over when its last unpack is.
   try {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "runtime/kernels.h"
+#include "runtime/pipeline.h"
 #include "runtime/plan.h"
 #include "runtime/transport.h"
 
@@ -26,8 +27,8 @@ struct RoundStats {
   /// Bytes written by pack, copy and unpack steps.
   uint64_t bytes_local = 0;
   uint32_t steps = 0;
-  double seconds = 0;       // the whole round
-  double comm_seconds = 0;  // posting and waiting for its messages
+  double seconds = 0;       // its local phases and its messages (phases may overlap other rounds')
+  double comm_seconds = 0;  // from posting its messages until all completed
 };
 
 struct RunStats {
@@ -40,8 +41,10 @@ struct RunStats {
 };
 
 /// Runs the steps of a checked program (Plan::program). Execution of a round:
-/// its pack and copy steps in order, then all its send/recv/forward steps
-/// posted together and waited for, then its unpack steps in order. Messages of
+/// its pack and copy steps in order, then all its receives posted, then its
+/// sends and forwards, all waited for, then its unpack steps in order. Rounds
+/// are pipelined where runtime/pipeline.h proves it safe: while round r's
+/// messages fly, round r-1's unpacks and round r+1's packs run. Messages of
 /// one direction between two ranks are numbered in plan order; the number is
 /// the transport's matching tag.
 class Executor {
@@ -55,6 +58,8 @@ class Executor {
   /// step, kind and peer of a failed message and the buffers completely
   /// written so far; after a failure the transport must not be reused.
   RunStats Run(const std::vector<char*>& buffers, char* staging);
+  /// The pipelined schedule Run follows (RESHARD_PIPELINE=0 turns it off).
+  const PipelineSchedule& schedule() const { return schedule_; }
 
  private:
   struct Round {
@@ -77,6 +82,7 @@ class Executor {
   std::vector<std::vector<uint32_t>> written_;   // per step: buffers it writes
   std::vector<uint64_t> send_seq_, recv_seq_;    // per peer, persist across runs
   std::vector<const fb::QuantOp*> quant_;        // per step: its QuantOp or null
+  PipelineSchedule schedule_;
 };
 
 }  // namespace reshard

@@ -47,28 +47,42 @@ sg4::Mailbox* MailboxOf(uint32_t src, uint32_t dst, Path p) {
 
 char g_payload;  // what every simulated message "carries"
 
-// Posts one round's messages on one path and waits for all of them.
-void Exchange(Shared& sh, uint32_t g, const RankRound& rr, Path p) {
-  const std::vector<Message>& list = p == Path::net ? rr.net : rr.nvlink;
+// One round's messages on one path, posted and not yet waited for.
+struct Posted {
   std::vector<sg4::CommPtr> comms;
-  std::vector<void*> sinks(list.size());
-  comms.reserve(list.size());
-  const double t0 = sg4::Engine::get_clock();
+  std::vector<void*> sinks;
+  double t0 = 0;
   uint64_t bytes = 0;
-  for (size_t i = 0; i < list.size(); ++i) {
-    const Message& msg = list[i];
-    if (msg.send) {
-      comms.push_back(MailboxOf(g, msg.peer, p)->put_async(&g_payload, msg.bytes));
-      bytes += msg.bytes;
-    } else {
-      comms.push_back(MailboxOf(msg.peer, g, p)->get_async<void>(&sinks[i]));
+};
+
+// Posts one round's messages on one path: receives first, as the executor does.
+void Post(Shared& sh, uint32_t g, const RankRound& rr, Path p, Posted& out) {
+  const std::vector<Message>& list = p == Path::net ? rr.net : rr.nvlink;
+  out.comms.clear();
+  out.sinks.assign(list.size(), nullptr);
+  out.comms.reserve(list.size());
+  out.t0 = sg4::Engine::get_clock();
+  out.bytes = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t i = 0; i < list.size(); ++i) {
+      const Message& msg = list[i];
+      if (msg.send != (pass == 1)) continue;
+      if (msg.send) {
+        out.comms.push_back(MailboxOf(g, msg.peer, p)->put_async(&g_payload, msg.bytes));
+        out.bytes += msg.bytes;
+      } else {
+        out.comms.push_back(MailboxOf(msg.peer, g, p)->get_async<void>(&out.sinks[i]));
+      }
     }
   }
-  sh.comms += comms.size();
-  sg4::Comm::wait_all(comms);
+  sh.comms += out.comms.size();
+}
+
+void Land(Shared& sh, uint32_t g, const RankRound& rr, Path p, Posted& posted) {
+  sg4::Comm::wait_all(posted.comms);
   if (sh.trace) {
-    sh.slices[g].push_back({g, rr.round, static_cast<uint8_t>(p == Path::net ? 1 : 2), false, t0,
-                            sg4::Engine::get_clock(), bytes});
+    sh.slices[g].push_back({g, rr.round, static_cast<uint8_t>(p == Path::net ? 1 : 2), false, posted.t0,
+                            sg4::Engine::get_clock(), posted.bytes});
   }
 }
 
@@ -81,8 +95,11 @@ void Local(Shared& sh, uint32_t g, uint32_t round, uint64_t bytes, bool unpack, 
   if (sh.trace) sh.slices[g].push_back({g, round, 0, unpack, t0, t0 + secs, bytes});
 }
 
-// A rank: per round, local work, then both paths' transfers (the NVLink ones
-// by a helper actor on the rank's NVLink host, so the two overlap), then unpack.
+// A rank, as runtime/executor.cc runs it: per round, its local work (unless
+// it ran early), both paths' transfers (the NVLink ones by a helper actor on
+// the rank's NVLink host, so the two overlap) and, while they fly, the
+// previous round's late unpacks and the next round's early packs; then its
+// unpacks unless they run late.
 void RankActor(Shared* sh, uint32_t g, sg4::Host* nvhost) {
   const std::vector<RankRound>& rounds = sh->w->ranks[g];
   sg4::SemaphorePtr go, done;
@@ -94,18 +111,36 @@ void RankActor(Shared* sh, uint32_t g, sg4::Host* nvhost) {
       for (const RankRound& rr : rounds) {
         if (rr.nvlink.empty()) continue;
         go->acquire();
-        Exchange(*sh, g, rr, Path::nvlink);
+        Posted posted;
+        Post(*sh, g, rr, Path::nvlink, posted);
+        Land(*sh, g, rr, Path::nvlink, posted);
         done->release();
       }
     });
   }
   double hbm = 0;
-  for (const RankRound& rr : rounds) {
-    Local(*sh, g, rr.round, rr.local_bytes, false, hbm);
-    if (!rr.nvlink.empty()) go->release();
-    if (!rr.net.empty()) Exchange(*sh, g, rr, Path::net);
-    if (!rr.nvlink.empty()) done->acquire();
-    Local(*sh, g, rr.round, rr.unpack_bytes, true, hbm);
+  std::vector<uint8_t> packed(rounds.size(), 0);
+  for (size_t k = 0; k < rounds.size(); ++k) {
+    const RankRound& rr = rounds[k];
+    if (!packed[k]) Local(*sh, g, rr.round, rr.local_bytes, false, hbm);
+    const bool late_prev = k > 0 && rounds[k - 1].late_unpack;
+    const bool early_next = k + 1 < rounds.size() && rounds[k + 1].early_pack;
+    const bool comm = !rr.net.empty() || !rr.nvlink.empty();
+    if (comm) {
+      Posted net;
+      if (!rr.nvlink.empty()) go->release();
+      if (!rr.net.empty()) Post(*sh, g, rr, Path::net, net);
+      if (late_prev) Local(*sh, g, rounds[k - 1].round, rounds[k - 1].unpack_bytes, true, hbm);
+      if (early_next) {
+        Local(*sh, g, rounds[k + 1].round, rounds[k + 1].local_bytes, false, hbm);
+        packed[k + 1] = 1;
+      }
+      if (!rr.net.empty()) Land(*sh, g, rr, Path::net, net);
+      if (!rr.nvlink.empty()) done->acquire();
+    } else if (late_prev) {
+      Local(*sh, g, rounds[k - 1].round, rounds[k - 1].unpack_bytes, true, hbm);
+    }
+    if (!(k + 1 < rounds.size() && rr.late_unpack)) Local(*sh, g, rr.round, rr.unpack_bytes, true, hbm);
   }
   sh->hbm_seconds = std::max(sh->hbm_seconds, hbm);
   ++sh->done;

@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "runtime/error.h"
+#include "runtime/pipeline.h"
 
 namespace reshard::sim {
 
@@ -99,9 +100,12 @@ Workload BuildWorkload(const Plan& plan, const ClusterSpec& cluster) {
     if (prog.quant_ops() != nullptr)
       for (const fb::QuantOp* op : *prog.quant_ops())
         if (op->step() < quant.size()) quant[op->step()] = op;
+    const PipelineSchedule schedule = SchedulePipeline(prog, PipelineEnabled());
     for (uint32_t r = 0; r + 1 < rb->size(); ++r) {
       RankRound rr;
       rr.round = r;
+      rr.early_pack = schedule.early_pack[r];
+      rr.late_unpack = schedule.late_unpack[r];
       for (uint32_t i = rb->Get(r); i < rb->Get(r + 1); ++i) {
         const fb::Step* s = steps->Get(i);
         const uint64_t bytes = s->bytes();

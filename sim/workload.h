@@ -28,6 +28,10 @@ struct RankRound {
   uint32_t round = 0;
   uint64_t local_bytes = 0;   // pack + copy: read and written through HBM
   uint64_t unpack_bytes = 0;  // unpack
+  /// The runtime's pipelined schedule (runtime/pipeline.h): this round's
+  /// packs run while the previous listed round's messages fly; its unpacks
+  /// while the next listed round's messages fly.
+  bool early_pack = false, late_unpack = false;
   std::vector<Message> net, nvlink;
 };
 

@@ -226,9 +226,11 @@ void NcclTransport::start() {
   Settle(Clock::now() + timeout_, doing);
   for (int l = 0; l < lanes_; ++l) {
     if (!used[l]) continue;
+    // The round's unpacks run after its messages: the executor enqueues them
+    // only once wait() has seen this event complete. The kernel stream does
+    // not wait for it, so that the next round's packs and the previous
+    // round's unpacks (runtime/pipeline.h) overlap these messages.
     RESHARD_CUDA_CHECK(cudaEventRecord(done_[l], lane_stream_[l]));
-    // The round's unpacks run after its messages.
-    RESHARD_CUDA_CHECK(cudaStreamWaitEvent(stream_, done_[l], 0));
   }
   started_ = true;
 }

@@ -2,8 +2,14 @@
 // device memory; pack, copy and unpack run as CUDA kernels on the caller's
 // stream (DeviceKernels). Each round's sends and receives go out as one NCCL
 // group: net messages on one stream and communicator, nvlink messages on a
-// second pair, so that the two channels overlap; events order them after the
-// round's packs and before its unpacks.
+// second pair, so that the two channels overlap; an event orders them after
+// the round's packs, and the executor enqueues the round's unpacks once wait()
+// has seen them done, so that kernels of neighbouring rounds overlap them.
+// NCCL matches messages per peer and direction in posting order and lets the
+// calls of one group progress independently (only calls to the same peer run
+// in order, per NCCL's point-to-point guide), so unlike Gloo the order of
+// receives and sends inside the group does not serialize the two directions;
+// the executor posts receives first anyway.
 #pragma once
 
 #include <cuda_runtime_api.h>
