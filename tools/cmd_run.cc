@@ -1,7 +1,10 @@
-// reshard run PLAN --local: executes a plan with one process per global rank
-// on this machine over Gloo, with synthetic weights, and checks every
-// destination element.
+// reshard run PLAN --local | --ranks A-B --rendezvous DIR|HOST:PORT: executes
+// a plan with one process per global rank (all of them, or ranks A..B meeting
+// the other hosts' ranks) over Gloo, with synthetic weights, and checks every
+// destination element of its ranks.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -22,6 +25,7 @@
 #include "runtime/gloo_transport.h"
 #include "runtime/plan.h"
 #include "runtime/synthetic.h"
+#include "runtime/tcp_store.h"
 #include "tools/commands.h"
 
 namespace reshard::cli {
@@ -61,10 +65,13 @@ void WriteAll(int fd, const std::string& s) {
 }
 
 // The child's side: everything it has to say goes into `fd` as lines.
-int RunChild(const Plan& plan, uint32_t rank, const std::string& store_dir, double timeout_s, int fd) {
+int RunChild(const Plan& plan, uint32_t rank, const std::string& rendezvous, const std::string& listen,
+             const std::string& nvlink_listen, double timeout_s, int fd) {
   try {
     GlooOptions options;
-    options.store_dir = store_dir;
+    options.rendezvous = rendezvous;
+    options.hostname = listen;
+    options.nvlink_hostname = nvlink_listen;
     options.prefix = "run";
     options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
     GlooTransport transport(rank, plan.num_ranks(), options);
@@ -154,21 +161,69 @@ std::string Bytes(double b) {
   return buf;
 }
 
-int RunLocal(const std::string& path, double timeout_s, bool json) {
+// The address of this host's interface that reaches `host` (what a peer
+// there can connect back to); 127.0.0.1 when it cannot be found.
+std::string LocalAddressTowards(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), "9", &hints, &res) != 0 || res == nullptr) return "127.0.0.1";
+  std::string out = "127.0.0.1";
+  int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+    sockaddr_in me{};
+    socklen_t len = sizeof me;
+    char buf[INET_ADDRSTRLEN];
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&me), &len) == 0 &&
+        inet_ntop(AF_INET, &me.sin_addr, buf, sizeof buf) != nullptr) {
+      out = buf;
+    }
+  }
+  if (fd >= 0) close(fd);
+  freeaddrinfo(res);
+  return out;
+}
+
+// Ranks [first, last] of the plan, each a process here; `rendezvous` empty:
+// all ranks, meeting in a temporary directory.
+int RunRanks(const std::string& path, uint32_t first, uint32_t last, std::string rendezvous, std::string listen,
+             const std::string& nvlink_listen, double timeout_s, bool json) {
   Plan plan = Plan::open(path);
-  const uint32_t n = plan.num_ranks();
+  const uint32_t total = plan.num_ranks();
+  if (last == UINT32_MAX) last = total - 1;
+  if (last >= total) {
+    throw Error("--ranks: rank " + std::to_string(last) + " is out of range: the plan has " + std::to_string(total) +
+                " ranks (0-" + std::to_string(total - 1) + ")");
+  }
+  const uint32_t n = last - first + 1;
   uint32_t rounds = 0;
-  for (uint32_t r = 0; r < n; ++r) {
+  for (uint32_t r = 0; r < total; ++r) {
     const fb::Program& p = plan.program(r);  // every program checked before any process starts
     if (p.round_begin() && p.round_begin()->size() > 0) rounds = std::max(rounds, p.round_begin()->size() - 1);
   }
-  std::string tmpl = (std::filesystem::temp_directory_path() / "reshard-run-XXXXXX").string();
-  if (mkdtemp(tmpl.data()) == nullptr) throw Error(std::string("cannot create a temporary directory: ") + strerror(errno));
+  std::string tmpl;
+  if (rendezvous.empty()) {
+    tmpl = (std::filesystem::temp_directory_path() / "reshard-run-XXXXXX").string();
+    if (mkdtemp(tmpl.data()) == nullptr) {
+      throw Error(std::string("cannot create a temporary directory: ") + strerror(errno));
+    }
+    rendezvous = tmpl;
+  } else if (IsHostPort(rendezvous)) {
+    HostPort hp = ParseHostPort(rendezvous, "--rendezvous");
+    if (listen.empty()) listen = LocalAddressTowards(hp.host);
+  } else {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(rendezvous, ec)) {
+      throw Error("--rendezvous: '" + rendezvous + "' is neither HOST:PORT nor an existing directory");
+    }
+  }
+  if (listen.empty()) listen = "127.0.0.1";
   struct RemoveDir {
     std::string dir;
     ~RemoveDir() {
       std::error_code ec;
-      std::filesystem::remove_all(dir, ec);
+      if (!dir.empty()) std::filesystem::remove_all(dir, ec);
     }
   } remove_dir{tmpl};
 
@@ -177,6 +232,7 @@ int RunLocal(const std::string& path, double timeout_s, bool json) {
   std::fflush(stderr);
   const pid_t parent = getpid();
   for (uint32_t r = 0; r < n; ++r) {
+    const uint32_t rank = first + r;
     int fds[2];
     if (pipe(fds) != 0) throw Error(std::string("pipe: ") + strerror(errno));
     pid_t pid = fork();
@@ -190,7 +246,7 @@ int RunLocal(const std::string& path, double timeout_s, bool json) {
       if (getppid() != parent) _exit(1);
       close(fds[0]);
       for (uint32_t k = 0; k < r; ++k) close(ranks[k].fd);
-      _exit(RunChild(plan, r, tmpl, timeout_s, fds[1]));
+      _exit(RunChild(plan, rank, rendezvous, listen, nvlink_listen, timeout_s, fds[1]));
     }
     close(fds[1]);
     fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK);
@@ -232,7 +288,7 @@ int RunLocal(const std::string& path, double timeout_s, bool json) {
       ++finished;
       bool failed = !(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0);
       if (failed && first_failure.empty()) {
-        first_failure = "rank " + std::to_string(i);
+        first_failure = "rank " + std::to_string(first + i);
         // Let the other ranks notice and report the failure themselves.
         grace_end = Clock::now() + std::chrono::milliseconds(1500);
       }
@@ -292,18 +348,18 @@ int RunLocal(const std::string& path, double timeout_s, bool json) {
     if (!rank_ok) {
       ++failed;
       std::string why = Describe(r);
-      if (why.rfind("rank ", 0) != 0) why = "rank " + std::to_string(i) + ": " + why;
+      if (why.rfind("rank ", 0) != 0) why = "rank " + std::to_string(first + i) + ": " + why;
       failures.push_back(why);
     }
-    for (const std::string& w : r.wrong_elements) wrong_elements.push_back("rank " + std::to_string(i) + ": " + w);
+    for (const std::string& w : r.wrong_elements) wrong_elements.push_back("rank " + std::to_string(first + i) + ": " + w);
   }
   const double gbps = seconds > 0 ? bytes / seconds / 1e9 : 0;
   const bool success = failed == 0 && wrong == 0;
   if (json) {
-    std::printf("{\"plan\": %s, \"ranks\": %u, \"failed_ranks\": %u, \"bytes\": %llu, \"net_bytes\": %llu, "
+    std::printf("{\"plan\": %s, \"ranks\": %u, \"first_rank\": %u, \"plan_ranks\": %u, \"failed_ranks\": %u, \"bytes\": %llu, \"net_bytes\": %llu, "
                 "\"nvlink_bytes\": %llu, \"seconds\": %.6f, \"gbps\": %.6f, \"checked\": %llu, \"wrong\": %llu, "
                 "\"ok\": %s, \"failures\": [",
-                JsonString(path).c_str(), n, failed, static_cast<unsigned long long>(bytes),
+                JsonString(path).c_str(), n, first, total, failed, static_cast<unsigned long long>(bytes),
                 static_cast<unsigned long long>(net), static_cast<unsigned long long>(nvlink), seconds, gbps,
                 static_cast<unsigned long long>(checked), static_cast<unsigned long long>(wrong),
                 success ? "true" : "false");
@@ -315,7 +371,11 @@ int RunLocal(const std::string& path, double timeout_s, bool json) {
     std::printf("]}\n");
   } else {
     for (const std::string& f : failures) std::fprintf(stderr, "reshard run: %s\n", f.c_str());
-    std::printf("ranks:   %u, %u failed\n", n, failed);
+    if (n == total) {
+      std::printf("ranks:   %u, %u failed\n", n, failed);
+    } else {
+      std::printf("ranks:   %u (%u-%u of %u), %u failed\n", n, first, last, total, failed);
+    }
     std::printf("moved:   %s (net %s, nvlink %s) in %.3f s: %.3f GB/s\n", Bytes(static_cast<double>(bytes)).c_str(),
                 Bytes(static_cast<double>(net)).c_str(), Bytes(static_cast<double>(nvlink)).c_str(), seconds, gbps);
     std::printf("checked: %llu elements, %llu wrong\n", static_cast<unsigned long long>(checked),
@@ -335,18 +395,51 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
   struct Options {
     std::string plan;
     bool local = false;
+    std::string ranks, rendezvous, listen, nvlink_listen;
     double timeout = 60;
     bool json = false;
   };
   auto opts = std::make_shared<Options>();
   cmd->add_option("PLAN", opts->plan, "the plan file (.rsplan)")->required();
-  cmd->add_flag("--local", opts->local, "run every rank as a process on this machine (the only mode so far)");
+  cmd->add_flag("--local", opts->local, "run every rank as a process on this machine");
+  cmd->add_option("--ranks", opts->ranks,
+                  "run ranks A-B (or one rank A) here, one process each, meeting the other hosts' ranks "
+                  "through --rendezvous");
+  cmd->add_option("--rendezvous", opts->rendezvous,
+                  "where the ranks meet: a directory every host shares, or HOST:PORT (the host running "
+                  "rank 0 serves it there)");
+  cmd->add_option("--listen", opts->listen,
+                  "address this host's ranks listen on for their peers (default: the address that "
+                  "reaches the rendezvous host; 127.0.0.1 with a directory)");
+  cmd->add_option("--nvlink-listen", opts->nvlink_listen,
+                  "address for the messages of the plan's nvlink channel (a second Gloo mesh, e.g. over "
+                  "another interface); default: they share the --listen mesh");
   cmd->add_option("--timeout", opts->timeout, "seconds a rank waits for a peer before failing (default 60)")
       ->check(CLI::PositiveNumber);
   cmd->add_flag("--json", opts->json, "print the result as JSON");
   cmd->callback([opts, &exit_code] {
-    if (!opts->local) throw Error("run: only local runs are supported so far: pass --local");
-    exit_code = RunLocal(opts->plan, opts->timeout, opts->json);
+    if (opts->local) {
+      if (!opts->ranks.empty() || !opts->rendezvous.empty()) {
+        throw Error("run: --local runs every rank here: it takes no --ranks or --rendezvous");
+      }
+      exit_code = RunRanks(opts->plan, 0, UINT32_MAX, "", opts->listen, opts->nvlink_listen, opts->timeout, opts->json);
+      return;
+    }
+    if (opts->ranks.empty() || opts->rendezvous.empty()) {
+      throw Error("run: pass --local, or --ranks A-B with --rendezvous DIR|HOST:PORT");
+    }
+    uint32_t a = 0, b = 0;
+    auto number = [&](const std::string& t) -> uint32_t {
+      if (t.empty() || t.size() > 9 || t.find_first_not_of("0123456789") != std::string::npos) {
+        throw Error("--ranks: '" + opts->ranks + "' is not A-B or A (ranks are numbers from 0)");
+      }
+      return static_cast<uint32_t>(std::stoul(t));
+    };
+    size_t dash = opts->ranks.find('-');
+    a = number(opts->ranks.substr(0, dash));
+    b = dash == std::string::npos ? a : number(opts->ranks.substr(dash + 1));
+    if (b < a) throw Error("--ranks: '" + opts->ranks + "' is empty (B < A)");
+    exit_code = RunRanks(opts->plan, a, b, opts->rendezvous, opts->listen, opts->nvlink_listen, opts->timeout, opts->json);
   });
 }
 
