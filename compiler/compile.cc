@@ -1,4 +1,5 @@
 #include "compiler/compile.h"
+#include "compiler/share_packs.h"
 
 #include <cstdio>
 
@@ -61,6 +62,7 @@ PlanIR BuildPlan(const CompileInputs& in, const CompileOptions& opt) {
   ro.nvlink_exchange = opt.nvlink_exchange;
   ro.quantize_on_sender = opt.quantize_on_sender;
   PlanIR ir = Route(in.model, in.cluster, in.src, src, in.dst, dst, ro);
+  SharePacks(ir);  // one pack, many sends
   ir.scales = src.scales;
   ir.scales.insert(ir.scales.end(), dst.scales.begin(), dst.scales.end());
   return ir;
