@@ -116,6 +116,18 @@ reshard_transport* reshard_nccl_transport_create(void* net_comm, void* nvlink_co
       nullptr);
 }
 
+int reshard_transport_barrier(reshard_transport* transport) {
+  return Guard(
+      [&]() -> int {
+        Require(transport, "transport");
+        auto* gloo = dynamic_cast<reshard::GlooTransport*>(transport->transport.get());
+        if (gloo == nullptr) throw reshard::Error("reshard_transport_barrier: not a Gloo transport");
+        gloo->barrier();
+        return 0;
+      },
+      -1);
+}
+
 void reshard_transport_destroy(reshard_transport* transport) { delete transport; }
 
 reshard_session* reshard_session_create(const reshard_plan* plan, uint32_t global_rank, reshard_transport* transport) {

@@ -3,6 +3,7 @@
 #include <csignal>
 #include <cstdio>
 
+#include <gloo/barrier.h>
 #include <gloo/common/error.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
@@ -144,5 +145,15 @@ void GlooTransport::wait(size_t handle, Clock::time_point deadline) {
 }
 
 void GlooTransport::reset() { ops_.clear(); }
+
+void GlooTransport::barrier() {
+  try {
+    gloo::BarrierOptions opts(context_);
+    opts.setTimeout(timeout_);
+    gloo::barrier(opts);
+  } catch (const gloo::Exception& e) {
+    throw Error("rank " + std::to_string(rank_) + ": barrier: " + Clean(e.what()));
+  }
+}
 
 }  // namespace reshard

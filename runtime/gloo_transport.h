@@ -52,6 +52,12 @@ class GlooTransport : public Transport {
   size_t post(bool send, int channel, uint32_t peer, uint64_t seq, void* data, size_t bytes) override;
   void wait(size_t handle, Clock::time_point deadline) override;
   void reset() override;
+  /// Waits until every rank has called barrier() (within the timeout). Call
+  /// it before destroying the transport once a run is over: a rank that
+  /// closes its connections while a peer is still receiving what it sent can
+  /// lose the data still in flight (the kernel resets a socket closed with
+  /// unread input). Throws reshard::Error naming what went wrong.
+  void barrier();
 
  private:
   struct Op {

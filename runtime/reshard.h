@@ -48,6 +48,12 @@ reshard_transport* reshard_gloo_transport_create(uint32_t rank, uint32_t size, c
  * connect to it (retrying until `timeout_s`). Other arguments as above. */
 reshard_transport* reshard_gloo_transport_create_tcp(uint32_t rank, uint32_t size, const char* host_port,
                                                      const char* prefix, const char* hostname, double timeout_s);
+/* Waits until every rank of a Gloo transport has called it (within the
+ * transport's timeout). Call it after the last run, before
+ * reshard_transport_destroy: a rank that closes its connections while a peer
+ * is still receiving what it sent can lose that data. Fails on other
+ * transports. */
+int reshard_transport_barrier(reshard_transport* transport);
 /* An NCCL transport over the caller's communicators, for device memory: every
  * buffer bound to a session over it is memory of the communicators' CUDA
  * device, and the session's staging (exactly the plan's staging size) is

@@ -11,6 +11,7 @@
 
 #include "runtime/error.h"
 #include "runtime/gloo_transport.h"
+#include "runtime/reshard.h"
 #include "runtime/synthetic.h"
 #include "runtime/test.h"
 
@@ -120,6 +121,22 @@ TEST(TcpStoreTest, GlooNamesTheRendezvousWhenARankIsMissing) {
   std::string e = ErrorOf([&] { GlooTransport t(1, 2, options); });
   EXPECT_EQ(e, "rank 1: gloo: cannot connect 2 ranks through '" + addr +
                    "' within 0.5 s: rendezvous: cannot connect to '" + addr + "' within 0.5 s: Connection refused");
+}
+
+TEST(TcpStoreTest, CApiMeetsThroughTcpAndBarriers) {
+  const std::string addr = "127.0.0.1:" + std::to_string(FreePort());
+  auto out = RunRanks(3, [&](int r) -> std::string {
+    reshard_transport* t = reshard_gloo_transport_create_tcp(static_cast<uint32_t>(r), 3, addr.c_str(), "capi",
+                                                             nullptr, 20);
+    if (t == nullptr) return reshard_last_error();
+    if (reshard_transport_barrier(t) != 0) return reshard_last_error();
+    reshard_transport_destroy(t);
+    return "";
+  });
+  for (size_t r = 0; r < out.size(); ++r) EXPECT_EQ(out[r].exit_code, 0) << "rank " << r << ": " << out[r].message;
+  EXPECT_EQ(reshard_gloo_transport_create_tcp(0, 2, "/tmp/dir", nullptr, nullptr, 1), nullptr);
+  EXPECT_STREQ(reshard_last_error(), "host_port: '/tmp/dir' is not HOST:PORT");
+  EXPECT_EQ(reshard_transport_barrier(nullptr), -1);
 }
 
 }  // namespace

@@ -50,7 +50,7 @@ inline fb::Fragment MakeFragment(uint32_t tensor, uint32_t buffer, uint64_t offs
                                  uint8_t buffer_dims = 0) {
   uint64_t st[6] = {};
   uint32_t l[6] = {}, h[6] = {};
-  for (size_t d = 0; d < lo.size() && d < 6; ++d) {
+  for (size_t d = 0; d < lo.size() && d < hi.size() && d < stride.size() && d < 6; ++d) {
     l[d] = lo[d];
     h[d] = hi[d];
     st[d] = stride[d];

@@ -76,6 +76,9 @@ int RunChild(const Plan& plan, uint32_t rank, const std::string& rendezvous, con
     options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
     GlooTransport transport(rank, plan.num_ranks(), options);
     SyntheticRun run = RunSynthetic(plan, rank, transport);
+    // Stay connected until every rank is done: closing while a peer still
+    // receives what this rank sent can lose it (runtime/gloo_transport.h).
+    transport.barrier();
     std::ostringstream out;
     out.precision(9);
     out << "ok " << run.stats.bytes_sent << " " << run.stats.channels[0].bytes_sent << " "
@@ -356,13 +359,13 @@ int RunRanks(const std::string& path, uint32_t first, uint32_t last, std::string
   const double gbps = seconds > 0 ? bytes / seconds / 1e9 : 0;
   const bool success = failed == 0 && wrong == 0;
   if (json) {
-    std::printf("{\"plan\": %s, \"ranks\": %u, \"first_rank\": %u, \"plan_ranks\": %u, \"failed_ranks\": %u, \"bytes\": %llu, \"net_bytes\": %llu, "
+    std::printf("{\"plan\": %s, \"ranks\": %u, \"failed_ranks\": %u, \"bytes\": %llu, \"net_bytes\": %llu, "
                 "\"nvlink_bytes\": %llu, \"seconds\": %.6f, \"gbps\": %.6f, \"checked\": %llu, \"wrong\": %llu, "
-                "\"ok\": %s, \"failures\": [",
-                JsonString(path).c_str(), n, first, total, failed, static_cast<unsigned long long>(bytes),
+                "\"ok\": %s, \"first_rank\": %u, \"plan_ranks\": %u, \"failures\": [",
+                JsonString(path).c_str(), n, failed, static_cast<unsigned long long>(bytes),
                 static_cast<unsigned long long>(net), static_cast<unsigned long long>(nvlink), seconds, gbps,
                 static_cast<unsigned long long>(checked), static_cast<unsigned long long>(wrong),
-                success ? "true" : "false");
+                success ? "true" : "false", first, total);
     for (size_t i = 0; i < failures.size(); ++i) std::printf("%s%s", i ? ", " : "", JsonString(failures[i]).c_str());
     std::printf("], \"wrong_elements\": [");
     for (size_t i = 0; i < wrong_elements.size(); ++i) {
