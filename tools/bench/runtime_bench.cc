@@ -6,11 +6,15 @@
 //   b. pack and unpack of a large strided bf16 region (every other half row)
 //      vs a plain memcpy of the same bytes;
 //   c. a plan of large contiguous regions sent buffer to buffer vs raw Gloo
-//      UnboundBuffer send/recv of the same chunks.
+//      UnboundBuffer send/recv of the same chunks;
+//   d. a staged plan (strided regions: pack, send, receive, unpack) in rounds
+//      over two alternating staging arenas, as the compiler lays them out,
+//      pipelined (runtime/pipeline.h) and in series (RESHARD_PIPELINE=0), vs
+//      raw Gloo sending the same bytes in as many messages.
 // Every number is the median of N repetitions (after one warm-up); timed
 // sections start after a barrier, and a two-rank section counts the slower rank.
 //
-// Usage: runtime_bench [--reps N] [--pack-mib M] [--e2e-mib M] [--rounds R] [--k K]
+// Usage: runtime_bench [--reps N] [--pack-mib M] [--e2e-mib M] [--rounds R] [--k K] [--staged-rounds R]
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -37,6 +41,7 @@
 #include "runtime/error.h"
 #include "runtime/gloo_transport.h"
 #include "runtime/plan.h"
+#include "runtime/pipeline.h"
 #include "runtime/session.h"
 #include "runtime/test.h"
 
@@ -59,6 +64,7 @@ struct Config {
   uint32_t e2e_chunks = 8;  // regions (messages) they are split into
   uint32_t rounds = 800;    // (a): rounds of
   uint32_t k = 64;          // k packs, 1 send, 1 recv, k unpacks per rank
+  uint32_t staged_rounds = 16;  // (d): rounds the e2e_mib strided bytes are split into
 };
 
 double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -124,6 +130,40 @@ PlanSpec PackPlan(const Config& c) {
   uint32_t right = p1.Region(MakeRegion(0, cols, {rows, cols}, {2 * cols, 1}));
   p1.Step(MakeStep(StepKind::unpack, kNone, kNone, right, 0, bytes, Dtype::bf16));
   spec.programs = {p0, p1};
+  return spec;
+}
+
+// (d) Rank 0 packs the left halves of a [rows, 2*cols] bf16 buffer's rows,
+// one slice of rows per round into staging arena r % 2, and sends them; rank
+// 1 receives each slice into its arena r % 2 and unpacks it into the right
+// halves of its rows.
+PlanSpec StagedPlan(const Config& c) {
+  const uint64_t bytes = c.e2e_mib << 20;
+  const uint32_t cols = c.pack_cols;
+  const uint32_t rows = static_cast<uint32_t>(bytes / 2 / cols);
+  const uint32_t per = rows / c.staged_rounds;
+  const uint64_t slice = uint64_t{per} * cols * 2;
+  PlanSpec spec;
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    ProgramSpec p;
+    p.rank = rank;
+    p.buffers = {{"w", Dtype::bf16, {rows, 2ull * cols}}};
+    p.staging_bytes = 2 * slice;
+    for (uint32_t r = 0; r < c.staged_rounds; ++r) {
+      const uint64_t arena = (r % 2) * slice;
+      p.Round();
+      if (rank == 0) {
+        uint32_t left = p.Region(MakeRegion(0, uint64_t{r} * per * 2 * cols, {per, cols}, {2 * cols, 1}));
+        p.Step(MakeStep(StepKind::pack, kNone, left, kNone, arena, slice, Dtype::bf16));
+        p.Step(MakeStep(StepKind::send, 1, kNone, kNone, arena, slice, Dtype::bf16));
+      } else {
+        uint32_t right = p.Region(MakeRegion(0, uint64_t{r} * per * 2 * cols + cols, {per, cols}, {2 * cols, 1}));
+        p.Step(MakeStep(StepKind::recv, 0, kNone, kNone, arena, slice, Dtype::bf16));
+        p.Step(MakeStep(StepKind::unpack, kNone, kNone, right, arena, slice, Dtype::bf16));
+      }
+    }
+    spec.programs.push_back(std::move(p));
+  }
   return spec;
 }
 
@@ -301,6 +341,38 @@ class Rank {
     }
   }
 
+  // (d): pipelined plan, serial plan and raw Gloo alternate.
+  void Staged(const reshard::Plan& plan) {
+    Bound piped(plan, rank_, *transport_);
+    setenv("RESHARD_PIPELINE", "0", 1);
+    Bound serial(plan, rank_, *transport_);
+    unsetenv("RESHARD_PIPELINE");
+    const size_t bytes = c_.e2e_mib << 20;
+    const size_t chunk = bytes / c_.staged_rounds;
+    Memory w(bytes);
+    std::vector<std::pair<char*, size_t>> chunks;
+    for (uint32_t i = 0; i < c_.staged_rounds; ++i) chunks.push_back({w.get() + i * chunk, chunk});
+    const std::vector<std::pair<char*, size_t>> none;
+    for (int rep = -1; rep < c_.reps; ++rep) {
+      Barrier();
+      auto t = Clock::now();
+      piped.session.run();
+      Report("staged", rep, Since(t));
+      Barrier();
+      t = Clock::now();
+      serial.session.run();
+      Report("staged_serial", rep, Since(t));
+      Barrier();
+      t = Clock::now();
+      if (rank_ == 0) {
+        RawExchange(*raw_, chunks, none, peer_, tags_);
+      } else {
+        RawExchange(*raw_, none, chunks, peer_, tags_);
+      }
+      Report("staged_raw", rep, Since(t));
+    }
+  }
+
  private:
   uint32_t rank_, peer_;
   Config c_;
@@ -356,8 +428,9 @@ int Main(int argc, char** argv) {
     else if (a == "--e2e-mib") c.e2e_mib = v;
     else if (a == "--rounds") c.rounds = static_cast<uint32_t>(v);
     else if (a == "--k") c.k = static_cast<uint32_t>(v);
+    else if (a == "--staged-rounds") c.staged_rounds = static_cast<uint32_t>(v);
     else {
-      std::fprintf(stderr, "usage: runtime_bench [--reps N] [--pack-mib M] [--e2e-mib M] [--rounds R] [--k K]\n");
+      std::fprintf(stderr, "usage: runtime_bench [--reps N] [--pack-mib M] [--e2e-mib M] [--rounds R] [--k K] [--staged-rounds R]\n");
       return 2;
     }
   }
@@ -367,6 +440,8 @@ int Main(int argc, char** argv) {
       reshard::Plan::from_bytes(reshard::testing::BuildPlan(StepPlan(c)), "steps.rsplan");
   reshard::Plan pack_plan = reshard::Plan::from_bytes(reshard::testing::BuildPlan(PackPlan(c)), "pack.rsplan");
   reshard::Plan e2e_plan = reshard::Plan::from_bytes(reshard::testing::BuildPlan(E2ePlan(c)), "e2e.rsplan");
+  reshard::Plan staged_plan =
+      reshard::Plan::from_bytes(reshard::testing::BuildPlan(StagedPlan(c)), "staged.rsplan");
   std::fprintf(stderr, "runtime_bench: plans built in %.2f s; running 2 ranks, %d repetitions each\n", Since(t_build),
                c.reps);
 
@@ -390,6 +465,7 @@ int Main(int argc, char** argv) {
         r.Steps(steps_plan);
         r.Pack(pack_plan);
         r.E2e(e2e_plan);
+        r.Staged(staged_plan);
       } catch (const std::exception& e) {
         std::fprintf(stderr, "runtime_bench: rank %u: %s\n", rank, e.what());
         rc = 1;
@@ -438,6 +514,9 @@ int Main(int argc, char** argv) {
   const double e2e_gbps = e2e_bytes / MedianOf(res, "e2e") / 1e9;
   const double raw_gbps = e2e_bytes / MedianOf(res, "e2e_raw") / 1e9;
   const double strided_gbps = pack_bytes / MedianOf(res, "pack_plan") / 1e9;
+  const double staged_gbps = e2e_bytes / MedianOf(res, "staged") / 1e9;
+  const double staged_serial_gbps = e2e_bytes / MedianOf(res, "staged_serial") / 1e9;
+  const double staged_raw_gbps = e2e_bytes / MedianOf(res, "staged_raw") / 1e9;
 
   struct Row {
     std::string metric;
@@ -459,6 +538,11 @@ int Main(int argc, char** argv) {
   rows.push_back({name, e2e_gbps, raw_gbps, "GB/s", ">= 80%", e2e_gbps >= 0.8 * raw_gbps});
   std::snprintf(name, sizeof name, "   info: pack+send+recv+unpack plan vs raw");
   rows.push_back({name, strided_gbps, raw_gbps, "GB/s", "-", -1});
+  std::snprintf(name, sizeof name, "d. staged %llu MiB, %u rounds, pipelined vs raw",
+                static_cast<unsigned long long>(c.e2e_mib), c.staged_rounds);
+  rows.push_back({name, staged_gbps, staged_raw_gbps, "GB/s", ">= 85%", staged_gbps >= 0.85 * staged_raw_gbps});
+  std::snprintf(name, sizeof name, "   info: the same in series (RESHARD_PIPELINE=0)");
+  rows.push_back({name, staged_serial_gbps, staged_raw_gbps, "GB/s", "-", -1});
 
   std::printf("%-46s %10s %10s %8s %7s %8s %s\n", "metric", "reshard", "baseline", "unit", "ratio", "target", "result");
   for (const Row& r : rows) {
