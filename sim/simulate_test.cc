@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 #include <tuple>
@@ -157,6 +158,40 @@ TEST(SimulateTest, QuantStepsCountWhatTheyReadAndWrite) {
   auto j = Simulate(testing::QuantPlan(testing::QuantPath::requantize), 1, dir);
   EXPECT_EQ(j["bytes"]["hbm_unpack"].get<uint64_t>(), 48u) << j.dump();
   EXPECT_EQ(j["bytes"]["hbm_local"].get<uint64_t>(), 64u) << j.dump();
+}
+
+// Rank 0 packs 1 GB per round into staging arena r % 2 and sends it; rank 1
+// receives it there. The runtime packs round r+1 while round r's message flies
+// (runtime/pipeline.h): only the first pack stays on the critical path.
+TEST(SimulateTest, PipelinedRoundsHideTheNextRoundsPack) {
+  TempDir dir;
+  PlanSpec spec;
+  spec.tensors.push_back({"w", fb::Dtype::fp32, {0}, {kWords}});
+  spec.programs.resize(2);
+  for (uint32_t g = 0; g < 2; ++g) {
+    testing::ProgramSpec& p = spec.programs[g];
+    p.rank = g;
+    p.buffers = {{"w", fb::Dtype::fp32, {kWords}}};
+    p.staging_bytes = 2 * kGB;
+    for (uint32_t r = 0; r < 3; ++r) {
+      p.Round();
+      const uint64_t arena = (r % 2) * kGB;
+      if (g == 0) {
+        uint32_t reg = p.Region(testing::MakeRegion(0, 0, {static_cast<uint32_t>(kWords)}, {1}));
+        p.Step(MakeStep(fb::StepKind::pack, kNone, reg, kNone, arena, kGB, fb::Dtype::fp32));
+        p.Step(MakeStep(fb::StepKind::send, 1, kNone, kNone, arena, kGB, fb::Dtype::fp32));
+      } else {
+        p.Step(MakeStep(fb::StepKind::recv, 0, kNone, kNone, arena, kGB, fb::Dtype::fp32));
+      }
+    }
+  }
+  const double pack = 2 * kGB / kHbm, flight = kGB / kNic + kNicLat;
+  auto j = Simulate(spec, 1, dir);
+  EXPECT_NEAR(j["predicted_seconds"].get<double>(), pack + 3 * flight, 1e-9);
+  setenv("RESHARD_PIPELINE", "0", 1);
+  auto serial = Simulate(spec, 1, dir);
+  unsetenv("RESHARD_PIPELINE");
+  EXPECT_NEAR(serial["predicted_seconds"].get<double>(), 3 * (pack + flight), 1e-9);
 }
 
 TEST(SimulateTest, ARoundStartsWhenTheRankFinishedThePrevious) {
