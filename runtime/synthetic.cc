@@ -311,7 +311,8 @@ std::string FormatWrong(const WrongElement& w) {
   return s + buf;
 }
 
-SyntheticRun RunSynthetic(const Plan& plan, uint32_t rank, Transport& transport, size_t keep) {
+SyntheticRun RunSynthetic(const Plan& plan, uint32_t rank, Transport& transport, size_t keep,
+                          const std::function<void()>& ready) {
   Session session(plan, rank, transport);
   const fb::Program& program = session.program();
   const uint32_t nbuf = program.buffers() ? program.buffers()->size() : 0;
@@ -331,6 +332,7 @@ SyntheticRun RunSynthetic(const Plan& plan, uint32_t rank, Transport& transport,
   PoisonDestinations(program, ptrs);
   FillSources(plan, program, ptrs);
   SyntheticRun out;
+  if (ready) ready();
   out.stats = session.run();
   out.check = CheckDestinations(plan, program, ptrs, keep);
   return out;

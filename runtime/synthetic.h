@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,9 @@ struct SyntheticRun {
 
 /// The whole `reshard run` of one rank: allocates its buffers, poisons the
 /// destinations, fills the sources, runs a Session over `transport`, checks.
-SyntheticRun RunSynthetic(const Plan& plan, uint32_t rank, Transport& transport, size_t keep = 10);
+/// `ready`, if set, is called right before the run (`reshard run` waits there
+/// for every rank, so that its timing starts together).
+SyntheticRun RunSynthetic(const Plan& plan, uint32_t rank, Transport& transport, size_t keep = 10,
+                          const std::function<void()>& ready = {});
 
 }  // namespace reshard

@@ -75,7 +75,9 @@ int RunChild(const Plan& plan, uint32_t rank, const std::string& rendezvous, con
     options.prefix = "run";
     options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
     GlooTransport transport(rank, plan.num_ranks(), options);
-    SyntheticRun run = RunSynthetic(plan, rank, transport);
+    // Every rank starts its run together (filling 100 MB of sources takes
+    // each a different time), so that the slowest rank's time is the run's.
+    SyntheticRun run = RunSynthetic(plan, rank, transport, 10, [&] { transport.barrier(); });
     // Stay connected until every rank is done: closing while a peer still
     // receives what this rank sent can lose it (runtime/gloo_transport.h).
     transport.barrier();
