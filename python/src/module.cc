@@ -182,7 +182,11 @@ void BindTransports(nb::module_& m) {
       nb::arg("rank"), nb::arg("size"), nb::arg("store_dir"), nb::arg("prefix"), nb::arg("hostname"),
       nb::arg("timeout_s"));
 
-  m.attr("_have_cuda") = static_cast<bool>(RESHARD_HAVE_CUDA + 0);
+#if RESHARD_HAVE_CUDA
+  m.attr("_have_cuda") = true;
+#else
+  m.attr("_have_cuda") = false;
+#endif
   m.def(
       "_nccl_transport",
       [](uintptr_t net, uintptr_t nvlink, uintptr_t stream, double timeout_s) -> std::unique_ptr<PyTransport> {
