@@ -7,6 +7,7 @@
 
 #include "runtime/error.h"
 #include "runtime/gloo_transport.h"
+#include "runtime/tcp_store.h"
 #include "runtime/plan.h"
 #include "runtime/session.h"
 
@@ -71,6 +72,24 @@ reshard_transport* reshard_gloo_transport_create(uint32_t rank, uint32_t size, c
         Require(store_dir, "store_dir");
         reshard::GlooOptions options;
         options.store_dir = store_dir;
+        if (prefix != nullptr) options.prefix = prefix;
+        if (hostname != nullptr) options.hostname = hostname;
+        if (timeout_s > 0) options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+        return new reshard_transport{std::make_unique<reshard::GlooTransport>(rank, size, options)};
+      },
+      nullptr);
+}
+
+reshard_transport* reshard_gloo_transport_create_tcp(uint32_t rank, uint32_t size, const char* host_port,
+                                                     const char* prefix, const char* hostname, double timeout_s) {
+  return Guard(
+      [&]() -> reshard_transport* {
+        Require(host_port, "host_port");
+        if (!reshard::IsHostPort(host_port)) {
+          throw reshard::Error(std::string("host_port: '") + host_port + "' is not HOST:PORT");
+        }
+        reshard::GlooOptions options;
+        options.rendezvous = host_port;
         if (prefix != nullptr) options.prefix = prefix;
         if (hostname != nullptr) options.hostname = hostname;
         if (timeout_s > 0) options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));

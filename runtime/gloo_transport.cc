@@ -11,6 +11,7 @@
 #include <gloo/transport/unbound_buffer.h>
 
 #include "runtime/error.h"
+#include "runtime/tcp_store.h"
 
 namespace reshard {
 namespace {
@@ -38,19 +39,40 @@ GlooTransport::GlooTransport(uint32_t rank, uint32_t size, const GlooOptions& op
   struct sigaction old {};
   if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) std::signal(SIGPIPE, SIG_IGN);
   if (rank >= size) throw Error("gloo: rank " + std::to_string(rank) + " out of range for " + std::to_string(size) + " ranks");
+  const std::string where = options.rendezvous.empty() ? options.store_dir : options.rendezvous;
+  if (where.empty()) throw Error("gloo: no rendezvous given (a shared directory or HOST:PORT)");
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = options.hostname;
     auto device = gloo::transport::tcp::CreateDevice(attr);
-    gloo::rendezvous::FileStore file_store(options.store_dir);
-    gloo::rendezvous::PrefixStore store(options.prefix, file_store);
+    std::unique_ptr<gloo::rendezvous::Store> base;
+    if (IsHostPort(where)) {
+      if (rank == 0) {
+        base = TcpStore::Serve(where, size - 1, options.timeout);
+      } else {
+        base = TcpStore::Connect(where, rank, options.timeout);
+      }
+    } else {
+      base = std::make_unique<gloo::rendezvous::FileStore>(where);
+    }
+    gloo::rendezvous::PrefixStore store(options.prefix, *base);
     auto context = std::make_shared<gloo::rendezvous::Context>(static_cast<int>(rank), static_cast<int>(size));
     context->setTimeout(options.timeout);
     context->connectFullMesh(store, device);
     context_ = std::move(context);
+    if (!options.nvlink_hostname.empty()) {
+      gloo::transport::tcp::attr nv_attr;
+      nv_attr.hostname = options.nvlink_hostname;
+      auto nv_device = gloo::transport::tcp::CreateDevice(nv_attr);
+      gloo::rendezvous::PrefixStore nv_store(options.prefix + "/nvlink", *base);
+      auto nv = std::make_shared<gloo::rendezvous::Context>(static_cast<int>(rank), static_cast<int>(size));
+      nv->setTimeout(options.timeout);
+      nv->connectFullMesh(nv_store, nv_device);
+      nvlink_context_ = std::move(nv);
+    }
   } catch (const std::exception& e) {
     throw Error("rank " + std::to_string(rank) + ": gloo: cannot connect " + std::to_string(size) +
-                " ranks through '" + options.store_dir + "' within " + SecondsString(options.timeout) + ": " +
+                " ranks through '" + where + "' within " + SecondsString(options.timeout) + ": " +
                 Clean(e.what()));
   }
 }
@@ -60,39 +82,44 @@ GlooTransport::~GlooTransport() {
   // A destructor must not throw: Gloo enforces on pairs whose peer has gone
   // already, and an escaping exception here would abort the process.
   try {
+    if (nvlink_context_) nvlink_context_->closeConnections();
     if (context_) context_->closeConnections();
   } catch (const std::exception&) {
   }
 }
 
-size_t GlooTransport::post_send(uint32_t peer, uint64_t seq, const void* data, size_t bytes) {
-  Op op{nullptr, true, peer, bytes};
+size_t GlooTransport::Post(gloo::Context& context, bool send, uint32_t peer, uint64_t seq, void* data,
+                           size_t bytes) {
+  Op op{nullptr, send, peer, bytes};
   // Both sides skip empty messages alike (they agree on the byte count), and
   // Gloo needs a non-empty buffer.
   if (bytes > 0) {
     try {
-      op.buffer = context_->createUnboundBuffer(const_cast<void*>(data), bytes);
-      op.buffer->send(static_cast<int>(peer), seq);
+      op.buffer = context.createUnboundBuffer(data, bytes);
+      if (send) {
+        op.buffer->send(static_cast<int>(peer), seq);
+      } else {
+        op.buffer->recv(static_cast<int>(peer), seq);
+      }
     } catch (const gloo::Exception& e) {
-      throw Error(Clean(e.what()) + " (sending " + std::to_string(bytes) + " bytes)");
+      throw Error(Clean(e.what()) + (send ? " (sending " : " (receiving ") + std::to_string(bytes) + " bytes)");
     }
   }
   ops_.push_back(std::move(op));
   return ops_.size() - 1;
 }
 
+size_t GlooTransport::post_send(uint32_t peer, uint64_t seq, const void* data, size_t bytes) {
+  return Post(*context_, true, peer, seq, const_cast<void*>(data), bytes);
+}
+
 size_t GlooTransport::post_recv(uint32_t peer, uint64_t seq, void* data, size_t bytes) {
-  Op op{nullptr, false, peer, bytes};
-  if (bytes > 0) {
-    try {
-      op.buffer = context_->createUnboundBuffer(data, bytes);
-      op.buffer->recv(static_cast<int>(peer), seq);
-    } catch (const gloo::Exception& e) {
-      throw Error(Clean(e.what()) + " (receiving " + std::to_string(bytes) + " bytes)");
-    }
-  }
-  ops_.push_back(std::move(op));
-  return ops_.size() - 1;
+  return Post(*context_, false, peer, seq, data, bytes);
+}
+
+size_t GlooTransport::post(bool send, int channel, uint32_t peer, uint64_t seq, void* data, size_t bytes) {
+  if (channel == 1 && nvlink_context_) return Post(*nvlink_context_, send, peer, seq, data, bytes);
+  return send ? post_send(peer, seq, data, bytes) : post_recv(peer, seq, data, bytes);
 }
 
 void GlooTransport::wait(size_t handle, Clock::time_point deadline) {

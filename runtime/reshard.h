@@ -43,6 +43,11 @@ void reshard_plan_close(reshard_plan* plan);
  * `size` ranks have connected. */
 reshard_transport* reshard_gloo_transport_create(uint32_t rank, uint32_t size, const char* store_dir,
                                                  const char* prefix, const char* hostname, double timeout_s);
+/* The same over TCP, for ranks that share no directory: rank 0 serves the
+ * rendezvous on `host_port` ("HOST:PORT" or "[IPv6]:PORT"), the others
+ * connect to it (retrying until `timeout_s`). Other arguments as above. */
+reshard_transport* reshard_gloo_transport_create_tcp(uint32_t rank, uint32_t size, const char* host_port,
+                                                     const char* prefix, const char* hostname, double timeout_s);
 /* An NCCL transport over the caller's communicators, for device memory: every
  * buffer bound to a session over it is memory of the communicators' CUDA
  * device, and the session's staging (exactly the plan's staging size) is

@@ -1,0 +1,126 @@
+// The TCP rendezvous: address parsing, a Gloo mesh meeting through it, and
+// the errors of a missing server, a missing rank and a taken port.
+#include "runtime/tcp_store.h"
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "runtime/error.h"
+#include "runtime/gloo_transport.h"
+#include "runtime/synthetic.h"
+#include "runtime/test.h"
+
+namespace reshard {
+namespace {
+
+using testing::BuildPlan;
+using testing::ForwardPlan;
+using testing::RunRanks;
+
+// A port nobody listens on right now.
+uint16_t FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+std::string ErrorOf(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(TcpStoreTest, ParsesAddresses) {
+  EXPECT_TRUE(IsHostPort("10.0.0.1:29500"));
+  EXPECT_TRUE(IsHostPort("node-1:29500"));
+  EXPECT_TRUE(IsHostPort("[::1]:29500"));
+  EXPECT_FALSE(IsHostPort("/tmp/store"));
+  EXPECT_FALSE(IsHostPort("store"));
+  EXPECT_FALSE(IsHostPort("./a:1"));
+  HostPort hp = ParseHostPort("[::1]:29500", "x");
+  EXPECT_EQ(hp.host, "::1");
+  EXPECT_EQ(hp.port, 29500);
+  EXPECT_EQ(ErrorOf([] { ParseHostPort("host", "--rendezvous"); }), "--rendezvous: 'host' is not HOST:PORT");
+  EXPECT_EQ(ErrorOf([] { ParseHostPort("host:70000", "--rendezvous"); }),
+            "--rendezvous: 'host:70000' has no valid port (1-65535)");
+}
+
+TEST(TcpStoreTest, SetGetWaitAcrossProcesses) {
+  const std::string addr = "127.0.0.1:" + std::to_string(FreePort());
+  auto out = RunRanks(3, [&](int r) -> std::string {
+    std::unique_ptr<TcpStore> s = r == 0 ? TcpStore::Serve(addr, 2, std::chrono::seconds(10))
+                                         : TcpStore::Connect(addr, r, std::chrono::seconds(10));
+    s->set("k" + std::to_string(r), std::vector<char>(100000, static_cast<char>('a' + r)));
+    s->wait({"k0", "k1", "k2"});
+    for (int k = 0; k < 3; ++k) {
+      std::vector<char> v = s->get("k" + std::to_string(k));
+      if (v != std::vector<char>(100000, static_cast<char>('a' + k))) return "wrong value of k" + std::to_string(k);
+    }
+    return "";
+  });
+  for (size_t r = 0; r < out.size(); ++r) EXPECT_EQ(out[r].exit_code, 0) << "rank " << r << ": " << out[r].message;
+}
+
+TEST(TcpStoreTest, GlooMeshMeetsThroughTcp) {
+  const std::string addr = "127.0.0.1:" + std::to_string(FreePort());
+  std::vector<uint8_t> bytes = BuildPlan(ForwardPlan());
+  auto out = RunRanks(4, [&](int r) -> std::string {
+    Plan plan = Plan::from_bytes(bytes, "p.rsplan");
+    GlooOptions options;
+    options.rendezvous = addr;
+    options.timeout = std::chrono::seconds(20);
+    GlooTransport transport(static_cast<uint32_t>(r), plan.num_ranks(), options);
+    SyntheticRun run = RunSynthetic(plan, static_cast<uint32_t>(r), transport);
+    return run.check.wrong == 0 ? "" : std::to_string(run.check.wrong) + " wrong";
+  });
+  for (size_t r = 0; r < out.size(); ++r) EXPECT_EQ(out[r].exit_code, 0) << "rank " << r << ": " << out[r].message;
+}
+
+TEST(TcpStoreTest, NoServerIsAClearError) {
+  const std::string addr = "127.0.0.1:" + std::to_string(FreePort());
+  EXPECT_EQ(ErrorOf([&] { TcpStore::Connect(addr, 1, std::chrono::milliseconds(300)); }),
+            "rendezvous: cannot connect to '" + addr + "' within 0.3 s: Connection refused");
+}
+
+TEST(TcpStoreTest, MissingKeyTimesOutNamingIt) {
+  const std::string addr = "127.0.0.1:" + std::to_string(FreePort());
+  auto server = TcpStore::Serve(addr, 0, std::chrono::milliseconds(300));
+  auto client = TcpStore::Connect(addr, 1, std::chrono::milliseconds(300));
+  EXPECT_EQ(ErrorOf([&] { client->get("rank/3"); }),
+            "rendezvous '" + addr + "': timed out after 0.3 s waiting for key 'rank/3' (a rank has not arrived)");
+  EXPECT_EQ(ErrorOf([&] { server->get("rank/3"); }),
+            "rendezvous '" + addr + "': timed out after 0.3 s waiting for key 'rank/3' (a rank has not arrived)");
+}
+
+TEST(TcpStoreTest, TakenPortIsAClearError) {
+  const std::string addr = "127.0.0.1:" + std::to_string(FreePort());
+  auto server = TcpStore::Serve(addr, 0, std::chrono::milliseconds(100));
+  EXPECT_EQ(ErrorOf([&] { TcpStore::Serve(addr, 0, std::chrono::milliseconds(100)); }),
+            "rendezvous: cannot listen on '" + addr + "': Address already in use");
+}
+
+TEST(TcpStoreTest, GlooNamesTheRendezvousWhenARankIsMissing) {
+  const std::string addr = "127.0.0.1:" + std::to_string(FreePort());
+  GlooOptions options;
+  options.rendezvous = addr;
+  options.timeout = std::chrono::milliseconds(500);
+  std::string e = ErrorOf([&] { GlooTransport t(1, 2, options); });
+  EXPECT_EQ(e, "rank 1: gloo: cannot connect 2 ranks through '" + addr +
+                   "' within 0.5 s: rendezvous: cannot connect to '" + addr + "' within 0.5 s: Connection refused");
+}
+
+}  // namespace
+}  // namespace reshard
