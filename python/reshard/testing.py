@@ -22,6 +22,42 @@ class CheckResult(NamedTuple):
     first: List[str]  #: the first wrong ones, in words
 
 
+def _ptrs(session: Session) -> List[int]:
+    return [session._s.bound_ptr(i) for i in range(len(session.buffers))]
+
+
+def fill_sources_at(plan, rank: int, tensors: Dict[str, Any]) -> None:
+    """fill_sources into host tensors given by buffer name (e.g. host twins of device tensors)."""
+    _reshard._testing_fill_sources(plan._p, rank, _named_ptrs(plan, rank, tensors))
+
+
+def poison_destinations_at(plan, rank: int, tensors: Dict[str, Any]) -> None:
+    _reshard._testing_poison_destinations(plan._p, rank, _named_ptrs(plan, rank, tensors))
+
+
+def check_destinations_at(plan, rank: int, tensors: Dict[str, Any], keep: int = 10) -> CheckResult:
+    return CheckResult(*_reshard._testing_check_destinations(plan._p, rank, _named_ptrs(plan, rank, tensors), keep))
+
+
+def _named_ptrs(plan, rank: int, tensors: Dict[str, Any]) -> List[int]:
+    from ._tensors import describe
+
+    out = []
+    for b in plan.buffers(rank):
+        info = describe(tensors[b.name])
+        if not info.contiguous or info.device != "cpu":
+            raise ValueError(f"'{b.name}': host twins must be contiguous CPU tensors")
+        out.append(info.ptr)
+    return out
+
+
+def write_loopback_plan(path: str) -> None:
+    """The GPU tests' loopback plan (runtime/cuda/loopback_plan.h): 2 ranks,
+    rank 1 mirroring rank 0, so that rank 0 alone over a loopback NCCL
+    transport (every message to itself) replays a real program."""
+    _reshard._testing_write_loopback_plan(str(path))
+
+
 def _sync(session: Session, to_view: bool) -> None:
     # Strided views are bound through contiguous copies (Session.bind): the
     # helpers work on the copies and keep the views the truth.
@@ -37,14 +73,14 @@ def _sync(session: Session, to_view: bool) -> None:
 def fill_sources(session: Session) -> None:
     """Writes every source fragment's synthetic values into the bound tensors (CPU memory)."""
     _sync(session, to_view=False)
-    _reshard._testing_fill_sources(session._s)
+    _reshard._testing_fill_sources(session.plan._p, session.rank, _ptrs(session))
     _sync(session, to_view=True)
 
 
 def poison_destinations(session: Session) -> None:
     """Fills every destination buffer with a NaN pattern (CPU memory)."""
     _sync(session, to_view=False)
-    _reshard._testing_poison_destinations(session._s)
+    _reshard._testing_poison_destinations(session.plan._p, session.rank, _ptrs(session))
     _sync(session, to_view=True)
 
 
@@ -52,7 +88,7 @@ def check_destinations(session: Session, keep: int = 10) -> CheckResult:
     """Compares every destination element of the bound tensors with the
     synthetic source value (CPU memory)."""
     _sync(session, to_view=False)
-    return CheckResult(*_reshard._testing_check_destinations(session._s, keep))
+    return CheckResult(*_reshard._testing_check_destinations(session.plan._p, session.rank, _ptrs(session), keep))
 
 
 def allocate(session: Session, like: str = "torch", device: str = "cpu") -> Dict[str, Any]:

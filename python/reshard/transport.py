@@ -48,25 +48,35 @@ class Transport:
 class GlooTransport(Transport):
     """Gloo over TCP, for host (CPU) memory.
 
-    ``GlooTransport(rank, size, store=DIR)`` meets the other ranks through files
-    in a directory every rank can see (it must exist). The constructor blocks
-    (with the GIL released) until all `size` ranks have connected, or raises
-    :class:`reshard.PeerError` after `timeout_s`.
+    ``GlooTransport(rank, size, store=DIR)`` meets the other ranks through
+    files in a directory every rank can see (it must exist);
+    ``GlooTransport(rank, size, store="HOST:PORT")`` through a TCP
+    rendezvous instead, for hosts that share no file system: rank 0 serves on
+    that address (HOST must be one of its own), the others connect to it.
+    The constructor blocks (with the GIL released) until all `size` ranks
+    have connected, or raises :class:`reshard.PeerError` after `timeout_s`.
 
     `prefix` separates meshes that share a store; `hostname` is the address
-    this rank listens on (another host's ranks must reach it); `timeout_s`
-    bounds connecting and each round's messages.
+    this rank listens on for messages (the other hosts' ranks must reach it);
+    `nvlink_hostname` (optional) an address for the nvlink channel's messages,
+    a second mesh; `timeout_s` bounds connecting and each round's messages.
     """
 
     __slots__ = ()
 
     def __init__(self, rank: int, size: int, store: Union[str, "os.PathLike[str]"], *, prefix: str = "reshard",
-                 hostname: str = "127.0.0.1", timeout_s: float = 60.0):
+                 hostname: str = "127.0.0.1", nvlink_hostname: Optional[str] = None, timeout_s: float = 60.0):
         store = os.fspath(store)
-        if not os.path.isdir(store):
-            raise ValueError(f"store: '{store}' is not a directory (the rendezvous directory every rank shares "
-                             "must exist)")
-        super().__init__(_reshard._gloo_transport(rank, size, store, prefix, hostname, timeout_s), "cpu", -1)
+        if not os.path.isdir(store) and not _is_host_port(store):
+            raise ValueError(f"store: '{store}' is neither a directory (the rendezvous directory every rank shares "
+                             "must exist) nor HOST:PORT")
+        super().__init__(_reshard._gloo_transport(rank, size, store, prefix, hostname, nvlink_hostname or "",
+                                                  timeout_s), "cpu", -1)
+
+
+def _is_host_port(s: str) -> bool:
+    host, sep, port = s.rpartition(":")
+    return bool(sep) and bool(host) and port.isdigit() and "/" not in s
 
 
 def _handle(obj: Any, what: str) -> int:

@@ -167,20 +167,21 @@ void BindTransports(nb::module_& m) {
 
   m.def(
       "_gloo_transport",
-      [](uint32_t rank, uint32_t size, const std::string& store_dir, const std::string& prefix,
-         const std::string& hostname, double timeout_s) {
+      [](uint32_t rank, uint32_t size, const std::string& rendezvous, const std::string& prefix,
+         const std::string& hostname, const std::string& nvlink_hostname, double timeout_s) {
         nb::gil_scoped_release release;  // connecting blocks until every rank has come
         return Tagged(ErrorKind::kPeer, [&] {
           GlooOptions o;
-          o.store_dir = store_dir;
+          o.rendezvous = rendezvous;
           o.prefix = prefix;
           o.hostname = hostname;
+          o.nvlink_hostname = nvlink_hostname;
           o.timeout = Timeout(timeout_s);
           return std::make_unique<PyTransport>(PyTransport{std::make_unique<GlooTransport>(rank, size, o), "gloo"});
         });
       },
-      nb::arg("rank"), nb::arg("size"), nb::arg("store_dir"), nb::arg("prefix"), nb::arg("hostname"),
-      nb::arg("timeout_s"));
+      nb::arg("rank"), nb::arg("size"), nb::arg("rendezvous"), nb::arg("prefix"), nb::arg("hostname"),
+      nb::arg("nvlink_hostname"), nb::arg("timeout_s"));
 
 #if RESHARD_HAVE_CUDA
   m.attr("_have_cuda") = true;

@@ -407,8 +407,8 @@ def test_a_missing_peer_fails_the_connection(tmp_path):
     assert str(e.value).startswith(f"rank 0: gloo: cannot connect 2 ranks through '{tmp_path}' within 1")
     with pytest.raises(ValueError) as e:
         reshard.GlooTransport(0, 2, store=tmp_path / "nope")
-    assert str(e.value) == (f"store: '{tmp_path / 'nope'}' is not a directory (the rendezvous directory every rank "
-                            "shares must exist)")
+    assert str(e.value) == (f"store: '{tmp_path / 'nope'}' is neither a directory (the rendezvous directory every "
+                            "rank shares must exist) nor HOST:PORT")
 
 
 def test_session_checks_rank_and_transport(plans, tmp_path):
