@@ -30,20 +30,25 @@ class RoundStats(NamedTuple):
 class RunStats:
     """What one run() did: bytes per channel, seconds, rounds, steps."""
 
-    __slots__ = ("net", "nvlink", "round_stats", "bytes_sent", "bytes_received", "steps", "seconds")
+    __slots__ = ("net", "nvlink", "_rounds", "bytes_sent", "bytes_received", "steps", "seconds")
 
     def __init__(self, d: dict):
         self.net = ChannelStats(**d["net"])
         self.nvlink = ChannelStats(**d["nvlink"])
-        self.round_stats = [RoundStats(*r) for r in d["rounds"]]
+        self._rounds = d["rounds"]
         self.bytes_sent: int = d["bytes_sent"]
         self.bytes_received: int = d["bytes_received"]
         self.steps: int = d["steps"]
-        self.seconds: float = d["seconds"]
+        self.seconds: float = d["seconds"]  #: the runtime's own measure of the run
 
     @property
     def rounds(self) -> int:
-        return len(self.round_stats)
+        return len(self._rounds)
+
+    @property
+    def round_stats(self) -> List[RoundStats]:
+        """Per round: bytes sent/received/written locally, steps, seconds, communication seconds."""
+        return [RoundStats(*r) for r in self._rounds]
 
     def __repr__(self) -> str:
         return (f"RunStats(seconds={self.seconds:.6f}, rounds={self.rounds}, steps={self.steps}, "

@@ -40,9 +40,22 @@ std::chrono::milliseconds Timeout(double seconds) {
 // Role bits of each buffer of a program: 1 = holds source content, 2 = a destination need.
 std::vector<int> BufferRoles(const fb::Program& p) {
   std::vector<int> roles(p.buffers() ? p.buffers()->size() : 0, 0);
-  if (p.fragments() != nullptr) {
-    for (const fb::Fragment* f : *p.fragments()) {
-      if (f->buffer() < roles.size()) roles[f->buffer()] |= f->role() == 0 ? 1 : 2;
+  if (p.fragments() == nullptr) return roles;
+  for (const fb::Fragment* f : *p.fragments()) {
+    const int bit = f->role() == 0 ? 1 : 2;
+    // Dims set in buffer_dims select the buffer: buffer + sum((c_d - lo_d) * stride_d).
+    std::vector<uint64_t> offsets = {f->buffer()};
+    for (uint32_t d = 0; d < f->ndim() && d < 6; ++d) {
+      if (!(f->buffer_dims() >> d & 1)) continue;
+      std::vector<uint64_t> next;
+      const uint64_t extent = f->hi()->Get(d) > f->lo()->Get(d) ? f->hi()->Get(d) - f->lo()->Get(d) : 0;
+      for (uint64_t o : offsets) {
+        for (uint64_t i = 0; i < extent; ++i) next.push_back(o + i * f->stride()->Get(d));
+      }
+      offsets = std::move(next);
+    }
+    for (uint64_t b : offsets) {
+      if (b < roles.size()) roles[b] |= bit;
     }
   }
   return roles;
