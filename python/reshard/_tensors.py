@@ -47,20 +47,35 @@ class TensorInfo(NamedTuple):
     kind: str  # "torch", "numpy" or "dlpack"
 
 
+def _describe_torch(t: Any) -> TensorInfo:
+    dtype = t.dtype
+    code = _torch_codes.get(dtype, -1)
+    if code == -1:
+        code = _TORCH_NAMES.get(str(dtype))
+        _torch_codes[dtype] = code
+    if t.is_cpu:
+        device, index = "cpu", -1
+    else:
+        dev = t.device
+        device, index = dev.type, -1 if dev.index is None else dev.index
+    # detach(): a tensor sharing the storage, so a later `param.data = ...`
+    # swap cannot free the memory reshard writes into.
+    return TensorInfo(t.data_ptr(), code, str(dtype), t.element_size() if code is None else DTYPE_SIZES[code],
+                      t.shape, t.is_contiguous(), device, index, True, t.detach(), "torch")
+
+
+_by_type: dict = {}
+
+
 def describe(t: Any) -> TensorInfo:
     """Reads a tensor's facts; raises TypeError for objects that are no tensor."""
+    fn = _by_type.get(type(t))
+    if fn is not None:
+        return fn(t)
     mod = type(t).__module__
-    if mod.startswith("torch"):
-        dtype = t.dtype
-        code = _torch_codes.get(dtype, -1)
-        if code == -1:
-            code = _TORCH_NAMES.get(str(dtype))
-            _torch_codes[dtype] = code
-        dev = t.device
-        # detach(): a tensor sharing the storage, so a later `param.data = ...`
-        # swap cannot free the memory reshard writes into.
-        return TensorInfo(t.data_ptr(), code, str(dtype), t.element_size(), tuple(t.shape), t.is_contiguous(), dev.type,
-                          -1 if dev.index is None else dev.index, True, t.detach(), "torch")
+    if mod.startswith("torch") and hasattr(t, "data_ptr"):
+        _by_type[type(t)] = _describe_torch
+        return _describe_torch(t)
     if mod == "numpy" and hasattr(t, "__array_interface__"):
         ai = t.__array_interface__
         return TensorInfo(ai["data"][0], _NUMPY_NAMES.get(t.dtype.name), t.dtype.name, t.itemsize, t.shape,

@@ -163,7 +163,7 @@ class Session:
         if code is None or DTYPES[code] != b.dtype:
             what = info.dtype_name if code is None else f"{DTYPES[code]} ({info.dtype_name})"
             return f"dtype {what}, the plan expects {b.dtype}", -1
-        if tuple(info.shape) != b.shape:
+        if info.shape != b.shape:
             return f"shape {_shape(info.shape)}, the plan expects {_shape(b.shape)}", -1
         if info.device != self._device:
             where = info.device if info.device_index < 0 else f"{info.device}:{info.device_index}"
@@ -332,9 +332,9 @@ class Session:
 def _named_tensors(module: Any) -> List[Tuple[str, Any]]:
     """(name, tensor) of a module's parameters and persistent buffers, tied
     ones under every name; or the items of a mapping."""
-    if isinstance(module, Mapping):
-        return list(module.items())
     if not hasattr(module, "named_modules"):
+        if isinstance(module, Mapping):
+            return list(module.items())
         raise TypeError(f"module: expected a torch.nn.Module or a mapping of names to tensors, got "
                         f"{type(module).__name__}")
     out: List[Tuple[str, Any]] = []

@@ -290,15 +290,17 @@ def test_bind_module_of_2000_parameters_is_fast(tmp_path):
     [t] = mesh(1, tmp_path)
     s = reshard.Session(plan, 0, t)
     m = Tiny(s.buffers)
-    best = min(_timed(lambda: s.bind_module(m)) for _ in range(3))
+    # CPU time of this process: wall time on a shared CI machine also counts
+    # the other jobs' turns (tools/bench/python_overhead.sh reports both).
+    best = min(_cpu_timed(lambda: s.bind_module(m)) for _ in range(3))
     assert s.missing() == []
-    assert best < 0.05, f"bind_module of 2000 parameters took {best * 1e3:.1f} ms"
+    assert best < 0.05, f"bind_module of 2000 parameters took {best * 1e3:.1f} ms of CPU"
 
 
-def _timed(fn) -> float:
-    t0 = time.perf_counter()
+def _cpu_timed(fn) -> float:
+    t0 = time.process_time()
     fn()
-    return time.perf_counter() - t0
+    return time.process_time() - t0
 
 
 # -- running -------------------------------------------------------------------
