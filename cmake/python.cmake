@@ -26,7 +26,19 @@ target_include_directories(_reshard PRIVATE ${CMAKE_SOURCE_DIR})
 # The runtime library is installed beside the module.
 set_target_properties(_reshard PROPERTIES INSTALL_RPATH "$ORIGIN" BUILD_RPATH "$<TARGET_FILE_DIR:reshard_runtime>")
 
+# What the Python layer must know before loading the extension: whether the
+# runtime links NCCL (then reshard/__init__.py first loads the framework's
+# libnccl.so.2, so that the runtime binds to it rather than the system's).
+if(RESHARD_HAVE_CUDA)
+  set(_reshard_py_cuda True)
+else()
+  set(_reshard_py_cuda False)
+endif()
+file(WRITE ${CMAKE_BINARY_DIR}/python/_build.py
+     "# Written by cmake/python.cmake when the package is built.\nHAVE_CUDA = ${_reshard_py_cuda}\n")
+
 if(SKBUILD)
+  install(FILES ${CMAKE_BINARY_DIR}/python/_build.py DESTINATION reshard COMPONENT python)
   install(TARGETS _reshard LIBRARY DESTINATION reshard COMPONENT python)
   install(TARGETS reshard_runtime LIBRARY DESTINATION reshard COMPONENT python)
 endif()

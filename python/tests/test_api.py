@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import subprocess
+import sys
 import threading
 import time
 
@@ -458,3 +459,13 @@ def test_nccl_library_errors(tmp_path):
         reshard.nccl.load(str(tmp_path / "libnccl.so.2"))
     assert str(e.value).startswith(f"cannot load NCCL from '{tmp_path / 'libnccl.so.2'}': ")
     assert "RESHARD_NCCL_LIBRARY" in str(e.value)
+
+
+@pytest.mark.parametrize("order", ["import reshard, torch", "import torch, reshard"])
+def test_reshard_and_torch_import_in_either_order(order):
+    # The runtime links libnccl.so.2 in CUDA builds: importing reshard first
+    # must not bind torch to another NCCL than its own (reshard preloads it).
+    out = subprocess.run([sys.executable, "-c", f"{order}; print(torch.ones(2).sum().item(), reshard.NCCL_PRELOADED)"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("2.0 ")

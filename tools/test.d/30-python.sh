@@ -27,4 +27,4 @@ echo "30-python: pip install ./python took $(( $(date +%s) - start )) s"
 # The tests compare against the CLI and use the benchmark's plan writer.
 ninja -C build -j2 reshard python_overhead >/dev/null
 cd python/tests
-RESHARD_BIN="$root/build/reshard" "$PY" -m pytest -q -p no:cacheprovider .
+RESHARD_BIN="$root/build/reshard" "$PY" -m pytest -q -rs -p no:cacheprovider .
