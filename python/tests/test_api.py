@@ -315,7 +315,13 @@ def refit_in_threads(plan, transports, strided=False, like="torch"):
     for s in sessions:
         for b in s.buffers:
             code = {"bf16": torch.bfloat16, "fp32": torch.float32}[b.dtype]
-            if strided and b.is_destination and len(b.shape) == 2:
+            if strided and b.is_destination and len(b.shape) == 2 and like == "numpy" and b.dtype == "bf16":
+                big = np.full((b.shape[0], b.shape[1] + 3), 0x40E0, dtype=np.uint16)  # 7.0 in bf16 bits
+                view = big[:, 1:1 + b.shape[1]]
+                assert not view.flags.c_contiguous
+                s.bind(b.name, view, dtype="bf16")
+                pads.append(torch.from_numpy(big.view(np.int16)).view(torch.bfloat16))
+            elif strided and b.is_destination and len(b.shape) == 2:
                 # A slice of a wider tensor: rows of b.shape[1] + 3 elements.
                 big = torch.full((b.shape[0], b.shape[1] + 3), 7.0, dtype=code)
                 view = big[:, 1:1 + b.shape[1]]
@@ -374,6 +380,10 @@ def test_strided_views_and_numpy(plans, tmp_path):
     plan = reshard.Plan.open(plans["tiny-dense-tp2-dp2"])
     _, _, checked = refit_in_threads(plan, mesh(plan.num_ranks, tmp_path), like="numpy")
     assert checked > 0
+    plan = reshard.Plan.open(plans["tiny-moe-ep"])
+    sessions, _, checked = refit_in_threads(plan, mesh(plan.num_ranks, tmp_path), strided=True, like="numpy")
+    assert checked > 0
+    assert any(st.kind == "numpy" for s in sessions for st in s._staged.values())
 
 
 def test_rebinding_between_runs(plans, tmp_path):
