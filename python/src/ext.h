@@ -52,7 +52,6 @@ struct PyTransport {
 
 struct PySession {
   std::unique_ptr<Session> session;
-  const PyPlan* plan = nullptr;
 };
 
 void BindErrors(nb::module_& m);

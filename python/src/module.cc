@@ -254,7 +254,7 @@ void BindSession(nb::module_& m) {
               }
               return std::make_unique<Session>(plan.plan, rank, *transport.transport);
             });
-            new (self) PySession{std::move(session), &plan};
+            new (self) PySession{std::move(session)};
           },
           nb::arg("plan"), nb::arg("rank"), nb::arg("transport"), nb::keep_alive<1, 2>(), nb::keep_alive<1, 4>())
       .def_prop_ro("rank", [](const PySession& s) { return s.session->rank(); })
