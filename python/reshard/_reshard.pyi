@@ -85,7 +85,7 @@ class _Transport:
 
 def _gloo_transport(rank: int, size: int, rendezvous: str, prefix: str, hostname: str, nvlink_hostname: str, timeout_s: float) -> _Transport: ...
 
-_have_cuda: bool = False
+_have_cuda: bool
 
 def _nccl_transport(net: int, nvlink: int, stream: int, timeout_s: float) -> _Transport: ...
 

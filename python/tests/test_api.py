@@ -454,6 +454,12 @@ def test_help_teaches():
 
 
 def test_nccl_transport_without_cuda_says_so():
+    with pytest.raises(reshard.NcclError) as e:
+        reshard.NcclTransport(net=None)
+    assert str(e.value) == "the net communicator is 0 (NULL)"
+    with pytest.raises(TypeError) as e:
+        reshard.NcclTransport(net="comm")
+    assert "net: cannot take a communicator from str" in str(e.value)
     if reshard.HAVE_CUDA:
         pytest.skip("this runtime has CUDA; the NCCL transport is tested by tools/gpu-check.sh")
     with pytest.raises(reshard.NcclError) as e:
