@@ -5,7 +5,7 @@
 //     runtime_bench's per-step case) and DIR/params.rsplan (1 rank binding N
 //     small buffers, no steps: the bind_module case);
 //   python_overhead run PLAN RANK STORE_DIR REPS
-//     runs rank RANK of PLAN over Gloo from C++: one warm-up run, then REPS
+//     runs rank RANK of PLAN over Gloo from C++: three warm-up runs, then REPS
 //     timed runs; prints "runs <seconds of each run>".
 #include <algorithm>
 #include <chrono>
@@ -109,7 +109,7 @@ int main(int argc, char** argv) {
         mem.emplace_back(reshard::BufferElements(*b), 0x3f80);
         s.bind(b->name()->str(), mem.back().data(), b->dtype(), std::vector<uint64_t>(b->shape()->begin(), b->shape()->end()));
       }
-      s.run();  // warm-up
+      for (int i = 0; i < 3; ++i) s.run();  // warm-up: the peer may still be starting
       std::printf("runs");
       for (int i = 0; i < reps; ++i) {
         auto t0 = std::chrono::steady_clock::now();

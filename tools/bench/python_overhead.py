@@ -1,7 +1,7 @@
 """The Python side of tools/bench/python_overhead.sh.
 
     python python_overhead.py run PLAN RANK STORE_DIR REPS
-        rank RANK of PLAN over Gloo through `import reshard`: one warm-up run,
+        rank RANK of PLAN over Gloo through `import reshard`: three warm-up runs,
         then REPS timed run() calls; prints "runs <seconds of each>".
     python python_overhead.py bind PLAN REPS
         a one-rank plan: bind_module of a torch module holding every buffer;
@@ -23,7 +23,8 @@ def run(path, rank, store, reps):
 
     for b in s.buffers:
         s.bind(b.name, np.full(b.shape, 0x3F80, dtype=np.uint16), dtype="bf16")
-    s.run()  # warm-up
+    for _ in range(3):  # warm-up: the peer may still be starting
+        s.run()
     times, inner = [], []
     for _ in range(reps):
         t0 = time.perf_counter()
