@@ -90,7 +90,17 @@ void Session::bind(const std::string& name, void* ptr, fb::Dtype dtype, std::vec
     if (!best.empty() && best_distance <= std::max<size_t>(3, name.size() / 4)) msg += " (did you mean '" + best + "'?)";
     throw Error(msg);
   }
+  bind_index(index, ptr, dtype, std::move(shape));
+}
+
+void Session::bind_index(uint32_t index, void* ptr, fb::Dtype dtype, std::vector<uint64_t> shape) {
+  const std::string at = "rank " + std::to_string(rank_) + ": ";
+  const uint32_t nbuf = program_.buffers() ? program_.buffers()->size() : 0;
+  if (index >= nbuf) {
+    throw Error(at + "buffer index " + std::to_string(index) + " out of range (" + std::to_string(nbuf) + " buffers)");
+  }
   const fb::Buffer& b = *program_.buffers()->Get(index);
+  const std::string name = b.name()->str();
   if (dtype != b.dtype()) {
     throw Error(at + "buffer '" + name + "' is bound with dtype " + DtypeName(dtype) + ", the plan expects " +
                 DtypeName(b.dtype()));

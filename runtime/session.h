@@ -29,6 +29,11 @@ class Session {
   /// Throws reshard::Error for a name the program does not list, a dtype or
   /// shape other than the program's, or memory the kernels cannot reach.
   void bind(const std::string& name, void* ptr, fb::Dtype dtype, std::vector<uint64_t> shape);
+  /// The same for buffer `index` of program().buffers() (no name lookup: the
+  /// Python binding binds thousands of buffers by an index it has mapped once).
+  void bind_index(uint32_t index, void* ptr, fb::Dtype dtype, std::vector<uint64_t> shape);
+  /// The memory bound to each buffer of program().buffers() (nullptr: unbound).
+  const std::vector<char*>& bound() const { return bound_; }
   /// Replays the program. Throws reshard::Error before any byte moves when a
   /// buffer is unbound, and on a failed or stalled peer (see Executor::Run).
   RunStats run();

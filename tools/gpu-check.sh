@@ -36,9 +36,23 @@ if grep -q "Skipped" "$BUILD/ctest-gpu.log"; then
 fi
 [ $ctest_rc -ne 0 ] && { echo; echo "GPU test failures:"; grep -B2 -A20 "Failure\|FAILED" "$BUILD/ctest-gpu.log" | head -80; }
 
+# The Python package's NCCL surface (python/tests/test_nccl_gpu.py): built
+# with CUDA into the venv of tools/venv.sh; skipped tests fail it here.
+py_rc=0
+if PY=$(tools/venv.sh 2>/dev/null); then
+  "$PY" -m pip install -q --no-build-isolation --no-deps -C build-dir="$BUILD/python-wheel" \
+    -C cmake.define.RESHARD_WITH_CUDA=ON -C cmake.define.RESHARD_CUDA_ARCHITECTURES="$ARCH" ./python \
+    >"$BUILD.python.log" 2>&1 && (cd python/tests && "$PY" -m pytest -q -rs test_nccl_gpu.py) >>"$BUILD.python.log" 2>&1
+  py_rc=$?
+  grep -q "SKIPPED" "$BUILD.python.log" && py_rc=1
+  tail -5 "$BUILD.python.log"
+else
+  echo "python: no venv (tools/venv.sh failed): NCCL Python tests not run"; py_rc=1
+fi
+
 echo
 "$BUILD/gpu_kernel_bench"
 bench_rc=$?
 echo
-echo "gpu tests: $([ $gpu_rc -eq 0 ] && echo ok || echo FAILED), cpu tests of the device path: $([ $cpu_rc -eq 0 ] && echo ok || echo FAILED), bench: $([ $bench_rc -eq 0 ] && echo ok || echo FAILED)"
-exit $(( gpu_rc || cpu_rc || bench_rc ))
+echo "gpu tests: $([ $gpu_rc -eq 0 ] && echo ok || echo FAILED), cpu tests of the device path: $([ $cpu_rc -eq 0 ] && echo ok || echo FAILED), python nccl: $([ $py_rc -eq 0 ] && echo ok || echo FAILED), bench: $([ $bench_rc -eq 0 ] && echo ok || echo FAILED)"
+exit $(( gpu_rc || cpu_rc || py_rc || bench_rc ))

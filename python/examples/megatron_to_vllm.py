@@ -1,0 +1,87 @@
+"""Megatron-Core -> vLLM weight refit, written the way an RL framework calls reshard.
+
+NOT YET RUN ON GPUS: it is written against reshard's API (run on CPU by
+python/tests) and the frameworks' public objects; the NCCL path has been
+exercised only by tools/gpu-check.sh's loopback, not by this script.
+
+Offline, once per (model, parallelism) pair:
+
+    reshard init  --hf-config config.json --train megatron:tp=4,pp=8,ep=16 --infer vllm:tp=8,dp=16 -o specs/
+    reshard compile --model specs/model.json --from specs/train.json --to specs/infer.json \
+        --cluster specs/cluster.json -o refit.rsplan
+
+(or reshard.compile(...) in Python). Every process of the job — training
+ranks and inference workers alike — holds the plan file and its global rank
+in the plan (training ranks first, then inference ranks, unless the cluster
+spec places them otherwise).
+"""
+
+from __future__ import annotations
+
+import torch  # first: reshard's NCCL transport uses the libnccl.so.2 torch has loaded
+
+import reshard
+
+
+def make_transport(plan: reshard.Plan, global_rank: int, device: int, broadcast_object) -> reshard.NcclTransport:
+    """Communicators made by reshard over the whole refit job.
+
+    `broadcast_object(obj)` is the framework's way to ship a small object from
+    global rank 0 to every rank (a Ray object ref, torch.distributed's
+    broadcast_object_list over an existing group, a key in a store)."""
+    uid = broadcast_object(reshard.nccl.unique_id() if global_rank == 0 else None)
+    world = reshard.nccl.Communicator.init(plan.num_ranks, global_rank, uid, device=device)
+    # The NVLink channel: one communicator per NVLink domain of the plan's cluster.
+    nvlink = world.split(color=plan.domains[global_rank], key=global_rank)
+    stream = torch.cuda.Stream(device=device)
+    return reshard.NcclTransport(world, nvlink, stream=stream, timeout_s=120)
+
+
+class PolicyRank:
+    """A Megatron-Core training rank (one of plan.source_ranks)."""
+
+    def __init__(self, model: torch.nn.Module, plan_path: str, global_rank: int, device: int, broadcast_object):
+        self.plan = reshard.Plan.open(plan_path)
+        self.transport = make_transport(self.plan, global_rank, device, broadcast_object)
+        self.session = reshard.Session(self.plan, global_rank, self.transport)
+        # Megatron names its parameters as the training layout does
+        # (decoder.layers.{l}.self_attention.linear_qkv.weight, ...). A DDP /
+        # Float16Module wrapper adds "module." prefixes: bind the inner module.
+        inner = model
+        while hasattr(inner, "module"):
+            inner = inner.module
+        unused = self.session.bind_module(inner)
+        if unused:
+            print(f"rank {global_rank}: not refit (not in the plan): {unused[:5]}")
+
+    def refit(self) -> reshard.RunStats:
+        # After the optimizer step: the parameters hold the new weights.
+        torch.cuda.current_stream().synchronize()  # the optimizer's writes are done
+        return self.session.run()
+
+
+class InferenceRank:
+    """A vLLM worker (one of plan.dest_ranks): its model's parameters are the destinations."""
+
+    def __init__(self, model: torch.nn.Module, plan_path: str, global_rank: int, device: int, broadcast_object):
+        self.plan = reshard.Plan.open(plan_path)
+        self.transport = make_transport(self.plan, global_rank, device, broadcast_object)
+        self.session = reshard.Session(self.plan, global_rank, self.transport)
+        self.model = model
+        self.session.bind_module(model)  # qkv_proj, gate_up_proj, w13_weight, ... as the inference layout names them
+
+    def refit(self) -> reshard.RunStats:
+        stats = self.session.run()  # returns when the weights are in place
+        return stats
+
+    def after_post_processing(self) -> None:
+        """vLLM may replace parameters after loading (FP8 weights: process_weights_after_loading
+        swaps .data). Re-bind so the next refit writes into the tensors the model uses."""
+        self.session.bind_module(self.model)
+
+
+def training_loop(policy: PolicyRank, steps: int, train_step, notify_inference) -> None:
+    for _ in range(steps):
+        train_step()
+        stats = policy.refit()  # inference ranks call InferenceRank.refit() in the same step
+        notify_inference(stats.seconds)

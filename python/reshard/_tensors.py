@@ -1,0 +1,118 @@
+"""What reshard needs to know about a tensor: address, dtype, shape, layout,
+device, and an object that keeps its memory alive.
+
+PyTorch tensors and NumPy arrays are read through their own attributes (fast,
+and covers FP8 dtypes that not every DLPack exporter supports); any other
+object is read through DLPack (``__dlpack__``: CuPy, JAX, ...).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, NamedTuple, Optional, Tuple
+
+from . import _reshard
+
+# Plan dtypes (schema/plan.fbs fb::Dtype) by code and name.
+DTYPES = ("bf16", "fp16", "fp32", "fp8_e4m3", "e8m0")
+DTYPE_CODES = {name: code for code, name in enumerate(DTYPES)}
+DTYPE_SIZES = (2, 2, 4, 1, 1)
+
+_TORCH_NAMES = {
+    "torch.bfloat16": 0,
+    "torch.float16": 1,
+    "torch.float32": 2,
+    "torch.float8_e4m3fn": 3,
+    "torch.float8_e8m0fnu": 4,
+}
+_NUMPY_NAMES = {"bfloat16": 0, "float16": 1, "float32": 2, "float8_e4m3fn": 3, "float8_e8m0fnu": 4}
+# DLPack (code, bits) -> plan dtype: kDLFloat 2, kDLBfloat 4, kDLFloat8_e4m3fn 10, kDLFloat8_e8m0fnu 14.
+_DLPACK_CODES = {(2, 16): 1, (2, 32): 2, (4, 16): 0, (10, 8): 3, (14, 8): 4}
+_DLPACK_DEVICES = {1: "cpu", 2: "cuda", 3: "cpu", 13: "cuda"}  # CPU, CUDA, CUDA host (pinned), CUDA managed
+
+_torch_codes: dict = {}
+
+
+class TensorInfo(NamedTuple):
+    ptr: int
+    dtype: Optional[int]  # plan dtype code, None when the tensor's dtype is none of them
+    dtype_name: str  # the tensor's own name for its dtype
+    itemsize: int
+    shape: Tuple[int, ...]
+    contiguous: bool
+    device: str  # "cpu" or "cuda"
+    device_index: int  # -1 for cpu
+    writable: bool
+    keep: Any  # holds the memory alive
+    kind: str  # "torch", "numpy" or "dlpack"
+
+
+def _describe_torch(t: Any) -> TensorInfo:
+    dtype = t.dtype
+    code = _torch_codes.get(dtype, -1)
+    if code == -1:
+        code = _TORCH_NAMES.get(str(dtype))
+        _torch_codes[dtype] = code
+    if t.is_cpu:
+        device, index = "cpu", -1
+    else:
+        dev = t.device
+        device, index = dev.type, -1 if dev.index is None else dev.index
+    # detach(): a tensor sharing the storage, so a later `param.data = ...`
+    # swap cannot free the memory reshard writes into.
+    return TensorInfo(t.data_ptr(), code, str(dtype), t.element_size() if code is None else DTYPE_SIZES[code],
+                      t.shape, t.is_contiguous(), device, index, True, t.detach(), "torch")
+
+
+_by_type: dict = {}
+
+
+def describe(t: Any) -> TensorInfo:
+    """Reads a tensor's facts; raises TypeError for objects that are no tensor."""
+    fn = _by_type.get(type(t))
+    if fn is not None:
+        return fn(t)
+    mod = type(t).__module__
+    if mod.startswith("torch") and hasattr(t, "data_ptr"):
+        _by_type[type(t)] = _describe_torch
+        return _describe_torch(t)
+    if mod == "numpy" and hasattr(t, "__array_interface__"):
+        ai = t.__array_interface__
+        return TensorInfo(ai["data"][0], _NUMPY_NAMES.get(t.dtype.name), t.dtype.name, t.itemsize, t.shape,
+                          t.flags.c_contiguous, "cpu", -1, t.flags.writeable, t, "numpy")
+    if hasattr(t, "__dlpack__"):
+        try:
+            ptr, (code, bits, lanes), shape, strides, dev_type, dev_id = _reshard._dlpack_info(t)
+        except TypeError as e:
+            raise TypeError(f"cannot read {type(t).__name__} through DLPack: {e}") from None
+        contiguous = True
+        expect = 1
+        for n, s in zip(reversed(shape), reversed(strides)):
+            if n != 1 and s != expect:
+                contiguous = False
+            expect *= n
+        dtype = _DLPACK_CODES.get((code, bits)) if lanes == 1 else None
+        device = _DLPACK_DEVICES.get(dev_type, f"dlpack device type {dev_type}")
+        return TensorInfo(ptr, dtype, f"dlpack(code={code}, bits={bits}, lanes={lanes})", bits * lanes // 8, tuple(shape), contiguous,
+                          device, dev_id if device == "cuda" else -1, True, t, "dlpack")
+    raise TypeError(f"{type(t).__module__}.{type(t).__name__} is not a tensor "
+                    "(expected a torch.Tensor, a numpy.ndarray or an object with __dlpack__)")
+
+
+def torch_dtype(code: int):
+    """The torch dtype of a plan dtype code."""
+    import torch
+
+    return {0: torch.bfloat16, 1: torch.float16, 2: torch.float32, 3: torch.float8_e4m3fn,
+            4: getattr(torch, "float8_e8m0fnu", None)}[code]
+
+
+def numpy_dtype(code: int):
+    """The numpy dtype holding a plan dtype's bits (uint16/uint8 where numpy has no such float)."""
+    import numpy as np
+
+    return {0: np.uint16, 1: np.float16, 2: np.float32, 3: np.uint8, 4: np.uint8}[code]
+
+
+def module_loaded(name: str) -> bool:
+    return name in sys.modules

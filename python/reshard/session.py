@@ -1,0 +1,350 @@
+"""reshard.Session: one rank's side of a refit."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Tuple
+
+from . import _reshard
+from ._tensors import DTYPE_CODES, DTYPE_SIZES, DTYPES, TensorInfo, describe
+from .errors import BindError
+from .plan import Buffer, Plan
+from .transport import Transport
+
+
+class ChannelStats(NamedTuple):
+    bytes_sent: int
+    bytes_received: int
+    seconds: float  #: wall time of the communication phases of rounds that used the channel
+
+
+class RoundStats(NamedTuple):
+    bytes_sent: int
+    bytes_received: int
+    bytes_local: int  #: bytes written by pack, copy and unpack steps
+    steps: int
+    seconds: float
+    comm_seconds: float
+
+
+class RunStats:
+    """What one run() did: bytes per channel, seconds, rounds, steps."""
+
+    __slots__ = ("net", "nvlink", "_rounds", "bytes_sent", "bytes_received", "steps", "seconds")
+
+    def __init__(self, d: dict):
+        self.net = ChannelStats(**d["net"])
+        self.nvlink = ChannelStats(**d["nvlink"])
+        self._rounds = d["rounds"]
+        self.bytes_sent: int = d["bytes_sent"]
+        self.bytes_received: int = d["bytes_received"]
+        self.steps: int = d["steps"]
+        self.seconds: float = d["seconds"]  #: the runtime's own measure of the run
+
+    @property
+    def rounds(self) -> int:
+        return len(self._rounds)
+
+    @property
+    def round_stats(self) -> List[RoundStats]:
+        """Per round: bytes sent/received/written locally, steps, seconds, communication seconds."""
+        return [RoundStats(*r) for r in self._rounds]
+
+    def __repr__(self) -> str:
+        return (f"RunStats(seconds={self.seconds:.6f}, rounds={self.rounds}, steps={self.steps}, "
+                f"net={tuple(self.net)}, nvlink={tuple(self.nvlink)})")
+
+
+class _Staged(NamedTuple):
+    """A strided view bound through a contiguous copy."""
+
+    view: Any
+    staging: Any
+    copy_in: bool  # the plan reads the buffer: view -> staging before run
+    copy_out: bool  # the plan writes it: staging -> view after run
+    kind: str
+
+
+def _shape(s: Iterable[int]) -> str:
+    return "[" + ",".join(str(int(x)) for x in s) + "]"
+
+
+class Session:
+    """One rank's side of a refit: bind its weight buffers, then run the plan.
+
+    ::
+
+        plan = reshard.Plan.open("refit.rsplan")
+        transport = reshard.GlooTransport(rank, plan.num_ranks, store="/shared/rdzv")
+        s = reshard.Session(plan, rank, transport)
+        s.bind_module(model)              # or s.bind(name, tensor) per buffer
+        stats = s.run()                   # every step; the GIL is released
+
+    Binding checks name, dtype, shape and device against the plan (a
+    :class:`reshard.BindError` says which and what was expected) and keeps a
+    reference to the tensor's memory until it is re-bound or the session is
+    dropped. Bind again at any time between runs (frameworks replace
+    ``param.data`` after post-processing): the next run uses the new memory.
+
+    Tensors: PyTorch tensors, NumPy arrays, and any object with
+    ``__dlpack__`` (CuPy, JAX). CPU memory for a Gloo transport, CUDA memory of
+    the transport's device for NCCL. A non-contiguous view (a slice of a
+    fused parameter) is bound through a contiguous copy: reshard copies the
+    view into it before each run where the plan reads the buffer, and back
+    after each run where it writes it — one extra pass over the view's bytes
+    per direction and the view's size in extra memory (PyTorch and NumPy only).
+
+    A session is not thread-safe: bind and run from one thread at a time.
+    """
+
+    __slots__ = ("_s", "plan", "transport", "rank", "_buffers", "_index", "_held", "_staged", "_device",
+                 "_device_index", "__weakref__")
+
+    def __init__(self, plan: Plan, rank: int, transport: Transport):
+        if not isinstance(plan, Plan):
+            raise TypeError(f"plan: expected a reshard.Plan, got {type(plan).__name__}")
+        if not isinstance(transport, Transport):
+            raise TypeError(f"transport: expected a reshard.GlooTransport or NcclTransport, got {type(transport).__name__}")
+        self._s = _reshard._Session(plan._p, rank, transport._t)
+        self.plan = plan
+        self.transport = transport
+        self.rank = rank
+        self._buffers: Tuple[Buffer, ...] = plan.buffers(rank)
+        self._index: Dict[str, int] = {b.name: i for i, b in enumerate(self._buffers)}
+        self._held: List[Any] = [None] * len(self._buffers)
+        self._staged: Dict[int, _Staged] = {}
+        self._device = transport.device
+        self._device_index = transport.device_index
+
+    # -- what the rank binds ----------------------------------------------------
+    @property
+    def buffers(self) -> Tuple[Buffer, ...]:
+        """The buffers this rank binds (name, dtype, shape, is_source, is_destination), in plan order."""
+        return self._buffers
+
+    @property
+    def staging_bytes(self) -> int:
+        """Staging memory the session allocated (the plan's figure for this rank)."""
+        return self._s.staging_bytes
+
+    def missing(self) -> List[str]:
+        """Names of the buffers still unbound (empty buffers need no binding)."""
+        return [self._buffers[i].name for i in self._s.unbound()]
+
+    def tensor(self, name: str) -> Any:
+        """The tensor bound to buffer `name` (None if unbound)."""
+        i = self._lookup(name)
+        st = self._staged.get(i)
+        return st.view if st is not None else self._held[i]
+
+    # -- binding ----------------------------------------------------------------
+    def _lookup(self, name: str) -> int:
+        i = self._index.get(name)
+        if i is None:
+            raise BindError(self._unknown(name))
+        return i
+
+    def _unknown(self, name: str) -> str:
+        msg = f"rank {self.rank}: the plan has no buffer '{name}' for this rank"
+        close = difflib.get_close_matches(name, self._index.keys(), n=1, cutoff=0.8)
+        return msg + (f" (did you mean '{close[0]}'?)" if close else "")
+
+    def _problem(self, b: Buffer, info: TensorInfo, dtype: Optional[str]) -> Tuple[Optional[str], int]:
+        """Why `info` cannot be bound to `b` (None if it can), and the dtype code to bind with."""
+        code = info.dtype
+        if dtype is not None:
+            want = DTYPE_CODES.get(dtype)
+            if want is None:
+                return f"dtype='{dtype}' is none of {', '.join(DTYPES)}", -1
+            if info.itemsize != DTYPE_SIZES[want]:
+                return (f"dtype='{dtype}' reinterprets {info.itemsize}-byte elements ({info.dtype_name}) as "
+                        f"{DTYPE_SIZES[want]}-byte ones"), -1
+            code = want
+        if code is None or DTYPES[code] != b.dtype:
+            what = info.dtype_name if code is None else f"{DTYPES[code]} ({info.dtype_name})"
+            return f"dtype {what}, the plan expects {b.dtype}", -1
+        if info.shape != b.shape:
+            return f"shape {_shape(info.shape)}, the plan expects {_shape(b.shape)}", -1
+        if info.device != self._device:
+            where = info.device if info.device_index < 0 else f"{info.device}:{info.device_index}"
+            return f"memory on {where}, the {self.transport.kind} transport needs {self._device} memory", -1
+        if self._device == "cuda" and self._device_index >= 0 and info.device_index != self._device_index:
+            return (f"memory on cuda:{info.device_index}, the NCCL transport's communicators are on "
+                    f"cuda:{self._device_index}"), -1
+        if b.is_destination and not info.writable:
+            return "a read-only array, the plan writes into this buffer", -1
+        if not info.contiguous and info.kind == "dlpack":
+            return ("a non-contiguous DLPack tensor (strided views are bound through a copy for torch and numpy "
+                    "only; pass a contiguous tensor)"), -1
+        return None, code
+
+    def _bind_checked(self, i: int, info: TensorInfo, code: int) -> None:
+        b = self._buffers[i]
+        if info.contiguous:
+            self._s.bind_index(i, info.ptr, code, b.shape)
+            self._held[i] = info.keep
+            self._staged.pop(i, None)
+            return
+        # A strided view: bind a contiguous copy and move the bytes around each run.
+        if info.kind == "torch":
+            staging = info.keep.contiguous()  # a copy, with the view's current values
+        else:
+            import numpy as np
+
+            staging = np.ascontiguousarray(info.keep)
+        self._s.bind_index(i, describe(staging).ptr, code, b.shape)
+        self._held[i] = staging
+        self._staged[i] = _Staged(info.keep, staging, b.is_source, b.is_destination, info.kind)
+
+    def bind(self, name: str, tensor: Any, *, dtype: Optional[str] = None) -> None:
+        """Binds buffer `name` to `tensor` (re-binding replaces the previous tensor).
+
+        `dtype` reinterprets the tensor's elements as a plan dtype of the same
+        size ("bf16" for a numpy uint16 array, which has no bfloat16).
+        Raises BindError for an unknown name (with the closest one), a dtype,
+        shape or device other than the plan's, or read-only memory the plan
+        writes into.
+        """
+        i = self._lookup(name)
+        try:
+            info = describe(tensor)
+        except TypeError as e:
+            raise BindError(f"rank {self.rank}: buffer '{name}': {e}") from None
+        problem, code = self._problem(self._buffers[i], info, dtype)
+        if problem is not None:
+            raise BindError(f"rank {self.rank}: buffer '{name}' is bound with {problem}")
+        self._bind_checked(i, info, code)
+
+    def bind_module(self, module: Any, prefix: str = "", *, missing_ok: bool = False) -> List[str]:
+        """Binds every plan buffer to the module's tensor of the same name.
+
+        `module` is a ``torch.nn.Module`` (its parameters and persistent
+        buffers, tied ones under each of their names) or a mapping of names to
+        tensors (a state dict, ``dict(model.named_parameters())``). The module
+        tensor named N binds the plan buffer ``prefix + N``.
+
+        All or nothing: every plan buffer without a tensor (unless
+        `missing_ok`) and every tensor that does not fit is reported in one
+        BindError, and then nothing is bound. Returns the names of the module's
+        tensors that the plan does not bind (not an error: a plan may move a
+        subset of the weights).
+        """
+        tensors = _named_tensors(module)
+        found: Dict[int, Any] = {}
+        unused: List[str] = []
+        index = self._index
+        for n, t in tensors:
+            i = index.get(prefix + n)
+            if i is None:
+                unused.append(n)
+            elif i not in found:
+                found[i] = t
+        problems: List[str] = []
+        checked: List[Tuple[int, TensorInfo, int]] = []
+        buffers = self._buffers
+        for i, t in found.items():
+            b = buffers[i]
+            try:
+                info = describe(t)
+            except TypeError as e:
+                problems.append(f"'{b.name}': {e}")
+                continue
+            problem, code = self._problem(b, info, None)
+            if problem is not None:
+                problems.append(f"'{b.name}': {problem}")
+            else:
+                checked.append((i, info, code))
+        if not missing_ok and len(found) < len(buffers):
+            names = [prefix + n for n, _ in tensors]
+            for i, b in enumerate(buffers):
+                if i not in found:
+                    close = difflib.get_close_matches(b.name, names, n=1, cutoff=0.8) if len(names) < 5000 else []
+                    hint = f" (closest: '{close[0]}')" if close else ""
+                    problems.append(f"'{b.name}': no tensor of that name in the module{hint}")
+        if problems:
+            shown = problems[:20]
+            more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+            raise BindError(f"rank {self.rank}: bind_module: {len(problems)} of {len(buffers)} plan buffers cannot "
+                            "be bound, nothing was bound:\n  " + "\n  ".join(shown) + more)
+        for i, info, code in checked:
+            self._bind_checked(i, info, code)
+        return unused
+
+    # -- running ----------------------------------------------------------------
+    def run(self, stream: Any = None) -> RunStats:
+        """Replays this rank's program once, with the GIL released, and returns its stats.
+
+        Raises BindError before any byte moves if a buffer is unbound, and
+        PeerError (PeerTimeoutError) when a peer fails or stalls: the message
+        names the step, the peer and the buffers completely written. After a
+        PeerError the transport must not be reused.
+
+        `stream`: with an NCCL transport, the stream is fixed when the
+        transport is made (``NcclTransport(..., stream=)``); pass the same one
+        or None. run() returns once the plan's kernels are done.
+        """
+        if stream is not None:
+            want = getattr(self.transport, "stream", None)
+            from .transport import _handle
+
+            if want is None or _handle(stream, "stream") != want:
+                raise ValueError("stream: the stream is fixed when the transport is made "
+                                 "(reshard.NcclTransport(..., stream=)); run() takes that one or None")
+        staged = self._staged
+        if staged:
+            self._stage_in()
+        stats = RunStats(self._s.run())
+        if staged:
+            self._stage_out()
+        return stats
+
+    def _stage_in(self) -> None:
+        for st in self._staged.values():
+            if not st.copy_in:
+                continue
+            if st.kind == "torch":
+                st.staging.copy_(st.view)
+                if st.staging.is_cuda:
+                    import torch
+
+                    torch.cuda.synchronize(st.staging.device)  # reshard's kernels run on their own stream
+            else:
+                import numpy as np
+
+                np.copyto(st.staging, st.view)
+
+    def _stage_out(self) -> None:
+        for st in self._staged.values():
+            if not st.copy_out:
+                continue
+            if st.kind == "torch":
+                st.view.copy_(st.staging)
+            else:
+                import numpy as np
+
+                np.copyto(st.view, st.staging)
+
+    def __repr__(self) -> str:
+        return (f"<reshard.Session rank {self.rank}: {len(self._buffers) - len(self._s.unbound())}"
+                f"/{len(self._buffers)} buffers bound, {self.transport.kind}>")
+
+
+def _named_tensors(module: Any) -> List[Tuple[str, Any]]:
+    """(name, tensor) of a module's parameters and persistent buffers, tied
+    ones under every name; or the items of a mapping."""
+    if not hasattr(module, "named_modules"):
+        if isinstance(module, Mapping):
+            return list(module.items())
+        raise TypeError(f"module: expected a torch.nn.Module or a mapping of names to tensors, got "
+                        f"{type(module).__name__}")
+    out: List[Tuple[str, Any]] = []
+    for mod_name, mod in module.named_modules(remove_duplicate=False):
+        pre = mod_name + "." if mod_name else ""
+        for n, p in mod._parameters.items():
+            if p is not None:
+                out.append((pre + n, p))
+        non_persistent = mod._non_persistent_buffers_set
+        for n, b in mod._buffers.items():
+            if b is not None and n not in non_persistent:
+                out.append((pre + n, b))
+    return out

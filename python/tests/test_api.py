@@ -1,0 +1,487 @@
+"""Unit tests of the reshard Python API on CPU (numpy and torch tensors):
+plans, compile, binding checks and their messages, strided views, re-binding,
+bind_module, missing(), the GIL released during run(), errors."""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import reshard
+import reshard.testing as rt
+from conftest import CLUSTER, SAMPLES, mesh, reshard_binary, run_threads
+
+# -- plans ---------------------------------------------------------------------
+
+
+def test_plan_open_describes_the_plan(plans):
+    plan = reshard.Plan.open(plans["tiny-dense"])
+    assert plan.num_ranks == 12
+    assert len(plan.source_ranks) == 8 and len(plan.dest_ranks) == 4
+    assert sorted(plan.source_ranks + plan.dest_ranks) == list(range(12))
+    assert len(plan.digest) >= 16
+    assert plan.strategy == "direct"
+    assert plan.inputs["model"] == "tiny-dense"
+    assert set(plan.inputs) == {"model", "source_layout", "dest_layout", "cluster"}
+    assert plan.num_rounds >= 1 and plan.net_bytes > 0
+    src = plan.program(plan.source_ranks[0])
+    dst = plan.program(plan.dest_ranks[0])
+    assert src.src_rank == 0 and src.dst_rank == -1
+    assert dst.dst_rank == 0 and dst.src_rank == -1
+    assert all(b.is_source and not b.is_destination for b in src.buffers)
+    assert all(b.is_destination for b in dst.buffers)
+    b = dst.buffers[0]
+    assert b.dtype == "bf16" and all(isinstance(n, int) for n in b.shape)
+    assert plan.staging_bytes(dst.rank) == dst.staging_bytes > 0
+    assert "12 ranks" in repr(plan)
+
+
+def test_plan_open_errors(tmp_path):
+    with pytest.raises(reshard.PlanError) as e:
+        reshard.Plan.open(tmp_path / "nope.rsplan")
+    assert str(tmp_path / "nope.rsplan") in str(e.value)
+    bad = tmp_path / "bad.rsplan"
+    bad.write_bytes(b"not a plan at all, just some bytes" * 4)
+    with pytest.raises(reshard.PlanError) as e:
+        reshard.Plan.open(bad)
+    assert str(bad) in str(e.value)
+    assert isinstance(e.value, reshard.Error)
+
+
+def test_program_rank_out_of_range(plans):
+    plan = reshard.Plan.open(plans["tiny-dense"])
+    with pytest.raises(reshard.PlanError) as e:
+        plan.program(12)
+    assert str(e.value) == f"{plans['tiny-dense']}: rank 12 out of range: the plan has 12 ranks"
+
+
+# -- compile -------------------------------------------------------------------
+
+
+def test_compile_matches_the_cli(tmp_path):
+    cli = reshard_binary()
+    if not cli.exists():
+        pytest.skip(f"the reshard CLI is not built at {cli} (build it, or set RESHARD_BIN)")
+    d = SAMPLES / "tiny-moe"
+    args = [d / "model.json", d / "train.json", d / "infer-ep.json", CLUSTER]
+    summary = reshard.compile(*args, tmp_path / "py.rsplan", staging_mb=8)
+    out = subprocess.run([str(cli), "compile", "--model", args[0], "--from", args[1], "--to", args[2], "--cluster",
+                          args[3], "--staging-mb", "8", "-o", tmp_path / "cli.rsplan"],
+                         check=True, capture_output=True, text=True).stdout
+    assert (tmp_path / "py.rsplan").read_bytes() == (tmp_path / "cli.rsplan").read_bytes()
+    assert summary["ranks"] == 16 and summary["rounds"] >= 1 and summary["net_bytes"] > 0
+    # The CLI's line, but for the timing and the file name.
+    strip = lambda s: s.rsplit(",", 1)[0]  # noqa: E731
+    assert strip(summary["summary"]) == strip(out.splitlines()[0])
+
+
+def test_compile_errors_carry_the_cli_messages(tmp_path):
+    d = SAMPLES / "tiny-dense"
+    ok = [d / "model.json", d / "train.json", d / "infer.json", CLUSTER]
+    with pytest.raises(reshard.CompileError) as e:
+        reshard.compile(tmp_path / "model.json", *ok[1:], tmp_path / "p.rsplan")
+    assert str(e.value) == f"--model: File does not exist: {tmp_path / 'model.json'}"
+    with pytest.raises(reshard.CompileError) as e:
+        reshard.compile(*ok, tmp_path / "p.rsplan", staging_mb=1)
+    assert str(e.value) == "--staging-mb: Value 1 not in range 2 to 4095"
+    with pytest.raises(reshard.CompileError) as e:
+        reshard.compile(*ok, tmp_path / "p.rsplan", strategy="fastest")
+    assert str(e.value) == "--strategy: fastest not in {direct,gather}"
+    broken = tmp_path / "train.json"
+    broken.write_text('{"format": "reshard.layout/1", "ranks": }')
+    with pytest.raises(reshard.CompileError) as e:
+        reshard.compile(ok[0], broken, ok[2], ok[3], tmp_path / "p.rsplan")
+    assert str(e.value).startswith(f"{broken}:1:41: syntax error while parsing value")
+    assert not (tmp_path / "p.rsplan").exists()
+    cli = reshard_binary()
+    if cli.exists():  # word for word what the CLI says
+        err = subprocess.run([str(cli), "compile", "--model", ok[0], "--from", broken, "--to", ok[2], "--cluster", ok[3],
+                              "-o", tmp_path / "p.rsplan"], capture_output=True, text=True).stderr
+        assert err == f"reshard: error: {e.value}\n"
+
+
+# -- binding -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dense(plans, tmp_path_factory):
+    """tiny-dense's plan and a session per rank (transports connected by threads; no runs)."""
+    plan = reshard.Plan.open(plans["tiny-dense"])
+    transports = mesh(plan.num_ranks, tmp_path_factory.mktemp("store"))
+    return plan, transports
+
+
+def session(dense, rank):
+    plan, transports = dense
+    return reshard.Session(plan, rank, transports[rank])
+
+
+def torch_like(b):
+    return torch.zeros(b.shape, dtype={"bf16": torch.bfloat16, "fp32": torch.float32}[b.dtype])
+
+
+def test_bind_checks_name_dtype_shape_device(dense):
+    s = session(dense, 8)
+    b = s.buffers[0]
+    with pytest.raises(reshard.BindError) as e:
+        s.bind(b.name + "x", torch_like(b))
+    assert str(e.value) == f"rank 8: the plan has no buffer '{b.name}x' for this rank (did you mean '{b.name}'?)"
+    with pytest.raises(reshard.BindError) as e:
+        s.bind(b.name, torch.zeros(b.shape, dtype=torch.float32))
+    assert str(e.value) == f"rank 8: buffer '{b.name}' is bound with dtype fp32 (torch.float32), the plan expects bf16"
+    with pytest.raises(reshard.BindError) as e:
+        s.bind(b.name, torch.zeros(b.shape, dtype=torch.int32))
+    assert str(e.value) == f"rank 8: buffer '{b.name}' is bound with dtype torch.int32, the plan expects bf16"
+    wrong = (b.shape[0] + 1,) + tuple(b.shape[1:])
+    with pytest.raises(reshard.BindError) as e:
+        s.bind(b.name, torch.zeros(wrong, dtype=torch.bfloat16))
+    shape = ",".join(map(str, b.shape))
+    got = ",".join(map(str, wrong))
+    assert str(e.value) == f"rank 8: buffer '{b.name}' is bound with shape [{got}], the plan expects [{shape}]"
+    with pytest.raises(reshard.BindError) as e:
+        s.bind(b.name, torch.zeros(b.shape, dtype=torch.bfloat16, device="meta"))
+    assert str(e.value) == (f"rank 8: buffer '{b.name}' is bound with memory on meta, "
+                            "the gloo transport needs cpu memory")
+    ro = np.zeros(b.shape, dtype=np.uint16)
+    ro.flags.writeable = False
+    with pytest.raises(reshard.BindError) as e:
+        s.bind(b.name, ro, dtype="bf16")
+    assert str(e.value) == (f"rank 8: buffer '{b.name}' is bound with a read-only array, "
+                            "the plan writes into this buffer")
+    with pytest.raises(reshard.BindError) as e:
+        s.bind(b.name, np.zeros(b.shape, dtype=np.float32), dtype="bf16")
+    assert str(e.value) == (f"rank 8: buffer '{b.name}' is bound with dtype='bf16' reinterprets 4-byte elements "
+                            "(float32) as 2-byte ones")
+    with pytest.raises(reshard.BindError) as e:
+        s.bind(b.name, [1, 2, 3])
+    assert str(e.value) == (f"rank 8: buffer '{b.name}': builtins.list is not a tensor (expected a torch.Tensor, "
+                            "a numpy.ndarray or an object with __dlpack__)")
+    assert isinstance(e.value, ValueError)  # BindError is also a ValueError
+    assert len(s.missing()) == len(s.buffers)  # nothing was bound by the failures
+
+
+def test_missing_rebind_and_run_with_unbound(dense):
+    s = session(dense, 0)
+    names = [b.name for b in s.buffers]
+    assert s.missing() == names
+    t = rt.allocate(s)
+    s.bind(names[0], t[names[0]])
+    assert s.missing() == names[1:]
+    # Re-binding replaces: the session now holds the new tensor.
+    again = torch.zeros_like(t[names[0]])
+    s.bind(names[0], again)
+    assert s.tensor(names[0]).data_ptr() == again.data_ptr()
+    with pytest.raises(reshard.BindError) as e:
+        s.run()
+    n = len(names) - 1
+    shown = ", ".join(f"'{x}'" for x in names[1:6])
+    assert str(e.value) == f"rank 0: {n} of {len(names)} buffers are not bound: {shown}" + (", ..." if n > 5 else "")
+
+
+def test_numpy_bf16_bits_and_dlpack_objects(dense):
+    s = session(dense, 0)
+    b = s.buffers[0]
+    arr = np.zeros(b.shape, dtype=np.uint16)
+    with pytest.raises(reshard.BindError) as e:
+        s.bind(b.name, arr)
+    assert str(e.value) == f"rank 0: buffer '{b.name}' is bound with dtype uint16, the plan expects bf16"
+    s.bind(b.name, arr, dtype="bf16")
+    assert b.name not in s.missing()
+
+    class DLPackOnly:  # a producer reshard knows only through DLPack
+        def __init__(self, t):
+            self.t = t
+
+        def __dlpack__(self, **kw):
+            return self.t.__dlpack__(**kw)
+
+        def __dlpack_device__(self):
+            return self.t.__dlpack_device__()
+
+    t = torch.zeros(b.shape, dtype=torch.bfloat16)
+    s.bind(b.name, DLPackOnly(t))
+    assert s.tensor(b.name).t is t
+    if len(b.shape) == 2 and b.shape[1] > 1:
+        wide = torch.zeros(b.shape[0], b.shape[1] * 2, dtype=torch.bfloat16)
+        with pytest.raises(reshard.BindError) as e:
+            s.bind(b.name, DLPackOnly(wide[:, ::2]))
+        assert "non-contiguous DLPack tensor" in str(e.value)
+
+
+def test_binding_keeps_the_memory_alive(dense):
+    s = session(dense, 8)
+    b = s.buffers[0]
+    p = torch.nn.Parameter(torch_like(b), requires_grad=False)
+    ptr = p.data_ptr()
+    s.bind(b.name, p)
+    # The framework swaps .data (FP8 post-processing) and drops its tensor:
+    # the bound memory stays alive until re-bound.
+    p.data = torch_like(b)
+    del p
+    gc.collect()
+    assert s.tensor(b.name).data_ptr() == ptr
+
+
+class Tiny(torch.nn.Module):
+    """A module whose parameters are named like a plan's buffers."""
+
+    def __init__(self, buffers, skip=(), dtype_of=None):
+        super().__init__()
+        for b in buffers:
+            if b.name in skip:
+                continue
+            *path, leaf = b.name.split(".")
+            mod = self
+            for part in path:
+                if not hasattr(mod, part):
+                    mod.add_module(part, torch.nn.Module())
+                mod = getattr(mod, part)
+            dt = (dtype_of or {}).get(b.name, torch.bfloat16)
+            mod.register_parameter(leaf, torch.nn.Parameter(torch.zeros(b.shape, dtype=dt), requires_grad=False))
+        self.register_buffer("rotary_inv_freq", torch.zeros(4), persistent=False)
+        self.extra = torch.nn.Parameter(torch.zeros(3))
+
+
+def test_bind_module_binds_every_parameter(dense):
+    s = session(dense, 8)
+    m = Tiny(s.buffers)
+    unused = s.bind_module(m)
+    assert s.missing() == []
+    assert unused == ["extra"]  # the non-persistent buffer is not even considered
+    name = s.buffers[0].name
+    assert s.tensor(name).data_ptr() == m.get_parameter(name).data_ptr()
+    # A prefix maps module names to plan names.
+    s2 = session(dense, 9)
+    stripped = {b.name.split(".", 1)[1]: torch_like(b) for b in s2.buffers if "." in b.name}
+    first = s2.buffers[0].name.split(".", 1)[0]
+    same_root = {k: v for k, v in stripped.items() if any(b.name == f"{first}.{k}" for b in s2.buffers)}
+    s2.bind_module(same_root, prefix=first + ".", missing_ok=True)
+    assert len(s2.missing()) == len(s2.buffers) - len(same_root)
+
+
+def test_bind_module_reports_everything_in_one_error(dense):
+    s = session(dense, 8)
+    b0, b1 = s.buffers[0], s.buffers[1]
+    m = Tiny(s.buffers, skip={b0.name}, dtype_of={b1.name: torch.float32})
+    with pytest.raises(reshard.BindError) as e:
+        s.bind_module(m)
+    msg = str(e.value)
+    assert msg.startswith(f"rank 8: bind_module: 2 of {len(s.buffers)} plan buffers cannot be bound, nothing was "
+                          "bound:\n")
+    assert f"\n  '{b1.name}': dtype fp32 (torch.float32), the plan expects bf16" in msg
+    assert f"\n  '{b0.name}': no tensor of that name in the module" in msg
+    assert len(s.missing()) == len(s.buffers)  # all or nothing
+
+
+def test_bind_module_of_2000_parameters_is_fast(tmp_path):
+    # A one-rank plan of 2000 buffers: the overhead benchmark's plan, if built.
+    bench = reshard_binary().parent / "python_overhead"
+    if not bench.exists():
+        pytest.skip(f"{bench} is not built (ninja -C build python_overhead)")
+    subprocess.run([str(bench), "plans", str(tmp_path), "--rounds", "1", "--k", "1"], check=True,
+                   capture_output=True)
+    plan = reshard.Plan.open(tmp_path / "params.rsplan")
+    [t] = mesh(1, tmp_path)
+    s = reshard.Session(plan, 0, t)
+    m = Tiny(s.buffers)
+    # CPU time of this process: wall time on a shared CI machine also counts
+    # the other jobs' turns (tools/bench/python_overhead.sh reports both).
+    best = min(_cpu_timed(lambda: s.bind_module(m)) for _ in range(3))
+    assert s.missing() == []
+    assert best < 0.05, f"bind_module of 2000 parameters took {best * 1e3:.1f} ms of CPU"
+
+
+def _cpu_timed(fn) -> float:
+    t0 = time.process_time()
+    fn()
+    return time.process_time() - t0
+
+
+# -- running -------------------------------------------------------------------
+
+
+def refit_in_threads(plan, transports, strided=False, like="torch"):
+    """Every rank of `plan` as a thread: bind fresh tensors (destinations as
+    strided views if asked), poison, fill, run, check every element."""
+    sessions = [reshard.Session(plan, r, transports[r]) for r in range(plan.num_ranks)]
+    pads = []
+    for s in sessions:
+        for b in s.buffers:
+            code = {"bf16": torch.bfloat16, "fp32": torch.float32}[b.dtype]
+            if strided and b.is_destination and len(b.shape) == 2 and like == "numpy" and b.dtype == "bf16":
+                big = np.full((b.shape[0], b.shape[1] + 3), 0x40E0, dtype=np.uint16)  # 7.0 in bf16 bits
+                view = big[:, 1:1 + b.shape[1]]
+                assert not view.flags.c_contiguous
+                s.bind(b.name, view, dtype="bf16")
+                pads.append(torch.from_numpy(big.view(np.int16)).view(torch.bfloat16))
+            elif strided and b.is_destination and len(b.shape) == 2:
+                # A slice of a wider tensor: rows of b.shape[1] + 3 elements.
+                big = torch.full((b.shape[0], b.shape[1] + 3), 7.0, dtype=code)
+                view = big[:, 1:1 + b.shape[1]]
+                assert not view.is_contiguous()
+                s.bind(b.name, view)
+                pads.append(big)
+            elif like == "numpy" and b.dtype == "bf16":
+                s.bind(b.name, np.zeros(b.shape, dtype=np.uint16), dtype="bf16")
+            else:
+                s.bind(b.name, torch.zeros(b.shape, dtype=code))
+        rt.poison_destinations(s)
+        rt.fill_sources(s)
+    stats = run_threads([s.run for s in sessions])
+    checked = 0
+    for s in sessions:
+        c = rt.check_destinations(s)
+        assert c.wrong == 0, c.first
+        checked += c.checked
+    for big in pads:  # the columns around each view are untouched
+        assert bool((big[:, 0] == 7.0).all()) and bool((big[:, -2:] == 7.0).all())
+    return sessions, stats, checked
+
+
+def test_gil_is_released_during_run(plans, tmp_path):
+    plan = reshard.Plan.open(plans["tiny-moe"])
+    transports = mesh(plan.num_ranks, tmp_path)
+    # All 16 ranks are threads of this process: a run() holding the GIL would
+    # deadlock on its first message. A ticker thread counts meanwhile.
+    ticks = []
+    stop = threading.Event()
+
+    def ticker():
+        while not stop.is_set():
+            ticks.append(time.perf_counter())
+            time.sleep(0.0005)
+
+    th = threading.Thread(target=ticker)
+    th.start()
+    try:
+        sessions, stats, checked = refit_in_threads(plan, transports)
+    finally:
+        stop.set()
+        th.join()
+    assert checked > 0
+    assert len(ticks) > 3
+    s = stats[plan.dest_ranks[0]]
+    assert s.rounds == plan.program(plan.dest_ranks[0]).rounds and s.steps > 0
+    assert s.net.bytes_received + s.nvlink.bytes_received > 0 and s.seconds > 0
+    assert sum(x.bytes_sent for x in stats) == sum(x.bytes_received for x in stats)
+
+
+def test_strided_views_and_numpy(plans, tmp_path):
+    plan = reshard.Plan.open(plans["tiny-dense"])
+    _, _, checked = refit_in_threads(plan, mesh(plan.num_ranks, tmp_path), strided=True)
+    assert checked > 0
+    plan = reshard.Plan.open(plans["tiny-dense-tp2-dp2"])
+    _, _, checked = refit_in_threads(plan, mesh(plan.num_ranks, tmp_path), like="numpy")
+    assert checked > 0
+    plan = reshard.Plan.open(plans["tiny-moe-ep"])
+    sessions, _, checked = refit_in_threads(plan, mesh(plan.num_ranks, tmp_path), strided=True, like="numpy")
+    assert checked > 0
+    assert any(st.kind == "numpy" for s in sessions for st in s._staged.values())
+
+
+def test_rebinding_between_runs(plans, tmp_path):
+    plan = reshard.Plan.open(plans["tiny-dense"])
+    sessions, _, _ = refit_in_threads(plan, mesh(plan.num_ranks, tmp_path))
+    # New destination tensors (a framework replaced .data): bind, poison, run again.
+    for s in sessions:
+        for b in s.buffers:
+            if b.is_destination:
+                s.bind(b.name, torch_like(b))
+        rt.poison_destinations(s)
+    run_threads([s.run for s in sessions])
+    for s in sessions:
+        c = rt.check_destinations(s)
+        assert c.wrong == 0, c.first
+
+
+def test_a_stalled_peer_times_out_naming_step_and_peer(plans, tmp_path):
+    plan = reshard.Plan.open(plans["tiny-dense"])
+    transports = mesh(plan.num_ranks, tmp_path, timeout_s=1.0)
+    dst = plan.dest_ranks[0]
+    s = reshard.Session(plan, dst, transports[dst])
+    for b in s.buffers:
+        s.bind(b.name, torch_like(b))
+    t0 = time.perf_counter()
+    with pytest.raises(reshard.PeerTimeoutError) as e:
+        s.run()  # nobody else runs
+    assert time.perf_counter() - t0 < 10
+    msg = str(e.value)
+    assert msg.startswith(f"rank {dst}: step ") and " from peer " in msg and "timed out after 1" in msg
+    assert isinstance(e.value, reshard.PeerError) and isinstance(e.value, TimeoutError)
+
+
+def test_a_missing_peer_fails_the_connection(tmp_path):
+    t0 = time.perf_counter()
+    with pytest.raises(reshard.PeerError) as e:
+        reshard.GlooTransport(0, 2, store=tmp_path, timeout_s=1.0)
+    assert time.perf_counter() - t0 < 10
+    assert str(e.value).startswith(f"rank 0: gloo: cannot connect 2 ranks through '{tmp_path}' within 1")
+    with pytest.raises(ValueError) as e:
+        reshard.GlooTransport(0, 2, store=tmp_path / "nope")
+    assert str(e.value) == (f"store: '{tmp_path / 'nope'}' is neither a directory (the rendezvous directory every "
+                            "rank shares must exist) nor HOST:PORT")
+
+
+def test_session_checks_rank_and_transport(plans, tmp_path):
+    plan = reshard.Plan.open(plans["tiny-dense"])
+    [t] = mesh(1, tmp_path)
+    with pytest.raises(reshard.PlanError) as e:
+        reshard.Session(plan, 0, t)
+    assert str(e.value) == "rank 0: the transport connects 1 ranks, the plan has 12"
+    with pytest.raises(TypeError):
+        reshard.Session("plan.rsplan", 0, t)
+
+
+def test_help_teaches():
+    import pydoc
+
+    text = pydoc.render_doc(reshard.Session, renderer=pydoc.plaintext)
+    for words in ("bind_module(self, module", "GIL", "Bind again at any time between runs", "non-contiguous view",
+                  "PeerError", "torch.nn.Module", "missing(self)", "all or nothing"):
+        assert words.lower() in text.lower(), words
+    assert "HOST:PORT" in pydoc.render_doc(reshard.GlooTransport, renderer=pydoc.plaintext)
+    assert "RESHARD_NCCL_LIBRARY" in pydoc.render_doc(reshard.NcclTransport, renderer=pydoc.plaintext)
+
+
+# -- NCCL surface without a GPU --------------------------------------------------
+
+
+def test_nccl_transport_without_cuda_says_so():
+    with pytest.raises(reshard.NcclError) as e:
+        reshard.NcclTransport(net=None)
+    assert str(e.value) == "the net communicator is 0 (NULL)"
+    with pytest.raises(TypeError) as e:
+        reshard.NcclTransport(net="comm")
+    assert "net: cannot take a communicator from str" in str(e.value)
+    if reshard.HAVE_CUDA:
+        pytest.skip("this runtime has CUDA; the NCCL transport is tested by tools/gpu-check.sh")
+    with pytest.raises(reshard.NcclError) as e:
+        reshard.NcclTransport(net=1)
+    assert str(e.value) == "this reshard runtime was built without CUDA (RESHARD_WITH_CUDA=OFF)"
+    with pytest.raises(TypeError) as e:
+        reshard.NcclTransport(net="comm")
+    assert "net: cannot take a communicator from str" in str(e.value)
+
+
+def test_nccl_library_errors(tmp_path):
+    with pytest.raises(reshard.NcclError) as e:
+        reshard.nccl.load(str(tmp_path / "libnccl.so.2"))
+    assert str(e.value).startswith(f"cannot load NCCL from '{tmp_path / 'libnccl.so.2'}': ")
+    assert "RESHARD_NCCL_LIBRARY" in str(e.value)
+
+
+@pytest.mark.parametrize("order", ["import reshard, torch", "import torch, reshard"])
+def test_reshard_and_torch_import_in_either_order(order):
+    # The runtime links libnccl.so.2 in CUDA builds: importing reshard first
+    # must not bind torch to another NCCL than its own (reshard preloads it).
+    out = subprocess.run([sys.executable, "-c", f"{order}; print(torch.ones(2).sum().item(), reshard.NCCL_PRELOADED)"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("2.0 ")
