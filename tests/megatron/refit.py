@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""The refit proof on real Megatron-Core: each rank of a tiny Megatron GPT
+model (CPU, Gloo) binds its own parameter memory through the runtime's C API
+and runs its program of a plan compiled from the case's train.json into `hf`
+(one rank, unsharded Hugging Face names); the HF rank's result must equal,
+bit for bit, the standard Megatron -> HF conversion of the same parameters.
+
+    build/venv/bin/python tests/megatron/refit.py --build build [CASE ...]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path[:0] = [HERE, os.path.join(ROOT, "tools")]
+
+import torch  # noqa: E402
+
+from cases import CASES  # noqa: E402
+import convert  # noqa: E402
+import ranks  # noqa: E402
+from reshard_ctypes import Runtime  # noqa: E402
+
+DATA = os.path.join(ROOT, "tests", "data", "megatron")
+TIMEOUT_S = 600.0  # for connecting too: the ranks start Python, torch and Megatron first
+DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def hf_layout(model):
+    """One rank holding every tensor whole, under its own (HF) name."""
+    return {"format": "reshard.layout/1", "name": "hf", "model": model["name"], "ranks": 1,
+            "meshes": {"one": [["hf", 1]]}, "placements": [{"match": "*", "mesh": "one", "hf": "replicate"}]}
+
+
+def hf_tensors(model):
+    """An empty tensor for every concrete HF tensor of the model spec."""
+    out = {}
+    for t in model["tensors"]:
+        names = [t["name"]]
+        for dim, size in model.get("dims", {}).items():
+            names = [n.replace("{" + dim + "}", str(i)) for n in names for i in range(size)] \
+                if any("{" + dim + "}" in n for n in names) else names
+        for n in names:
+            out[n] = torch.full(t["shape"], float("nan"), dtype=DTYPE[t.get("dtype", model.get("dtype", "bf16"))])
+    return out
+
+
+def _megatron_rank(rank, case_name, plan, store, tmp, lib):
+    import importlib.metadata
+    import dump_state_dict
+    import tiny_gpt
+    case = CASES[case_name]
+    tiny_gpt.parallel(case)
+    model = tiny_gpt.build(case, wrap=True)
+    tiny_gpt.fill(model)
+    meta = {"framework": f"megatron-core {importlib.metadata.version('megatron-core')}", "megatron": tiny_gpt.coords()}
+    dump_state_dict.write(os.path.join(tmp, f"dump{rank}.json"), model, rank, strip="module.", meta=meta)
+    params = {n[len("module."):]: p.data for n, p in model.named_parameters()}
+    torch.save({"coords": tiny_gpt.coords(), "params": {n: t.clone() for n, t in params.items()}},
+               os.path.join(tmp, f"rank{rank}.pt"))
+    Runtime(lib).refit(plan, rank, store, params, timeout_s=TIMEOUT_S)
+    after = {n: p.data for n, p in model.named_parameters()}
+    for n, t in params.items():  # the sources are read, never written
+        assert after["module." + n].data_ptr() == t.data_ptr(), n
+
+
+def check_dumps(name, build, tmp, world):
+    """The live dump equals the recorded one, and `reshard check` finds no difference with train.json."""
+    d = os.path.join(DATA, name)
+    live = []
+    for r in range(world):
+        with open(os.path.join(tmp, f"dump{r}.json")) as f:
+            live.append(json.load(f))
+    with open(os.path.join(d, "dump.json")) as f:
+        recorded = json.load(f)
+    if live != recorded:
+        diff = [r for r in range(world) if live[r] != recorded[r]]
+        raise SystemExit(f"{name}: the installed Megatron-Core's ranks {diff} differ from {d}/dump.json "
+                         f"(re-record with tests/megatron/dump_cases.py {name})")
+    files = [os.path.join(tmp, f"dump{r}.json") for r in range(world)]
+    subprocess.run([os.path.join(build, "reshard"), "check", "--layout", os.path.join(d, "train.json"), "--model",
+                    os.path.join(d, "model.json"), "--state-dict", *files], check=True)
+
+
+def refit_case(name, build):
+    case = CASES[name]
+    d = os.path.join(DATA, name)
+    with open(os.path.join(d, "model.json")) as f:
+        model = json.load(f)
+    with tempfile.TemporaryDirectory() as tmp:
+        hf = os.path.join(tmp, "hf.json")
+        with open(hf, "w") as f:
+            json.dump(hf_layout(model), f)
+        plan = os.path.join(tmp, "plan.rsplan")
+        subprocess.run([os.path.join(build, "reshard"), "compile", "--model", os.path.join(d, "model.json"),
+                        "--from", os.path.join(d, "train.json"), "--to", hf, "--cluster",
+                        os.path.join(ROOT, "samples", "clusters", "dgx-h100.json"), "-o", plan, "-q"], check=True)
+        subprocess.run([os.path.join(build, "reshard"), "validate", plan], check=True, stdout=subprocess.DEVNULL)
+        store = os.path.join(tmp, "store")
+        os.makedirs(store)
+        lib = os.path.join(build, "libreshard_runtime.so")
+        t0 = time.time()
+        ctx = ranks.spawn(case["world"], _megatron_rank, name, plan, store, tmp, lib, join=False)
+        dest = hf_tensors(model)
+        result = {}
+
+        def hf_rank():  # the destination rank, beside the Megatron processes
+            try:
+                result["stats"] = Runtime(lib).refit(plan, case["world"], store, dest, timeout_s=TIMEOUT_S)
+            except Exception as e:  # noqa: BLE001 - reported below
+                result["error"] = e
+
+        thread = threading.Thread(target=hf_rank, daemon=True)
+        thread.start()
+        try:
+            while not ctx.join():
+                pass
+        except Exception as e:  # a Megatron rank failed: the HF rank would wait for it until its timeout
+            print(f"{name}: {e}", file=sys.stderr)
+            os._exit(1)
+        thread.join()
+        if "error" in result:
+            raise SystemExit(f"{name}: the HF rank: {result['error']}")
+        stats = result["stats"]
+        check_dumps(name, build, tmp, case["world"])
+        got = {r: torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(case["world"])}
+        want = convert.megatron_to_hf(case, {r: (g["coords"], g["params"]) for r, g in got.items()})
+        assert sorted(want) == sorted(dest), (sorted(set(want) ^ set(dest)))
+        bad = [n for n in want if want[n].shape != dest[n].shape or not torch.equal(
+            want[n].view(torch.int16 if want[n].element_size() == 2 else torch.int32),
+            dest[n].view(torch.int16 if dest[n].element_size() == 2 else torch.int32))]
+        if bad:
+            raise SystemExit(f"{name}: {len(bad)} of {len(want)} HF tensors differ from the Megatron -> HF "
+                             f"conversion, first {bad[0]}")
+        nbytes = sum(t.numel() * t.element_size() for t in want.values())
+        print(f"{name}: {len(want)} HF tensors ({nbytes} bytes) from {case['world']} Megatron ranks, "
+              f"bit-exact ({stats.steps} steps on the HF rank, {time.time() - t0:.1f} s)")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("cases", nargs="*", help=f"default: all of {', '.join(CASES)}")
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"), help="the build folder (reshard, libreshard_runtime.so)")
+    a = ap.parse_args()
+    for name in a.cases or CASES:
+        if name not in CASES:
+            sys.exit(f"refit: unknown case '{name}', expected one of {', '.join(CASES)}")
+        refit_case(name, os.path.abspath(a.build))
+
+
+if __name__ == "__main__":
+    main()
