@@ -32,8 +32,10 @@ def _put(store, key, t, where):
     store[key] = (t, where)
 
 
-def megatron_to_hf(case, ranks):
-    """ranks: {rank: (coords, {megatron name: tensor})} -> {HF name: tensor}."""
+def megatron_to_hf(case, ranks, qkv_interleaved=True, fc1_gate_first=True):
+    """ranks: {rank: (coords, {megatron name: tensor})} -> {HF name: tensor}.
+    The flags give wrong conversions, for control: [q; k; v] not interleaved
+    per group, fc1 as [up; gate]."""
     hf = case["hf"]
     per_stage = hf["num_hidden_layers"] // case["pp"]
     experts = hf.get("num_experts", 0)
@@ -71,13 +73,15 @@ def megatron_to_hf(case, ranks):
         parts = [by_tp[i][0] for i in sorted(by_tp)]
         if base.endswith(".fc1"):  # each shard is [gate_i; up_i]
             half = parts[0].shape[0] // 2
-            out[base[:-3] + "gate_proj.weight"] = torch.cat([p[:half] for p in parts])
-            out[base[:-3] + "up_proj.weight"] = torch.cat([p[half:] for p in parts])
+            first, second = ("gate_proj", "up_proj") if fc1_gate_first else ("up_proj", "gate_proj")
+            out[base[:-3] + first + ".weight"] = torch.cat([p[:half] for p in parts])
+            out[base[:-3] + second + ".weight"] = torch.cat([p[half:] for p in parts])
             continue
         full = torch.cat(parts, dim)
         if base.endswith(".qkv"):  # [q_g; k_g; v_g] per query group g
-            g = full.view(groups, (heads // groups + 2) * hd, -1)
-            q, k, v = g.split([heads // groups * hd, hd, hd], dim=1)
+            g = full.view(groups if qkv_interleaved else 1, -1, full.shape[-1])
+            n = groups if qkv_interleaved else 1
+            q, k, v = g.split([heads * hd // n, groups * hd // n, groups * hd // n], dim=1)
             stem = base[:-3]
             out[stem + "q_proj.weight"] = q.reshape(heads * hd, -1)
             out[stem + "k_proj.weight"] = k.reshape(groups * hd, -1)

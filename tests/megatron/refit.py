@@ -64,6 +64,10 @@ def _megatron_rank(rank, case_name, plan, store, tmp, lib):
     params = {n[len("module."):]: p.data for n, p in model.named_parameters()}
     torch.save({"coords": tiny_gpt.coords(), "params": {n: t.clone() for n, t in params.items()}},
                os.path.join(tmp, f"rank{rank}.pt"))
+    # Gloo's file store waits 30 s at most for the other ranks' addresses, whatever the
+    # transport's timeout: connect only once every rank has built its model.
+    torch.distributed.barrier()
+    open(os.path.join(tmp, f"ready{rank}"), "w").close()
     Runtime(lib).refit(plan, rank, store, params, timeout_s=TIMEOUT_S)
     after = {n: p.data for n, p in model.named_parameters()}
     for n, t in params.items():  # the sources are read, never written
@@ -112,6 +116,10 @@ def refit_case(name, build):
 
         def hf_rank():  # the destination rank, beside the Megatron processes
             try:
+                while not all(os.path.exists(os.path.join(tmp, f"ready{r}")) for r in range(case["world"])):
+                    if time.time() - t0 > TIMEOUT_S:
+                        raise TimeoutError(f"the Megatron ranks were not ready within {TIMEOUT_S} s")
+                    time.sleep(0.2)
                 result["stats"] = Runtime(lib).refit(plan, case["world"], store, dest, timeout_s=TIMEOUT_S)
             except Exception as e:  # noqa: BLE001 - reported below
                 result["error"] = e
@@ -119,8 +127,10 @@ def refit_case(name, build):
         thread = threading.Thread(target=hf_rank, daemon=True)
         thread.start()
         try:
-            while not ctx.join():
-                pass
+            while not ctx.join(timeout=1):
+                if "error" in result:  # the Megatron ranks would wait for the HF rank until their timeout
+                    print(f"{name}: the HF rank: {result['error']}", file=sys.stderr)
+                    os._exit(1)
         except Exception as e:  # a Megatron rank failed: the HF rank would wait for it until its timeout
             print(f"{name}: {e}", file=sys.stderr)
             os._exit(1)
@@ -130,7 +140,13 @@ def refit_case(name, build):
         stats = result["stats"]
         check_dumps(name, build, tmp, case["world"])
         got = {r: torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(case["world"])}
-        want = convert.megatron_to_hf(case, {r: (g["coords"], g["params"]) for r, g in got.items()})
+        by_rank = {r: (g["coords"], g["params"]) for r, g in got.items()}
+        want = convert.megatron_to_hf(case, by_rank)
+        # Controls: the values tell the conventions apart (a wrong conversion would not match).
+        for wrong in (dict(qkv_interleaved=False), dict(fc1_gate_first=False)):
+            other = convert.megatron_to_hf(case, by_rank, **wrong)
+            if all(torch.equal(other[n], want[n]) for n in want):
+                raise SystemExit(f"{name}: the control conversion {wrong} gives the same tensors")
         assert sorted(want) == sorted(dest), (sorted(set(want) ^ set(dest)))
         bad = [n for n in want if want[n].shape != dest[n].shape or not torch.equal(
             want[n].view(torch.int16 if want[n].element_size() == 2 else torch.int32),

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Real Megatron-Core 0.19.2 on CPU (tests/megatron): every case of
+# tools/dump_state_dict.py's tests, then real Megatron-Core 0.19.2 on CPU
+# (tests/megatron): every case of
 # tests/megatron/cases.py is built on Gloo ranks, each rank's dump must equal
 # the recorded tests/data/megatron/<case>/dump.json and match the case's
 # train.json under `reshard check` with zero differences, and the ranks' own
@@ -16,6 +17,5 @@ if [ "$rc" -eq 3 ]; then
 fi
 [ "$rc" -eq 0 ] || { echo "tools/test.d/20-megatron.sh: tools/venv.sh failed (exit $rc)" >&2; exit 1; }
 set -e
-start=$(date +%s)
+"$PY" -m pytest -q -p no:cacheprovider tests/megatron/dump_state_dict_test.py
 "$PY" tests/megatron/refit.py --build build
-echo "megatron: $(( $(date +%s) - start )) s for $("$PY" -c 'import sys; sys.path.insert(0, "tests/megatron"); from cases import CASES; print(len(CASES))') cases"
