@@ -51,6 +51,44 @@ def hf_tensors(model):
     return out
 
 
+def probe_input(case):
+    """A fixed activation [sequence 3, batch 1, hidden] for the attention probe."""
+    g = torch.Generator().manual_seed(1234)
+    return torch.randn(3, 1, case["hf"]["hidden_size"], generator=g).to(torch.bfloat16)
+
+
+def check_attention(name, case, got, dest):
+    """The query, key and value heads Megatron's SelfAttention computes on each
+    first-stage rank from its linear_qkv shard equal those of the refit HF
+    q/k/v_proj (and q/k norms) for the heads that rank is responsible for."""
+    hf = case["hf"]
+    heads, groups, hd, tp = hf["num_attention_heads"], hf["num_key_value_heads"], hf["head_dim"], case["tp"]
+    x = probe_input(case).float()
+    eps = hf["rms_norm_eps"]
+
+    def proj(w, norm):
+        y = (x @ dest[f"model.layers.0.self_attn.{w}_proj.weight"].float().T).view(3, 1, -1, hd)
+        n = dest.get(f"model.layers.0.self_attn.{norm}_norm.weight")
+        return y if n is None else torch.nn.functional.rms_norm(y, (hd,), n.float(), eps)
+
+    want = {"q": proj("q", "q"), "k": proj("k", "k"), "v": proj("v", "none")}
+    checked = 0
+    for r, g in got.items():
+        if g["qkv"] is None:
+            continue
+        t = g["coords"]["tp"]
+        q_heads = range(t * heads // tp, (t + 1) * heads // tp)
+        kv = [t // (tp // groups)] if groups < tp else range(t * groups // tp, (t + 1) * groups // tp)
+        for part, mine, idx in zip("qkv", g["qkv"], (q_heads, kv, kv)):
+            ref = want[part][:, :, list(idx), :]
+            if mine.shape != ref.shape or not torch.allclose(mine.float(), ref, rtol=0.05, atol=0.05):
+                raise SystemExit(f"{name}: rank {r}: Megatron's {part} heads {list(idx)} differ from the refit "
+                                 f"HF weights' (max diff {(mine.float() - ref).abs().max():.3g})"
+                                 if mine.shape == ref.shape else f"{name}: rank {r}: {part} shape {mine.shape}")
+        checked += 1
+    return checked
+
+
 def _megatron_rank(rank, case_name, plan, store, tmp, lib):
     import importlib.metadata
     import dump_state_dict
@@ -62,7 +100,12 @@ def _megatron_rank(rank, case_name, plan, store, tmp, lib):
     meta = {"framework": f"megatron-core {importlib.metadata.version('megatron-core')}", "megatron": tiny_gpt.coords()}
     dump_state_dict.write(os.path.join(tmp, f"dump{rank}.json"), model, rank, strip="module.", meta=meta)
     params = {n[len("module."):]: p.data for n, p in model.named_parameters()}
-    torch.save({"coords": tiny_gpt.coords(), "params": {n: t.clone() for n, t in params.items()}},
+    qkv = None
+    if tiny_gpt.coords()["pp"] == 0:  # Megatron's own reading of linear_qkv on the first layer
+        attn = model.module.decoder.layers[0].self_attention
+        with torch.no_grad():
+            qkv = attn.get_query_key_value_tensors(probe_input(case))[:3]
+    torch.save({"coords": tiny_gpt.coords(), "params": {n: t.clone() for n, t in params.items()}, "qkv": qkv},
                os.path.join(tmp, f"rank{rank}.pt"))
     # Gloo's file store waits 30 s at most for the other ranks' addresses, whatever the
     # transport's timeout: connect only once every rank has built its model.
@@ -154,9 +197,10 @@ def refit_case(name, build):
         if bad:
             raise SystemExit(f"{name}: {len(bad)} of {len(want)} HF tensors differ from the Megatron -> HF "
                              f"conversion, first {bad[0]}")
+        probed = check_attention(name, case, got, dest)
         nbytes = sum(t.numel() * t.element_size() for t in want.values())
         print(f"{name}: {len(want)} HF tensors ({nbytes} bytes) from {case['world']} Megatron ranks, "
-              f"bit-exact ({stats.steps} steps on the HF rank, {time.time() - t0:.1f} s)")
+              f"bit-exact; Megatron's q/k/v heads on {probed} ranks match them ({stats.steps} steps on the HF rank, {time.time() - t0:.1f} s)")
 
 
 def main():
