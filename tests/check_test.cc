@@ -194,6 +194,8 @@ TEST(CheckTest, RealMegatronDumpsMatchTheirSpecs) {
   const std::map<std::string, std::pair<int, int>> cases = {
       // case -> (ranks, buffers over all ranks)
       {"dense-tp2-pp2", {4, 54}},
+      {"dense-tp4-qg2", {4, 108}},     // linear_qkv sharded as a whole ("shard": "tp"), TP 4 > 2 query groups
+      {"dense-tp4-padded", {4, 108}},  // ranks 2 and 3 hold only vocab padding, and still their buffers
       {"moe-tp2-pp2-ep2", {4, 94}},
       {"moe-tp2-pp2-dp2-ep2-etp2", {8, 188}},
   };
