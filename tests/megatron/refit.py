@@ -107,8 +107,15 @@ def _megatron_rank(rank, case_name, plans, tmp, lib):
     qkv = None
     if tiny_gpt.coords()["pp"] == 0:  # Megatron's own reading of linear_qkv on the first layer
         attn = model.module.decoder.layers[0].self_attention
-        with torch.no_grad():
-            qkv = attn.get_query_key_value_tensors(probe_input(case))[:3]
+        cuda_device = torch.cuda.current_device
+        # With TP > query groups Megatron all-gathers linear_qkv's output into a
+        # buffer it allocates on torch.cuda.current_device(): on CPU, the CPU.
+        torch.cuda.current_device = lambda: torch.device("cpu")
+        try:
+            with torch.no_grad():
+                qkv = attn.get_query_key_value_tensors(probe_input(case))[:3]
+        finally:
+            torch.cuda.current_device = cuda_device
     saved = {n: t.clone() for n, t in params.items()}
     torch.save({"coords": tiny_gpt.coords(), "params": saved, "qkv": qkv}, os.path.join(tmp, f"rank{rank}.pt"))
     for i, (plan, store) in enumerate(plans):
