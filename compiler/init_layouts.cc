@@ -259,6 +259,14 @@ struct MegatronNames {
   }
 };
 
+// Megatron's local spec builds MLA's down projections as ColumnParallelLinear
+// (gather_output=False: sharded over TP); the TE spec as TELinear with
+// parallel_mode="duplicated" (replicated). multi_latent_attention.py MLASelfAttention.__init__.
+Cut MegatronCut(Role r, bool te) {
+  if (!te && (r == Role::mla_q_a || r == Role::mla_kv_a)) return Cut::column;
+  return CutOf(r);
+}
+
 ordered_json MakeMegatron(const Arch& a, const std::string& model, Settings& s, std::vector<std::string>& notes) {
   const int64_t tp = s.tp, pp = s.pp, cp = s.cp, ep = s.ep;
   if (s.etp == 0) s.etp = tp;  // Megatron: expert_tensor_parallel_size defaults to tensor_model_parallel_size
@@ -287,7 +295,7 @@ ordered_json MakeMegatron(const Arch& a, const std::string& model, Settings& s, 
   if (a.experts > 0 && a.experts % ep != 0)
     Fail(s, "Megatron-Core needs num_moe_experts (" + S(a.experts) + ") divisible by expert_model_parallel_size (" + S(ep) + ")");
   for (const auto& t : a.tensors) {
-    const Cut c = CutOf(t.role);
+    const Cut c = MegatronCut(t.role, s.te);
     const int64_t n = (c == Cut::expert_column || c == Cut::expert_row) ? etp : tp;
     const int dim = (c == Cut::row || c == Cut::expert_row) ? 1 : 0;
     if (c != Cut::replicate && c != Cut::vocab && t.shape[dim] % n != 0)
@@ -344,7 +352,7 @@ ordered_json MakeMegatron(const Arch& a, const std::string& model, Settings& s, 
 
   std::set<std::string> fused_done;
   for (const auto& t : a.tensors) {
-    const Cut c = CutOf(t.role);
+    const Cut c = MegatronCut(t.role, s.te);
     std::vector<std::pair<std::string, ordered_json>> axes;
     const bool layered = t.layers != Layers::none;
     if (layered && !pp_axis.is_null()) axes.push_back({"pp", pp_axis});
