@@ -52,7 +52,7 @@ std::string S(int64_t x) { return std::to_string(x); }
 
 const std::vector<std::string>& Allowed(Framework fw) {
   static const std::vector<std::string> megatron = {"tp", "pp", "dp", "cp", "ep", "etp", "vpp", "pp-layers",
-                                                    "grouped-gemm", "spec", "vocab-divisible"};
+                                                    "grouped-gemm", "spec", "vocab-divisible", "fp32-norms"};
   static const std::vector<std::string> vllm = {"tp", "dp", "ep", "engines", "quant"};
   static const std::vector<std::string> hf = {"tp"};
   return fw == Framework::megatron ? megatron : fw == Framework::vllm ? vllm : hf;
@@ -272,6 +272,7 @@ ordered_json MakeMegatron(const Arch& a, const std::string& model, Settings& s, 
   if (s.etp == 0) s.etp = tp;  // Megatron: expert_tensor_parallel_size defaults to tensor_model_parallel_size
   const int64_t etp = s.etp;
   if (a.experts == 0 && (ep > 1 || s.grouped_gemm)) Fail(s, "the model has no experts; leave out ep and grouped-gemm");
+  if (s.fp32_norms && s.te) Fail(s, "fp32-norms needs spec=local: the TE spec's norms take params_dtype");
   if (s.grouped_gemm && !s.te)
     Fail(s, "grouped-gemm needs spec=te: Megatron-Core's local spec has only the legacy GroupedMLP (weight1/weight2), "
             "which reshard init does not describe");
@@ -390,9 +391,12 @@ ordered_json MakeMegatron(const Arch& a, const std::string& model, Settings& s, 
       rule["parts"] = {t.name};
     }
     if (c == Cut::vocab && vocab.padded != a.vocab) rule["shape"] = {vocab.per_rank, a.hidden};
-    // The local spec builds its norms (torch RMSNorm/LayerNorm wrappers) without
-    // params_dtype: float32 in a bf16 model. The router's expert_bias is an fp32 buffer.
-    if (!s.te && IsNorm(t.role)) rule["dtype"] = "fp32";
+    // Megatron's get_model wraps the model in Float16Module under --bf16 (what
+    // RL training runs): every parameter bf16. A bare GPTModel keeps the local
+    // spec's norms (torch.nn.RMSNorm, built without params_dtype) in float32:
+    // fp32-norms says so. The router's expert_bias buffer is float32 either way
+    // (router.py registers it so); the model spec's HF dtype covers it.
+    if (s.fp32_norms && IsNorm(t.role)) rule["dtype"] = "fp32";
     b.Buffer(rule);
   }
   std::string lname = "megatron";
@@ -649,7 +653,7 @@ Settings ParseSettings(const std::string& text, const std::string& option) {
     if (std::find(allowed.begin(), allowed.end(), key) == allowed.end())
       Fail(s, "unknown option '" + key + "' for " + fw + ", expected one of " + Join(allowed));
     if (!seen.insert(key).second) Fail(s, "'" + key + "' given twice");
-    const bool flag = key == "grouped-gemm" || (key == "ep" && s.fw == Framework::vllm);
+    const bool flag = key == "grouped-gemm" || key == "fp32-norms" || (key == "ep" && s.fw == Framework::vllm);
     if (flag && eq != std::string::npos) Fail(s, "'" + key + "' is a flag and takes no value");
     if (!flag && eq == std::string::npos) Fail(s, "'" + key + "' needs a value (" + key + "=...)");
     if (key == "tp") s.tp = PositiveInt(s, key, value);
@@ -662,6 +666,7 @@ Settings ParseSettings(const std::string& text, const std::string& option) {
     else if (key == "vpp") s.vpp = PositiveInt(s, key, value);
     else if (key == "engines") s.engines = PositiveInt(s, key, value);
     else if (key == "grouped-gemm") s.grouped_gemm = true;
+    else if (key == "fp32-norms") s.fp32_norms = true;
     else if (key == "pp-layers") s.pp_layers.push_back(PositiveInt(s, key, value)), list_key = key;
     else if (key == "spec") {
       if (value != "te" && value != "local") Fail(s, "'spec' expects te or local, got '" + value + "'");

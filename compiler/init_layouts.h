@@ -23,7 +23,7 @@ struct Settings {
   std::string text;              // as written
   int64_t tp = 1, pp = 1, dp = 0, cp = 1, ep = 1, etp = 0, vpp = 1, engines = 1;
   std::vector<int64_t> pp_layers;
-  bool grouped_gemm = false, te = true, vllm_ep = false;
+  bool grouped_gemm = false, te = true, vllm_ep = false, fp32_norms = false;
   int64_t vocab_divisible = 128;
   std::string quant;             // vllm: "", "none", "fp8-block", "fp8-channel", "mxfp8"
 };

@@ -26,13 +26,7 @@ json Tiny(const std::string& type) {
 }
 
 Result Gen(const json& config, const std::string& train, const std::string& infer) {
-  Request r;
-  r.config = config;
-  r.config_file = "config.json";
-  r.train = train;
-  r.infer = infer;
-  r.name = "m";
-  return Generate(r);
+  return Generate(Request{config, "config.json", train, infer, "", "m"});
 }
 
 json File(const Result& r, const std::string& name) {
@@ -180,11 +174,16 @@ TEST(Init, MegatronSpecNamesAndDtypes) {
   EXPECT_NE(Rule(te, "decoder.layers.{layer.local}.mlp.experts.linear_fc1.weight{expert.local}"), nullptr);
   EXPECT_EQ(te["meshes"]["expert"], json::parse(R"([["ep", 2]])"));
   EXPECT_EQ(te["meshes"]["dense"], json::parse(R"([["tp", 2]])"));
+  // Under Float16Module (Megatron's get_model with --bf16) every parameter is
+  // bf16; a bare GPTModel keeps the local spec's norms in fp32.
   const json local = File(Gen(Tiny("qwen3_moe"), "megatron:tp=2,ep=2,spec=local", "hf"), "train.json");
   const json* norm = Rule(local, "decoder.layers.{layer.local}.input_layernorm.weight");
   ASSERT_NE(norm, nullptr);
-  EXPECT_EQ((*norm)["dtype"], "fp32");
-  EXPECT_EQ((*Rule(local, "decoder.layers.{layer.local}.self_attention.q_layernorm.weight"))["dtype"], "fp32");
+  EXPECT_FALSE(norm->contains("dtype"));
+  const json bare = File(Gen(Tiny("qwen3_moe"), "megatron:tp=2,ep=2,spec=local,fp32-norms", "hf"), "train.json");
+  EXPECT_EQ((*Rule(bare, "decoder.layers.{layer.local}.self_attention.q_layernorm.weight"))["dtype"], "fp32");
+  EXPECT_EQ((*Rule(bare, "decoder.final_layernorm.weight"))["dtype"], "fp32");
+  EXPECT_FALSE(Rule(bare, "decoder.layers.{layer.local}.mlp.router.weight")->contains("dtype"));
   EXPECT_NE(Rule(local, "decoder.layers.{layer.local}.mlp.experts.local_experts.{expert.local}.linear_fc1.weight"), nullptr);
   // etp defaults to tp as in Megatron: the expert grid is EDP x EP x ETP, ETP fastest.
   EXPECT_EQ(local["meshes"]["expert"], json::parse(R"([["ep", 2], ["etp", 2]])"));
@@ -279,7 +278,7 @@ TEST(Init, BadSettingsNameTheOptionAndTheAllowedValues) {
   const json c = Tiny("llama");
   EXPECT_EQ(ErrorOf([&] { Gen(c, "megatron:tp=2,tpp=2", "hf"); }),
             "--train 'megatron:tp=2,tpp=2': unknown option 'tpp' for megatron, expected one of tp, pp, dp, cp, ep, etp, "
-            "vpp, pp-layers, grouped-gemm, spec, vocab-divisible");
+            "vpp, pp-layers, grouped-gemm, spec, vocab-divisible, fp32-norms");
   EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "sglang:tp=2"); }),
             "--infer 'sglang:tp=2': unknown framework 'sglang', expected megatron:..., vllm:... or hf[:tp=N]");
   EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "vllm:tp=0"); }), "--infer 'vllm:tp=0': 'tp' expects a positive integer, got '0'");
