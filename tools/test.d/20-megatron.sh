@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# tools/dump_state_dict.py's tests, then real Megatron-Core 0.19.2 on CPU
+# (tests/megatron): every case of
+# tests/megatron/cases.py is built on Gloo ranks, each rank's dump must equal
+# the recorded tests/data/megatron/<case>/dump.json and match the case's
+# train.json under `reshard check` with zero differences, and the ranks' own
+# parameter memory is refit through the runtime into an unsharded HF rank,
+# bit-exact against the Megatron -> HF conversion. Skips (exit 0, with a
+# message) only when the Python package registry cannot be reached.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+PY=$(tools/venv.sh)
+rc=$?
+if [ "$rc" -eq 3 ]; then
+  echo "SKIPPED tools/test.d/20-megatron.sh: the Python package registry cannot be reached, so Megatron-Core cannot be installed"
+  exit 0
+fi
+[ "$rc" -eq 0 ] || { echo "tools/test.d/20-megatron.sh: tools/venv.sh failed (exit $rc)" >&2; exit 1; }
+set -e
+"$PY" -m pytest -q -p no:cacheprovider tests/megatron/dump_state_dict_test.py
+"$PY" tests/megatron/refit.py --build build
