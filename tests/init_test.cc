@@ -31,6 +31,35 @@ TEST(InitSamples, CheckedInSamplesAreWhatInitWrites) {
         << "samples/" << f << " differs from what reshard init writes; run samples/regenerate.sh";
 }
 
+// What `reshard init ... --train megatron:...,spec=local` writes for the tiny
+// configs that real Megatron-Core 0.19.2 ran on CPU (tests/data/megatron/, see
+// tests/megatron/cases.py for the settings) has zero differences with every
+// rank's recorded named_parameters() under `reshard check`: bf16 as under
+// Float16Module, and with fp32-norms against a bare GPTModel's dump.
+TEST(InitMegatron, RealDumpsHaveZeroDifferences) {
+  TempDir dir;
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"dense-tp2-pp2", "megatron:tp=2,pp=2,spec=local"},
+      {"dense-tp4-qg2", "megatron:tp=4,spec=local,vocab-divisible=16"},
+      {"dense-tp4-padded", "megatron:tp=4,spec=local"},
+      {"moe-tp2-pp2-ep2", "megatron:tp=2,pp=2,ep=2,etp=1,spec=local"},
+      {"moe-tp2-pp2-dp2-ep2-etp2", "megatron:tp=2,pp=2,dp=2,ep=2,etp=2,spec=local"},
+  };
+  for (const auto& [name, train] : cases) {
+    SCOPED_TRACE(name);
+    const std::string data = SourceDir() + "/tests/data/megatron/" + name + "/";
+    for (const bool bare : {false, true}) {
+      const std::string out = dir.File(name + (bare ? "-bare" : ""));
+      Result r = Reshard(dir, {"init", "-q", "--hf-config", data + "config.json", "--train",
+                               train + (bare ? ",fp32-norms" : ""), "--infer", "hf", "-o", out});
+      ASSERT_EQ(r.code, 0) << r.err;
+      r = Reshard(dir, {"check", "--layout", out + "/train.json", "--model", out + "/model.json", "--state-dict",
+                        data + (bare ? "dump-no-float16module.json" : "dump.json")});
+      EXPECT_EQ(r.code, 0) << (bare ? "fp32-norms" : "") << "\n" << r.out << r.err;
+    }
+  }
+}
+
 TEST(InitCli, WritesTheSpecsAndSaysWhatToRunNext) {
   TempDir dir;
   Result r = Reshard(dir, {"init", "--hf-config", Sample("tiny-moe"), "--train", "megatron:tp=2,ep=2,etp=1",
