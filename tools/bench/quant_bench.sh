@@ -35,9 +35,13 @@ PY
 }
 
 D=samples/deepseek-v3
-echo "| DeepSeek-V3 PP16 EP16 -> TP32 DP8, DGX H100 | net | NVLink | on the wire | lower bound | predicted refit |"
+# The BF16 reference at the same TP16 DP16, written by reshard init.
+"$BIN" init -q --hf-config $D/config.json --name deepseek-v3 \
+  --train megatron:pp=16,ep=16,etp=1,grouped-gemm,pp-layers=3,4,4,4,4,4,4,4,4,4,4,4,4,4,4,2 \
+  --infer vllm:tp=16,engines=16,quant=none -o "$TMP/ds16"
+echo "| DeepSeek-V3 PP16 EP16 -> TP16 DP16, DGX H100 | net | NVLink | on the wire | lower bound | predicted refit |"
 echo "|---|---|---|---|---|---|"
-row "BF16 -> BF16 weights (reference)" $D train-pp16-ep16.json infer-tp32-dp8.json
+row "BF16 -> BF16 weights (reference)" "$TMP/ds16" train.json infer.json
 row "BF16 -> FP8 128x128, BF16 sent, requantized on the receiver" $D train-pp16-ep16.json infer-tp16-dp16-fp8.json \
   --requantize-on-receiver
 row "BF16 -> FP8 128x128, FP8 + scales quantized by the sender" $D train-pp16-ep16.json infer-tp16-dp16-fp8.json
