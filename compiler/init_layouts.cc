@@ -136,8 +136,6 @@ struct Axis {
 
 class Builder {
  public:
-  explicit Builder(const Arch& a) : arch_(a) {}
-
   void AddMesh(const std::string& name, std::vector<Axis> axes) {
     std::vector<Axis> kept;
     for (auto& ax : axes)
@@ -186,7 +184,6 @@ class Builder {
   }
 
  private:
-  const Arch& arch_;
   std::vector<std::pair<std::string, std::vector<Axis>>> meshes_;
   ordered_json placements_ = ordered_json::array(), buffers_ = ordered_json::array();
 };
@@ -297,12 +294,12 @@ ordered_json MakeMegatron(const Arch& a, const std::string& model, Settings& s, 
     Fail(s, "Megatron-Core needs num_moe_experts (" + S(a.experts) + ") divisible by expert_model_parallel_size (" + S(ep) + ")");
   for (const auto& t : a.tensors) {
     const Cut c = MegatronCut(t.role, s.te);
-    const int64_t n = (c == Cut::expert_column || c == Cut::expert_row) ? etp : tp;
+    const bool expert = c == Cut::expert_column || c == Cut::expert_row;
+    const int64_t n = expert ? etp : tp;
     const int dim = (c == Cut::row || c == Cut::expert_row) ? 1 : 0;
     if (c != Cut::replicate && c != Cut::vocab && t.shape[dim] % n != 0)
       Fail(s, "Megatron-Core splits " + t.name + " dim " + S(dim) + " (" + S(t.shape[dim]) + ") evenly over " +
-                  (n == etp && c != Cut::column && c != Cut::row ? "expert_tensor_parallel_size" : "tensor_model_parallel_size") +
-                  " (" + S(n) + ")");
+                  (expert ? "expert_tensor_parallel_size" : "tensor_model_parallel_size") + " (" + S(n) + ")");
   }
   // Pipeline stages: even split, or the sizes given (first/last stage sizes
   // as decoder_first/last_pipeline_num_layers make them).
@@ -327,7 +324,7 @@ ordered_json MakeMegatron(const Arch& a, const std::string& model, Settings& s, 
     Fail(s, "vpp and pp-layers need pp > 1");
   }
   const int64_t ranks = pp * dp * cp * tp;
-  Builder b(a);
+  Builder b;
   b.AddMesh("dense", {{"pp", pp}, {"dp", dp}, {"cp", cp}, {"tp", tp}});
   if (a.experts > 0) b.AddMesh("expert", {{"pp", pp}, {"edp", edp}, {"ep", ep}, {"etp", etp}});
 
@@ -515,7 +512,7 @@ ordered_json MakeServing(const Arch& a, const std::string& model, Settings& s, s
                     ": the first ranks hold one more (vLLM's linear expert placement)");
 
   const int64_t ranks = engines * dp * tp;
-  Builder b(a);
+  Builder b;
   if (vllm) {
     b.AddMesh("dense", {{"engine", engines}, {"dp", dp}, {"tp", tp}});
     if (ep) b.AddMesh("expert", {{"engine", engines}, {"ep", ep_size}});
@@ -584,10 +581,7 @@ ordered_json MakeServing(const Arch& a, const std::string& model, Settings& s, s
       rule["parts"] = {t.name};
     }
     const bool quantized = !q.kind.empty() && IsQuantized(t.role);
-    if (quantized) {
-      std::string base = buf;
-      rule["quant"] = QuantJson(q, base);
-    }
+    if (quantized) rule["quant"] = QuantJson(q, buf);
     if (c == Cut::vocab && vocab.padded != a.vocab) rule["shape"] = {vocab.per_rank, a.hidden};
     // Buffers vLLM keeps under their HF names need no rule (default_buffers).
     if (buf == t.name && !quantized && !rule.contains("shape")) continue;

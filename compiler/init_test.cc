@@ -286,6 +286,11 @@ TEST(Init, BadSettingsNameTheOptionAndTheAllowedValues) {
             "--infer 'vllm:tp=2,quant=int4': 'quant' expects one of none, fp8-block, fp8-channel, mxfp8, got 'int4'");
   EXPECT_EQ(ErrorOf([&] { Gen(c, "megatron:spec=apex", "hf"); }), "--train 'megatron:spec=apex': 'spec' expects te or local, got 'apex'");
   EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "vllm:tp=2,ep"); }), "--infer 'vllm:tp=2,ep': the model has no experts; leave out ep");
+  json odd = c;
+  odd["intermediate_size"] = 130;
+  EXPECT_EQ(ErrorOf([&] { Gen(odd, "megatron:tp=4", "hf"); }),
+            "--train 'megatron:tp=4': Megatron-Core splits model.layers.{layer}.mlp.gate_proj.weight dim 0 (130) evenly "
+            "over tensor_model_parallel_size (4)");
   EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "vllm"); }),
             "--infer 'vllm': expected vllm:key=value,... (tp, dp, ep, engines, quant)");
 }
