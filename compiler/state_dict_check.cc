@@ -13,10 +13,10 @@ using nlohmann::json;
 std::optional<Dtype> TorchDtype(const std::string& name) {
   std::string n = name.rfind("torch.", 0) == 0 ? name.substr(6) : name;
   static const std::map<std::string, Dtype> kNames = {
-      {"bfloat16", Dtype::bf16},       {"bf16", Dtype::bf16},         {"float16", Dtype::fp16},
-      {"half", Dtype::fp16},           {"fp16", Dtype::fp16},         {"float32", Dtype::fp32},
-      {"float", Dtype::fp32},          {"fp32", Dtype::fp32},         {"float8_e4m3fn", Dtype::fp8_e4m3},
-      {"fp8_e4m3", Dtype::fp8_e4m3},   {"float8_e8m0fnu", Dtype::e8m0}, {"e8m0", Dtype::e8m0}};
+      {"bfloat16", Dtype::bf16},     {"bf16", Dtype::bf16},           {"float16", Dtype::fp16},
+      {"half", Dtype::fp16},         {"fp16", Dtype::fp16},           {"float32", Dtype::fp32},
+      {"float", Dtype::fp32},        {"fp32", Dtype::fp32},           {"float8_e4m3fn", Dtype::fp8_e4m3},
+      {"fp8_e4m3", Dtype::fp8_e4m3}, {"float8_e8m0fnu", Dtype::e8m0}, {"e8m0", Dtype::e8m0}};
   auto it = kNames.find(n);
   if (it == kNames.end()) return std::nullopt;
   return it->second;
@@ -24,10 +24,14 @@ std::optional<Dtype> TorchDtype(const std::string& name) {
 
 const char* DiffKindString(DiffKind k) {
   switch (k) {
-    case DiffKind::missing: return "missing";
-    case DiffKind::extra: return "extra";
-    case DiffKind::wrong_shape: return "wrong shape";
-    case DiffKind::wrong_dtype: return "wrong dtype";
+    case DiffKind::missing:
+      return "missing";
+    case DiffKind::extra:
+      return "extra";
+    case DiffKind::wrong_shape:
+      return "wrong shape";
+    case DiffKind::wrong_dtype:
+      return "wrong dtype";
   }
   return "?";
 }
@@ -46,13 +50,20 @@ namespace {
 
 std::string Kind(const json& v) {
   switch (v.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::boolean: return "a boolean";
-    case json::value_t::string: return "a string";
-    case json::value_t::array: return "an array";
-    case json::value_t::object: return "an object";
-    case json::value_t::number_float: return "a number with a fraction";
-    default: return "a number";
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return "a boolean";
+    case json::value_t::string:
+      return "a string";
+    case json::value_t::array:
+      return "an array";
+    case json::value_t::object:
+      return "an object";
+    case json::value_t::number_float:
+      return "a number with a fraction";
+    default:
+      return "a number";
   }
 }
 
@@ -69,7 +80,8 @@ RankDump ParseRank(const json& j, const std::string& file, const std::string& pa
   d.path = path;
   const json& rank = Field(j, file, path, "rank");
   if (!rank.is_number_integer() || rank.get<int64_t>() < 0)
-    Fail(file, path + "/rank", "expected an integer >= 0, got " + (rank.is_number_integer() ? rank.dump() : Kind(rank)));
+    Fail(file, path + "/rank",
+         "expected an integer >= 0, got " + (rank.is_number_integer() ? rank.dump() : Kind(rank)));
   d.rank = rank.get<int64_t>();
   const json& params = Field(j, file, path, "params");
   if (!params.is_array()) Fail(file, path + "/params", "expected an array, got " + Kind(params));
@@ -84,7 +96,8 @@ RankDump ParseRank(const json& j, const std::string& file, const std::string& pa
       Fail(file, pp + "/name", "expected a non-empty string, got " + (name.is_string() ? "\"\"" : Kind(name)));
     dp.name = name.get<std::string>();
     const json& dtype = Field(p, file, pp, "dtype");
-    if (!dtype.is_string()) Fail(file, pp + "/dtype", "expected a string such as \"torch.bfloat16\", got " + Kind(dtype));
+    if (!dtype.is_string())
+      Fail(file, pp + "/dtype", "expected a string such as \"torch.bfloat16\", got " + Kind(dtype));
     dp.dtype_name = dtype.get<std::string>();
     dp.dtype = TorchDtype(dp.dtype_name);
     const json& shape = Field(p, file, pp, "shape");
@@ -97,8 +110,9 @@ RankDump ParseRank(const json& j, const std::string& file, const std::string& pa
     }
     auto [it, fresh] = seen.emplace(dp.name, i);
     if (!fresh)
-      Fail(file, pp + "/name", "parameter '" + dp.name + "' is listed twice (also at " + path + "/params/" +
-                                   std::to_string(it->second) + ")");
+      Fail(file, pp + "/name",
+           "parameter '" + dp.name + "' is listed twice (also at " + path + "/params/" + std::to_string(it->second) +
+               ")");
     d.params.push_back(std::move(dp));
   }
   return d;
@@ -146,15 +160,15 @@ StateDictReport CheckStateDict(const LayoutSpec& layout, const Expansion& expans
   std::vector<const RankDump*> todo;
   for (const RankDump& d : dumps) {
     if (d.rank >= static_cast<int64_t>(expansion.ranks.size()))
-      throw Error(d.file + ": " + d.path + "/rank: rank " + std::to_string(d.rank) + " is not a rank of layout '" + layout.name +
-                  "' (" + layout.file + " has " + std::to_string(expansion.ranks.size()) + " ranks)");
+      throw Error(d.file + ": " + d.path + "/rank: rank " + std::to_string(d.rank) + " is not a rank of layout '" +
+                  layout.name + "' (" + layout.file + " has " + std::to_string(expansion.ranks.size()) + " ranks)");
     if (!rank || d.rank == *rank) todo.push_back(&d);
   }
   if (rank && todo.empty()) {
     std::string have;
     for (const RankDump& d : dumps) have += (have.empty() ? "" : ", ") + std::to_string(d.rank);
-    throw Error("--rank " + std::to_string(*rank) + ": the dump has no rank " + std::to_string(*rank) +
-                " (it has " + have + ")");
+    throw Error("--rank " + std::to_string(*rank) + ": the dump has no rank " + std::to_string(*rank) + " (it has " +
+                have + ")");
   }
   std::sort(todo.begin(), todo.end(), [](const RankDump* a, const RankDump* b) { return a->rank < b->rank; });
   for (const RankDump* d : todo) {
@@ -171,15 +185,17 @@ StateDictReport CheckStateDict(const LayoutSpec& layout, const Expansion& expans
       std::string mine = DescribeBuffer(DtypeString(b.dtype), b.shape);
       auto it = by_name.find(b.name);
       if (it == by_name.end()) {
-        rep.diffs.push_back({d->rank, DiffKind::missing, b.name, mine, "",
-                             head + "missing: " + b.name + " " + mine + ": the layout binds it, the dump does not have it"});
+        rep.diffs.push_back(
+            {d->rank, DiffKind::missing, b.name, mine, "",
+             head + "missing: " + b.name + " " + mine + ": the layout binds it, the dump does not have it"});
         continue;
       }
       const DumpParam& p = *it->second;
       std::string theirs = DescribeBuffer(p.dtype ? DtypeString(*p.dtype) : p.dtype_name, p.shape);
       if (p.shape != b.shape)
-        rep.diffs.push_back({d->rank, DiffKind::wrong_shape, b.name, mine, theirs,
-                             head + "wrong shape: " + b.name + ": the layout says " + mine + ", the dump has " + theirs});
+        rep.diffs.push_back(
+            {d->rank, DiffKind::wrong_shape, b.name, mine, theirs,
+             head + "wrong shape: " + b.name + ": the layout says " + mine + ", the dump has " + theirs});
       if (p.dtype != b.dtype)
         rep.diffs.push_back({d->rank, DiffKind::wrong_dtype, b.name, mine, theirs,
                              head + "wrong dtype: " + b.name + ": the layout says " + DtypeString(b.dtype) +
@@ -188,8 +204,9 @@ StateDictReport CheckStateDict(const LayoutSpec& layout, const Expansion& expans
     for (const DumpParam& p : d->params) {
       if (claimed.count(p.name)) continue;
       std::string theirs = DescribeBuffer(p.dtype ? DtypeString(*p.dtype) : p.dtype_name, p.shape);
-      rep.diffs.push_back({d->rank, DiffKind::extra, p.name, "", theirs,
-                           head + "extra: " + p.name + " " + theirs + ": the dump has it, the layout does not bind it"});
+      rep.diffs.push_back(
+          {d->rank, DiffKind::extra, p.name, "", theirs,
+           head + "extra: " + p.name + " " + theirs + ": the dump has it, the layout does not bind it"});
     }
   }
   return rep;

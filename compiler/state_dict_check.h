@@ -22,13 +22,13 @@ namespace reshard {
 struct DumpParam {
   std::string name;
   std::optional<Dtype> dtype;
-  std::string dtype_name;          // as written in the dump
+  std::string dtype_name;  // as written in the dump
   std::vector<int64_t> shape;
 };
 
 struct RankDump {
   int64_t rank = 0;
-  std::string file, path;          // where it was read: path "" for a file of one rank, "/i" in a list
+  std::string file, path;  // where it was read: path "" for a file of one rank, "/i" in a list
   std::string where() const { return path.empty() ? file : file + ": " + path; }
   std::vector<DumpParam> params;
 };
@@ -54,15 +54,15 @@ struct StateDictDiff {
   int64_t rank = 0;
   DiffKind kind = DiffKind::missing;
   std::string name;
-  std::string layout;              // "bf16[48, 64]" (empty for extra)
-  std::string dump;                // "fp32[48, 64]" (empty for missing)
-  std::string message;             // the full line `reshard check` prints
+  std::string layout;   // "bf16[48, 64]" (empty for extra)
+  std::string dump;     // "fp32[48, 64]" (empty for missing)
+  std::string message;  // the full line `reshard check` prints
 };
 
 struct StateDictReport {
-  std::vector<int64_t> ranks;      // the ranks compared, ascending
-  int64_t layout_buffers = 0;      // buffers the layout binds on those ranks
-  int64_t dump_params = 0;         // parameters the dump lists on those ranks
+  std::vector<int64_t> ranks;        // the ranks compared, ascending
+  int64_t layout_buffers = 0;        // buffers the layout binds on those ranks
+  int64_t dump_params = 0;           // parameters the dump lists on those ranks
   std::vector<StateDictDiff> diffs;  // by rank, then in the layout's buffer order, then extras in the dump's order
   bool ok() const { return diffs.empty(); }
 };

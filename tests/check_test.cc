@@ -30,11 +30,12 @@ json Param(const std::string& name, const std::string& dtype, std::vector<int64_
 
 // What the layout says rank `r` holds, as a framework would dump it.
 json TrueRank(int r) {
-  return {{"rank", r},
-          {"params",
-           {Param("embed.weight", "torch.bfloat16", {8, 4}), Param("layers.0.norm.weight", "torch.float32", {4}),
-            Param("layers.0.proj.weight", "torch.bfloat16", {3, 4}), Param("layers.1.norm.weight", "torch.float32", {4}),
-            Param("layers.1.proj.weight", "torch.bfloat16", {3, 4})}}};
+  return {
+      {"rank", r},
+      {"params",
+       {Param("embed.weight", "torch.bfloat16", {8, 4}), Param("layers.0.norm.weight", "torch.float32", {4}),
+        Param("layers.0.proj.weight", "torch.bfloat16", {3, 4}), Param("layers.1.norm.weight", "torch.float32", {4}),
+        Param("layers.1.proj.weight", "torch.bfloat16", {3, 4})}}};
 }
 
 struct Fixture {
@@ -90,12 +91,12 @@ TEST(CheckTest, TrueDumpMatchesOneFilePerRankOrOneFile) {
 TEST(CheckTest, EveryKindOfDifferenceIsPrinted) {
   Fixture f;
   json r0 = TrueRank(0), r1 = TrueRank(1);
-  r0["params"].erase(1);                                      // missing layers.0.norm.weight
+  r0["params"].erase(1);                                                       // missing layers.0.norm.weight
   r0["params"].push_back(Param("layers.0.proj.bias", "torch.bfloat16", {3}));  // extra
-  r1["params"][2]["shape"] = {6, 4};                          // wrong shape (not split)
-  r1["params"][3]["dtype"] = "torch.bfloat16";                // wrong dtype (norm kept bf16)
-  r1["params"][4]["dtype"] = "torch.int64";                   // a dtype reshard has not
-  r1["params"][4]["shape"] = {3};                             // ... and a wrong shape: both are listed
+  r1["params"][2]["shape"] = {6, 4};                                           // wrong shape (not split)
+  r1["params"][3]["dtype"] = "torch.bfloat16";                                 // wrong dtype (norm kept bf16)
+  r1["params"][4]["dtype"] = "torch.int64";                                    // a dtype reshard has not
+  r1["params"][4]["shape"] = {3};                                              // ... and a wrong shape: both are listed
   Result r = f.Check({f.Dump("all.json", json::array({r0, r1}))});
   EXPECT_EQ(r.code, 1) << r.err;
   EXPECT_EQ(r.out,
@@ -105,7 +106,8 @@ TEST(CheckTest, EveryKindOfDifferenceIsPrinted) {
             "rank 1: wrong shape: layers.0.proj.weight: the layout says bf16[3, 4], the dump has bf16[6, 4]\n"
             "rank 1: wrong shape: layers.1.proj.weight: the layout says bf16[3, 4], the dump has torch.int64[3]\n"
             "rank 1: wrong dtype: layers.1.proj.weight: the layout says bf16, the dump has torch.int64\n" +
-                f.layout + ": 6 differences from the dump: 2 of 2 ranks (0,1), 10 layout buffers, 10 dumped parameters\n");
+                f.layout +
+                ": 6 differences from the dump: 2 of 2 ranks (0,1), 10 layout buffers, 10 dumped parameters\n");
   r = f.Check({f.dir.File("all.json")}, {"--rank", "0", "--json"});
   EXPECT_EQ(r.code, 1) << r.err;
   json j = json::parse(r.out);
@@ -113,10 +115,14 @@ TEST(CheckTest, EveryKindOfDifferenceIsPrinted) {
   EXPECT_EQ(j["ranks"], json::array({0}));
   ASSERT_EQ(j["differences"].size(), 2u);
   EXPECT_EQ(j["differences"][0],
-            json({{"rank", 0}, {"kind", "missing"}, {"name", "layers.0.norm.weight"}, {"layout", "fp32[4]"},
+            json({{"rank", 0},
+                  {"kind", "missing"},
+                  {"name", "layers.0.norm.weight"},
+                  {"layout", "fp32[4]"},
                   {"dump", ""},
-                  {"message", "rank 0: missing: layers.0.norm.weight fp32[4]: the layout binds it, the dump does "
-                              "not have it"}}));
+                  {"message",
+                   "rank 0: missing: layers.0.norm.weight fp32[4]: the layout binds it, the dump does "
+                   "not have it"}}));
   EXPECT_EQ(j["differences"][1]["kind"], "extra");
   EXPECT_EQ(j["differences"][1]["dump"], "bf16[3]");
 }
@@ -142,8 +148,9 @@ TEST(CheckTest, BadDumpsNameFileAndJsonPath) {
   };
   std::string bad = f.dir.File("bad.json");
   Fixture::WriteText(bad, "{\"rank\": 0, \"params\": [}\n");
-  expect_error({bad}, bad + ":1:24: syntax error while parsing value - unexpected '}'; expected '[', '{', or a "
-                            "literal\n{\"rank\": 0, \"params\": [}\n                       ^");
+  expect_error({bad}, bad +
+                          ":1:24: syntax error while parsing value - unexpected '}'; expected '[', '{', or a "
+                          "literal\n{\"rank\": 0, \"params\": [}\n                       ^");
   expect_error({f.dir.File("none.json")}, f.dir.File("none.json") + ": cannot open file: No such file or directory");
   expect_error({f.Dump("d.json", json(5))},
                f.dir.File("d.json") +
@@ -160,7 +167,8 @@ TEST(CheckTest, BadDumpsNameFileAndJsonPath) {
   expect_error({f.Dump("d.json", j)}, f.dir.File("d.json") + ": /params/3: missing required field 'shape'");
   j = TrueRank(0);
   j["params"][2]["shape"][1] = "4";
-  expect_error({f.Dump("d.json", j)}, f.dir.File("d.json") + ": /params/2/shape/1: expected an integer >= 0, got a string");
+  expect_error({f.Dump("d.json", j)},
+               f.dir.File("d.json") + ": /params/2/shape/1: expected an integer >= 0, got a string");
   j = TrueRank(0);
   j["params"][2]["dtype"] = 16;
   expect_error({f.Dump("d.json", j)},
@@ -174,8 +182,8 @@ TEST(CheckTest, BadDumpsNameFileAndJsonPath) {
   expect_error({f.Dump("d.json", j)}, f.dir.File("d.json") + ": /params: expected an array, got an object");
   expect_error({f.Dump("a.json", TrueRank(1)), f.Dump("b.json", json::array({TrueRank(0), TrueRank(1)}))},
                f.dir.File("b.json") + ": /1/rank: rank 1 is dumped twice (also " + f.dir.File("a.json") + ")");
-  expect_error({f.Dump("d.json", TrueRank(2))}, f.dir.File("d.json") + ": /rank: rank 2 is not a rank of layout 'tp2' (" +
-                                                    f.layout + " has 2 ranks)");
+  expect_error({f.Dump("d.json", TrueRank(2))},
+               f.dir.File("d.json") + ": /rank: rank 2 is not a rank of layout 'tp2' (" + f.layout + " has 2 ranks)");
 }
 
 // The recorded dumps of real Megatron-Core 0.19.2 (tests/megatron/dump_cases.py)
@@ -185,8 +193,8 @@ std::string MegatronCase(const std::string& name, const std::string& file) {
 }
 
 Result CheckMegatron(const TempDir& dir, const std::string& name, const std::string& dump = "dump.json") {
-  return Reshard(dir, {"check", "--layout", MegatronCase(name, "train.json"), "--model", MegatronCase(name, "model.json"),
-                       "--state-dict", MegatronCase(name, dump), "--json"});
+  return Reshard(dir, {"check", "--layout", MegatronCase(name, "train.json"), "--model",
+                       MegatronCase(name, "model.json"), "--state-dict", MegatronCase(name, dump), "--json"});
 }
 
 TEST(CheckTest, RealMegatronDumpsMatchTheirSpecs) {
@@ -194,6 +202,8 @@ TEST(CheckTest, RealMegatronDumpsMatchTheirSpecs) {
   const std::map<std::string, std::pair<int, int>> cases = {
       // case -> (ranks, buffers over all ranks)
       {"dense-tp2-pp2", {4, 54}},
+      {"dense-tp4-qg2", {4, 108}},     // linear_qkv sharded as a whole ("shard": "tp"), TP 4 > 2 query groups
+      {"dense-tp4-padded", {4, 108}},  // ranks 2 and 3 hold only vocab padding, and still their buffers
       {"moe-tp2-pp2-ep2", {4, 94}},
       {"moe-tp2-pp2-dp2-ep2-etp2", {8, 188}},
   };

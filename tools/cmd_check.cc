@@ -67,8 +67,8 @@ void AddCheckCommand(CLI::App& app, int& exit_code) {
       std::printf("%s\n", j.dump().c_str());
     } else {
       for (const StateDictDiff& d : rep.diffs) std::printf("%s\n", d.message.c_str());
-      std::string what = std::to_string(rep.ranks.size()) + " of " + std::to_string(ex.ranks.size()) +
-                         " ranks (" + ranks + "), " + std::to_string(rep.layout_buffers) + " layout buffers, " +
+      std::string what = std::to_string(rep.ranks.size()) + " of " + std::to_string(ex.ranks.size()) + " ranks (" +
+                         ranks + "), " + std::to_string(rep.layout_buffers) + " layout buffers, " +
                          std::to_string(rep.dump_params) + " dumped parameters";
       if (rep.ok())
         std::printf("%s: matches the dump: %s, same names, dtypes and shapes\n", o->layout.c_str(), what.c_str());

@@ -107,8 +107,15 @@ def _megatron_rank(rank, case_name, plans, tmp, lib):
     qkv = None
     if tiny_gpt.coords()["pp"] == 0:  # Megatron's own reading of linear_qkv on the first layer
         attn = model.module.decoder.layers[0].self_attention
-        with torch.no_grad():
-            qkv = attn.get_query_key_value_tensors(probe_input(case))[:3]
+        cuda_device = torch.cuda.current_device
+        # With TP > query groups Megatron all-gathers linear_qkv's output into a
+        # buffer it allocates on torch.cuda.current_device(): on CPU, the CPU.
+        torch.cuda.current_device = lambda: torch.device("cpu")
+        try:
+            with torch.no_grad():
+                qkv = attn.get_query_key_value_tensors(probe_input(case))[:3]
+        finally:
+            torch.cuda.current_device = cuda_device
     saved = {n: t.clone() for n, t in params.items()}
     torch.save({"coords": tiny_gpt.coords(), "params": saved, "qkv": qkv}, os.path.join(tmp, f"rank{rank}.pt"))
     for i, (plan, store) in enumerate(plans):
@@ -121,7 +128,7 @@ def _megatron_rank(rank, case_name, plans, tmp, lib):
         assert same_bits(t, saved[n]), f"rank {rank}: the refit changed its source {n}"
 
 
-def check_dumps(name, build, tmp, world):
+def check_dumps(name, build, tmp, world, specs):
     """The live dump equals the recorded one, and `reshard check` finds no difference with train.json."""
     d = os.path.join(DATA, name)
     live = []
@@ -135,8 +142,8 @@ def check_dumps(name, build, tmp, world):
         raise SystemExit(f"{name}: the installed Megatron-Core's ranks {diff} differ from {d}/dump.json "
                          f"(re-record with tests/megatron/dump_cases.py {name})")
     files = [os.path.join(tmp, f"dump{r}.json") for r in range(world)]
-    subprocess.run([os.path.join(build, "reshard"), "check", "--layout", os.path.join(d, "train.json"), "--model",
-                    os.path.join(d, "model.json"), "--state-dict", *files], check=True)
+    subprocess.run([os.path.join(build, "reshard"), "check", "--layout", os.path.join(specs, "train.json"), "--model",
+                    os.path.join(specs, "model.json"), "--state-dict", *files], check=True)
 
 
 def bits(t):
@@ -181,13 +188,13 @@ def run_ranks(lib, plan, first, tensors, store):
     return stats
 
 
-def refit_case(name, build):
+def refit_case(name, build, specs_root=DATA):
     """Megatron ranks run each plan (train.json -> hf, then -> vllm-tp4.json
     where the case has one) on their own parameter memory; this process runs
     the destination ranks and compares what they received."""
     case = CASES[name]
     world = case["world"]
-    d = os.path.join(DATA, name)
+    d = os.path.join(specs_root, name)  # model.json, train.json [, vllm-tp4.json]
     model_path = os.path.join(d, "model.json")
     with open(model_path) as f:
         model = json.load(f)
@@ -237,7 +244,7 @@ def refit_case(name, build):
         thread.join()
         if "error" in result:
             raise SystemExit(f"{name}: the destination ranks: {result['error']!r}")
-        check_dumps(name, build, tmp, world)
+        check_dumps(name, build, tmp, world, d)
         got, want, dest = result["got"], result["want"], result["hf"]
         by_rank = {r: (g["coords"], g["params"]) for r, g in got.items()}
         # Controls: the values tell the conventions apart (a wrong conversion would not match).
@@ -285,11 +292,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("cases", nargs="*", help=f"default: all of {', '.join(CASES)}")
     ap.add_argument("--build", default=os.path.join(ROOT, "build"), help="the build folder (reshard, libreshard_runtime.so)")
+    ap.add_argument("--specs", default=DATA, help="take each case's model.json, train.json (and vllm-tp4.json) from "
+                    "SPECS/<case>/ instead of tests/data/megatron/<case>/ (e.g. what `reshard init` wrote)")
     a = ap.parse_args()
     for name in a.cases or CASES:
         if name not in CASES:
             sys.exit(f"refit: unknown case '{name}', expected one of {', '.join(CASES)}")
-        refit_case(name, os.path.abspath(a.build))
+        refit_case(name, os.path.abspath(a.build), os.path.abspath(a.specs))
 
 
 if __name__ == "__main__":
