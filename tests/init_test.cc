@@ -95,6 +95,13 @@ TEST(InitCli, RefusedSettingsWriteNothing) {
                     dir.File("specs")});
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.err.find("missing.json"), std::string::npos) << r.err;
+  r = Reshard(dir, {"init", "--hf-config", Sample("tiny-dense"), "--train", "hf", "--infer", "hf", "--cluster",
+                    "dgx-a100", "-o", dir.File("specs")});
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("--cluster: cannot open 'dgx-a100'; expected dgx-h100, gb200-nvl72 or a reshard.cluster/1 file"),
+            std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(dir.File("specs")));
 }
 
 TEST(InitCli, HelpTeachesEveryOptionWithExamples) {
