@@ -127,7 +127,8 @@ namespace reshard {
 namespace {
 
 // Golden fragments of the tiny MoE vLLM layout: experts stay a leading
-// physical dim of w13_weight [E, 2 * I / tp, H], gate then up.
+// physical dim of w13_weight [E, 2 * I / (dp * tp), H], gate then up (vLLM's
+// built-in DP2 without EP shards each expert over DP x TP = 8 ranks).
 TEST(Expand, TinyMoeVllmStackedExpertsGolden) {
   CompileInputs in = LoadInputs(testing::Sample("tiny-moe/model.json"), testing::Sample("tiny-moe/train.json"),
                                 testing::Sample("tiny-moe/infer.json"), testing::Sample("clusters/dgx-h100.json"));
@@ -145,8 +146,10 @@ TEST(Expand, TinyMoeVllmStackedExpertsGolden) {
                   std::to_string(f.offset) + " " + f.RegionOf(f.box).Coalesced().str());
   }
   std::vector<std::string> want = {
-      "gate_proj.weight [0:4, 0:8, 24:48, 0:64] -> model.layers.0.mlp.experts.w13_weight[8,48,64] @0 (4,8,1536):(b1,3072,1)",
-      "up_proj.weight [0:4, 0:8, 24:48, 0:64] -> model.layers.0.mlp.experts.w13_weight[8,48,64] @1536 (4,8,1536):(b1,3072,1)"};
+      "gate_proj.weight [0:4, 0:8, 12:24, 0:64] -> model.layers.0.mlp.experts.routed_experts.w13_weight[8,24,64] @0 "
+      "(4,8,768):(b1,1536,1)",
+      "up_proj.weight [0:4, 0:8, 12:24, 0:64] -> model.layers.0.mlp.experts.routed_experts.w13_weight[8,24,64] @768 "
+      "(4,8,768):(b1,1536,1)"};
   EXPECT_EQ(got, want);
 }
 

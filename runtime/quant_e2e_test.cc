@@ -44,6 +44,14 @@ void Quantize(json& layout, const std::string& name, const json& quant) {
   layout["buffers"].push_back({{"name", name}, {"tensor", name}, {"quant", quant}});
 }
 
+// The placement rule of tensor family `tensor` (the generated samples place
+// each family by its own rule).
+json& PlacementOf(json& layout, const std::string& tensor) {
+  for (json& p : layout["placements"])
+    if (p["match"] == tensor) return p;
+  throw Error("no placement for " + tensor);
+}
+
 // Compiles, validates and runs; returns the run's JSON summary.
 json CompileValidateRun(const json& train, const json& infer, const std::string& flags = "",
                         const json& cluster = LoadSample("clusters/dgx-h100.json"), const std::string& model = "tiny-dense") {
@@ -113,8 +121,8 @@ TEST(QuantE2eTest, Mxfp8PerChannelAndPerTensor) {
   // o_proj and down_proj whole on every training rank of a stage, so that one
   // rank holds o_proj's one block and every row (channel) of down_proj.
   json train = LoadSample("tiny-dense/train.json");
-  train["placements"][1].erase("tp");
-  train["placements"][4].erase("tp");
+  PlacementOf(train, "model.layers.{layer}.self_attn.o_proj.weight").erase("tp");
+  PlacementOf(train, "model.layers.{layer}.mlp.down_proj.weight").erase("tp");
   json infer = LoadSample("tiny-dense/infer.json");
   Quantize(infer, "model.layers.{layer}.self_attn.qkv_proj.weight",
            Quant("model.layers.{layer}.self_attn.qkv_proj.weight_scale", "mxfp8"));
@@ -187,7 +195,7 @@ TEST(QuantE2eTest, BlocksSplitAcrossTrainingRanksTakeTheAmaxPath) {
 // columns training cuts unevenly at 48: the blocks 32:64 are assembled.
 TEST(QuantE2eTest, ShardEdgesInsideBlocksMixAssembledAndSenderQuantized) {
   json train = LoadSample("tiny-dense/train.json");
-  train["placements"][1]["tp"]["sizes"] = {48, 16};
+  PlacementOf(train, "model.layers.{layer}.self_attn.o_proj.weight")["tp"]["sizes"] = {48, 16};
   json infer = LoadSample("tiny-dense/infer.json");
   Quantize(infer, kGateUp, Quant(kGateUpScale, "fp8_e4m3", "block", {48, 32}));
   Quantize(infer, "model.layers.{layer}.self_attn.o_proj.weight",

@@ -1,12 +1,101 @@
-// reshard init: placeholder registration, replaced by the real command.
+// reshard init: the model, training and inference specs (and a cluster) from a
+// Hugging Face config.json and the frameworks' parallel settings.
+#include <cstdio>
+#include <filesystem>
+
+#include "compiler/compile.h"
+#include "compiler/init.h"
+#include "compiler/spec.h"
 #include "runtime/error.h"
 #include "tools/commands.h"
 
 namespace reshard::cli {
 
+namespace {
+
+std::string Help() {
+  std::string types;
+  for (const auto& t : init::SupportedModelTypes()) types += (types.empty() ? "" : ", ") + t;
+  return "Write model.json, train.json and infer.json (and cluster.json) for `reshard compile` from a Hugging Face\n"
+         "config.json and the frameworks' parallel settings (Megatron-Core 0.19, vLLM 0.33).\n"
+         "Architectures (model_type): " + types + ".\n"
+         "\n"
+         "--train / --infer take one of:\n"
+         "  megatron:tp=N,pp=N[,dp=N][,cp=N][,ep=N][,etp=N][,vpp=N][,pp-layers=N,N,...][,grouped-gemm]\n"
+         "           [,spec=te|local][,fp32-norms][,vocab-divisible=N]\n"
+         "      dp defaults to the smallest size the expert grid fits in (ep x etp dividing tp x cp x dp);\n"
+         "      etp defaults to tp (as in Megatron); pp-layers lists every stage's layer count (uneven first/last\n"
+         "      stages); vpp deals layers to virtual stages round-robin; grouped-gemm names experts as TEGroupedMLP\n"
+         "      (mlp.experts.linear_fc1.weight{j}) instead of SequentialMLP (local_experts.{j}); spec=local uses\n"
+         "      the non-TE layer spec (separate norms); every parameter is bf16 as under Float16Module (get_model\n"
+         "      with --bf16), fp32-norms keeps the local spec's norms in float32 as a bare GPTModel does;\n"
+         "      vocab-divisible (default 128) pads the vocabulary to a multiple of it x tp, 0 = no padding\n"
+         "      (Megatron-Bridge's default).\n"
+         "  vllm:tp=N[,dp=N][,ep][,engines=N][,quant=none|fp8-block|fp8-channel|mxfp8]\n"
+         "      dp is vLLM's built-in data parallel (--data-parallel-size): without ep it shards each expert's\n"
+         "      intermediate dim over dp x tp; ep spreads whole experts over dp x tp ranks; engines=N runs N\n"
+         "      independent engines (each its own dp x tp). An FP8 checkpoint (quantization_config) is served in\n"
+         "      FP8 block scales unless quant=none.\n"
+         "  hf | hf:tp=N\n"
+         "      Hugging Face names, one rank or plain row/column TP shards (tests, checkpoint export).\n"
+         "\n"
+         "Examples:\n"
+         "  reshard init --hf-config Qwen3-30B-A3B/config.json --train megatron:tp=2,pp=2,ep=8,etp=1,grouped-gemm \\\n"
+         "      --infer vllm:tp=2,dp=8 --cluster dgx-h100 -o qwen3-30b\n"
+         "  reshard init --hf-config DeepSeek-V3/config.json --train megatron:pp=16,ep=16,grouped-gemm,\\\n"
+         "pp-layers=3,4,4,4,4,4,4,4,4,4,4,4,4,4,4,2 --infer vllm:tp=16,engines=16 --cluster gb200-nvl72 -o dsv3\n"
+         "  reshard init --hf-config Llama-3.1-70B/config.json --train megatron:tp=8,pp=4,dp=2 \\\n"
+         "      --infer vllm:tp=8,engines=8 --cluster samples/clusters/dgx-h100.json -o llama70b\n"
+         "  reshard init --hf-config tiny/config.json --train megatron:tp=2,pp=2,spec=local --infer hf -o tiny";
+}
+
+// Writes every file or none: each goes to a temporary name first.
+void WriteAll(const std::string& dir, const std::vector<std::pair<std::string, std::string>>& files) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw Error("-o: cannot create directory '" + dir + "': " + ec.message());
+  for (const auto& [name, text] : files)
+    WriteFileAtomic((std::filesystem::path(dir) / name).string(), std::vector<uint8_t>(text.begin(), text.end()));
+}
+
+}  // namespace
+
 void AddInitCommand(CLI::App& app, int& exit_code) {
-  auto* cmd = app.add_subcommand("init", "(not yet implemented)");
-  cmd->callback([] { throw Error("reshard init is not implemented yet"); });
+  auto* cmd = app.add_subcommand("init", Help());
+  struct Opts {
+    std::string config, train, infer, cluster, out, name;
+    bool quiet = false;
+  };
+  auto o = std::make_shared<Opts>();
+  cmd->add_option("--hf-config", o->config, "the model's Hugging Face config.json (or its directory)")->required();
+  cmd->add_option("--train", o->train, "the training side: megatron:..., vllm:..., hf or hf:tp=N")->required();
+  cmd->add_option("--infer", o->infer, "the inference side: vllm:..., megatron:..., hf or hf:tp=N")->required();
+  cmd->add_option("--cluster", o->cluster, "dgx-h100, gb200-nvl72 or a reshard.cluster/1 file: written as cluster.json");
+  cmd->add_option("--name", o->name, "the model spec's name (default: from the config's _name_or_path or model_type)");
+  cmd->add_option("-o,--output", o->out, "directory to write the specs into (created if missing)")->required();
+  cmd->add_flag("-q,--quiet", o->quiet, "print nothing on success");
+  cmd->callback([o, &exit_code] {
+    std::string config = o->config;
+    if (std::filesystem::is_directory(config)) config = (std::filesystem::path(config) / "config.json").string();
+    init::Request req;
+    req.config = LoadJson(config);
+    req.config_file = config;
+    req.train = o->train;
+    req.infer = o->infer;
+    req.cluster = o->cluster;
+    req.name = o->name;
+    init::Result res = init::Generate(req);
+    WriteAll(o->out, res.files);
+    if (o->quiet) return;
+    for (const auto& [name, text] : res.files)
+      std::printf("wrote %s\n", (std::filesystem::path(o->out) / name).string().c_str());
+    for (const auto& n : res.notes) std::printf("  %s\n", n.c_str());
+    const std::string d = o->out + "/";
+    std::printf("next:\n  reshard compile --model %smodel.json --from %strain.json --to %sinfer.json --cluster %s -o %splan.rsplan\n",
+                d.c_str(), d.c_str(), d.c_str(),
+                o->cluster.empty() ? "CLUSTER.json" : (d + "cluster.json").c_str(), d.c_str());
+    exit_code = 0;
+  });
 }
 
 }  // namespace reshard::cli

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Quantized refit (issue 7): DeepSeek-V3 from BF16 training (PP16 EP16) into
-# FP8 128x128 block-scaled inference weights (TP32 DP8, the
-# infer-tp32-dp8-fp8.json variant), and Qwen3-235B into per-channel FP8
+# FP8 128x128 block-scaled inference weights (TP16 DP16, the
+# infer-tp16-dp16-fp8.json sample: vLLM refuses block FP8 at TP32, whose
+# 576-row slices of the dense MLPs are not whole 128-row blocks), and Qwen3-235B into per-channel FP8
 # (infer-tp8-dp16-fp8-channel.json), on DGX H100: bytes on the wire and the
 # refit time `reshard simulate` predicts, for BF16 sent and requantized on the
 # receiver against FP8 quantized by the sender; the BF16 refit into BF16
@@ -34,12 +35,16 @@ PY
 }
 
 D=samples/deepseek-v3
-echo "| DeepSeek-V3 PP16 EP16 -> TP32 DP8, DGX H100 | net | NVLink | on the wire | lower bound | predicted refit |"
+# The BF16 reference at the same TP16 DP16, written by reshard init.
+"$BIN" init -q --hf-config $D/config.json --name deepseek-v3 \
+  --train megatron:pp=16,ep=16,etp=1,grouped-gemm,pp-layers=3,4,4,4,4,4,4,4,4,4,4,4,4,4,4,2 \
+  --infer vllm:tp=16,engines=16,quant=none -o "$TMP/ds16"
+echo "| DeepSeek-V3 PP16 EP16 -> TP16 DP16, DGX H100 | net | NVLink | on the wire | lower bound | predicted refit |"
 echo "|---|---|---|---|---|---|"
-row "BF16 -> BF16 weights (reference)" $D train-pp16-ep16.json infer-tp32-dp8.json
-row "BF16 -> FP8 128x128, BF16 sent, requantized on the receiver" $D train-pp16-ep16.json infer-tp32-dp8-fp8.json \
+row "BF16 -> BF16 weights (reference)" "$TMP/ds16" train.json infer.json
+row "BF16 -> FP8 128x128, BF16 sent, requantized on the receiver" $D train-pp16-ep16.json infer-tp16-dp16-fp8.json \
   --requantize-on-receiver
-row "BF16 -> FP8 128x128, FP8 + scales quantized by the sender" $D train-pp16-ep16.json infer-tp32-dp8-fp8.json
+row "BF16 -> FP8 128x128, FP8 + scales quantized by the sender" $D train-pp16-ep16.json infer-tp16-dp16-fp8.json
 
 # Per-channel FP8 (vLLM's channel-wise scales) where training TP4 cuts the
 # rows of o_proj: every o_proj scale needs amaxes from 4 training ranks.

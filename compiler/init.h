@@ -1,0 +1,51 @@
+// reshard init: the three specs (model, training layout, inference layout) and
+// a cluster, derived from a Hugging Face config.json and the frameworks'
+// parallel settings (DESIGN.md, "Where layouts come from").
+//
+// Knowledge is kept in two kinds of tables:
+//  - compiler/init_arch.cc: one table per architecture (`model_type`): which
+//    tensors the HF checkpoint holds, their shapes from the config, and the
+//    *role* of each (column-parallel, row-parallel, vocab, norm, expert, ...);
+//  - compiler/init_layouts.cc: what each framework does with a role: its
+//    buffer names, dtypes, fusions and sharding (Megatron-Core 0.19, vLLM 0.33).
+// Adding an architecture is one table; the frameworks follow from the roles.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace reshard::init {
+
+/// What `reshard init` was asked for. `train` and `infer` are framework
+/// settings such as "megatron:tp=4,pp=8,ep=16", "vllm:tp=8,dp=16,ep" or
+/// "hf:tp=2"; `cluster` is empty, a built-in cluster name or a file's text.
+struct Request {
+  nlohmann::json config;         // the HF config.json
+  std::string config_file;       // its name, for messages
+  std::string train, infer;
+  std::string cluster;           // "", "dgx-h100", "gb200-nvl72", or a path
+  std::string name;              // the model spec's name; "" derives it from the config
+};
+
+/// The specs to write: file name -> JSON text (ending in a newline), in order
+/// model.json, train.json, infer.json[, cluster.json]; and a few lines that say
+/// what was derived (ranks, meshes, padding).
+struct Result {
+  std::vector<std::pair<std::string, std::string>> files;
+  std::vector<std::string> notes;
+};
+
+/// Derives the specs. Throws reshard::Error naming the config field or the
+/// option and, for a combination a framework refuses, the framework's rule.
+Result Generate(const Request& req);
+
+/// The built-in clusters (`--cluster dgx-h100|gb200-nvl72`): name -> JSON text.
+const std::vector<std::pair<std::string, std::string>>& BuiltinClusters();
+
+/// The architectures `init` knows (`model_type` values), for help and errors.
+std::vector<std::string> SupportedModelTypes();
+
+}  // namespace reshard::init

@@ -1,0 +1,64 @@
+// The architectures `reshard init` knows: for each HF `model_type`, the tensors
+// of its checkpoint (names, shapes from config.json, where in the layer stack)
+// and the role each plays. The frameworks' layouts (init_layouts.cc) are
+// written against the roles only.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace reshard::init {
+
+/// What a tensor is, as far as the frameworks' sharding and naming go.
+enum class Role {
+  embed, lm_head, final_norm,                  // vocab rows / replicated, outside the layers
+  input_norm, post_norm,                       // layer norms before attention and before the MLP
+  q, k, v, q_bias, k_bias, v_bias, o,          // GQA attention (q/k/v rows, o cols, in heads)
+  q_norm, k_norm,                              // per-head q/k norms (Qwen3)
+  mla_q, mla_q_a, mla_q_a_norm, mla_q_b,       // MLA (DeepSeek-V3): q without / with LoRA
+  mla_kv_a, mla_kv_a_norm, mla_kv_b,
+  gate, up, down,                              // dense MLP
+  router, router_bias,                         // MoE router weight, e_score_correction_bias
+  expert_gate, expert_up, expert_down,         // routed experts, stacked over {expert}
+  shared_gate, shared_up, shared_down,         // shared experts (one fused MLP)
+};
+
+/// Which layers a per-layer tensor exists in.
+enum class Layers { none, all, dense, moe };
+
+/// One tensor family of the HF checkpoint.
+struct ArchTensor {
+  Role role;
+  std::string name;              // HF name with {layer} / {expert}
+  std::vector<int64_t> shape;
+  Layers layers = Layers::all;
+  bool fp32 = false;             // stored in float32 (DeepSeek's e_score_correction_bias)
+  int64_t head_dim = 0;          // rows (q/k/v/MLA up) or cols (o) per head; 0: no heads
+};
+
+/// A parsed config.json, as the tables need it.
+struct Arch {
+  std::string model_type;        // the table used ("deepseek_v3" for kimi_k2 too)
+  std::string name;              // default model spec name
+  int64_t layers = 0, experts = 0;
+  int64_t first_moe = 0;         // layers [first_moe, layers) are MoE when experts > 0
+  int64_t hidden = 0, vocab = 0;
+  int64_t heads = 0, kv_heads = 0, head_dim = 0;  // kv_heads = 0 for MLA
+  bool mla = false;
+  bool tied = false;
+  /// FP8 checkpoint (`quantization_config`: quant_method fp8 with
+  /// weight_block_size): its block; nullopt for BF16 checkpoints.
+  std::optional<std::pair<int64_t, int64_t>> fp8_block;
+  std::vector<ArchTensor> tensors;
+};
+
+/// Reads config.json into an Arch; errors name `file` and the config field.
+Arch ParseArch(const nlohmann::json& config, const std::string& file);
+
+std::vector<std::string> ArchModelTypes();
+
+}  // namespace reshard::init

@@ -1,0 +1,299 @@
+// reshard init: every architecture's table, the frameworks' rules (names,
+// dtypes, padding, KV replication, experts) and the errors that name them.
+#include "compiler/init.h"
+
+#include <gtest/gtest.h>
+
+#include "compiler/spec.h"
+#include "compiler/test.h"
+
+namespace reshard::init {
+namespace {
+
+using nlohmann::json;
+using testing::ErrorOf;
+
+json Tiny(const std::string& type) {
+  json c = {{"model_type", type}, {"hidden_size", 64}, {"num_hidden_layers", 4}, {"num_attention_heads", 4},
+            {"num_key_value_heads", 2}, {"head_dim", 16}, {"intermediate_size", 128}, {"vocab_size", 512}};
+  if (type == "qwen3_moe") c.update({{"num_experts", 8}, {"moe_intermediate_size", 32}});
+  if (type == "mixtral") c.update({{"num_local_experts", 8}});
+  if (type == "deepseek_v3" || type == "kimi_k2")
+    c.update({{"num_key_value_heads", 4}, {"n_routed_experts", 8}, {"n_shared_experts", 1}, {"first_k_dense_replace", 1},
+              {"moe_intermediate_size", 32}, {"q_lora_rank", 32}, {"kv_lora_rank", 16}, {"qk_nope_head_dim", 16},
+              {"qk_rope_head_dim", 8}, {"v_head_dim", 16}, {"topk_method", "noaux_tc"}});
+  return c;
+}
+
+Result Gen(const json& config, const std::string& train, const std::string& infer) {
+  return Generate(Request{config, "config.json", train, infer, "", "m"});
+}
+
+json File(const Result& r, const std::string& name) {
+  for (const auto& [n, text] : r.files)
+    if (n == name) return json::parse(text);
+  ADD_FAILURE() << "no " << name;
+  return {};
+}
+
+const json* Rule(const json& layout, const std::string& buffer) {
+  for (const json& b : layout["buffers"])
+    if (b["name"] == buffer) return &b;
+  return nullptr;
+}
+
+const json* Place(const json& layout, const std::string& tensor) {
+  for (const json& p : layout["placements"])
+    if (p["match"] == tensor) return &p;
+  return nullptr;
+}
+
+// Compiles and validates the generated specs: every destination element
+// written exactly once from the right source.
+void CompileAndValidate(const Result& r) {
+  const json model = File(r, "model.json");
+  auto bytes = testing::CompileJson(model, File(r, "train.json"), File(r, "infer.json"), testing::TinyCluster());
+  const ValidateReport report = testing::ValidateBytes(std::move(bytes));
+  EXPECT_TRUE(report.ok()) << (report.errors.empty() ? "" : report.errors.front());
+}
+
+// Every architecture, both frameworks both ways, and the plain HF sides.
+TEST(Init, EveryArchitectureCompilesAndValidates) {
+  for (const std::string& type : SupportedModelTypes()) {
+    SCOPED_TRACE(type);
+    const json c = Tiny(type);
+    const bool moe = type == "qwen3_moe" || type == "mixtral" || type == "deepseek_v3" || type == "kimi_k2";
+    const std::string ep = moe ? ",ep=2,etp=1" : "";
+    CompileAndValidate(Gen(c, "megatron:tp=2,pp=2" + ep, "vllm:tp=2,dp=2"));
+    CompileAndValidate(Gen(c, "megatron:tp=2,pp=2" + ep + ",spec=local", "hf"));
+    CompileAndValidate(Gen(c, "hf:tp=2", "megatron:tp=2,pp=2,vpp=2" + ep + (moe ? ",grouped-gemm" : "")));
+    if (moe) CompileAndValidate(Gen(c, "megatron:pp=2,ep=4,etp=1", "vllm:tp=2,dp=2,ep,engines=2"));
+  }
+}
+
+TEST(Init, UnknownModelTypeListsTheSupportedOnes) {
+  json c = Tiny("llama");
+  c["model_type"] = "gpt2";
+  EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "hf"); }),
+            "config.json: /model_type: unknown model_type 'gpt2'; reshard init supports llama, qwen2, qwen3, qwen3_moe, "
+            "mixtral, deepseek_v3, kimi_k2");
+  c.erase("hidden_size");
+  c["model_type"] = "llama";
+  EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "hf"); }), "config.json: /hidden_size: missing; a llama config.json has it");
+}
+
+TEST(Init, ModelSpecCarriesHeadsRangesAndBiases) {
+  const json m = File(Gen(Tiny("deepseek_v3"), "hf", "hf"), "model.json");
+  EXPECT_EQ(m["dims"], json({{"layer", 4}, {"expert", 8}}));
+  for (const json& t : m["tensors"]) {
+    const std::string n = t["name"];
+    if (n == "model.layers.{layer}.self_attn.q_b_proj.weight") {
+      EXPECT_EQ(t["shape"], json({4 * 24, 32}));
+      EXPECT_EQ(t["heads"], json({{"dim", 0}, {"size", 24}}));
+    }
+    if (n == "model.layers.{layer}.self_attn.o_proj.weight") {
+      EXPECT_EQ(t["heads"], json({{"dim", 1}, {"size", 16}}));
+    }
+    if (n == "model.layers.{layer}.mlp.gate_proj.weight") {
+      EXPECT_EQ(t["range"], json({{"layer", {0, 1}}}));
+    }
+    if (n == "model.layers.{layer}.mlp.gate.e_score_correction_bias") {
+      EXPECT_EQ(t["dtype"], "fp32");
+      EXPECT_EQ(t["range"], json({{"layer", {1, 4}}}));
+    }
+  }
+  const json q2 = File(Gen(Tiny("qwen2"), "hf", "hf"), "model.json");
+  EXPECT_EQ(q2["tensors"][6]["name"], "model.layers.{layer}.self_attn.k_proj.bias");
+  json tied = Tiny("qwen3");
+  tied["tie_word_embeddings"] = true;
+  const json q3 = File(Gen(tied, "hf", "hf"), "model.json");
+  EXPECT_EQ(q3["tensors"].back()["name"], "model.norm.weight");  // no lm_head
+}
+
+// Megatron linear_qkv: interleaved per query group; when TP exceeds the groups
+// the fused buffer as a whole is split over TP and q/k/v replicate TP.
+TEST(Init, MegatronQkvInterleavedAndSplitAsAWholeWhenTpExceedsGroups) {
+  const std::string qkv = "decoder.layers.{layer.local}.self_attention.linear_qkv.weight";
+  Result r = Gen(Tiny("llama"), "megatron:tp=2", "hf");
+  const json t2 = File(r, "train.json");
+  EXPECT_EQ(*Rule(t2, qkv), json::parse(R"({"name": ")" + qkv + R"(", "parts": ["model.layers.{layer}.self_attn.q_proj.weight",
+      "model.layers.{layer}.self_attn.k_proj.weight", "model.layers.{layer}.self_attn.v_proj.weight"],
+      "interleave": {"dim": 0, "groups": 2}})"));
+  EXPECT_EQ((*Place(t2, "model.layers.{layer}.self_attn.k_proj.weight"))["tp"], json({{"shard", 0}}));
+  r = Gen(Tiny("llama"), "megatron:tp=4", "hf");
+  const json t4 = File(r, "train.json");
+  EXPECT_EQ((*Rule(t4, qkv))["shard"], "tp");
+  EXPECT_FALSE(Place(t4, "model.layers.{layer}.self_attn.k_proj.weight")->contains("tp"));
+  EXPECT_EQ(r.notes.back(), "--train: TP 4 exceeds 2 query groups: linear_qkv is split evenly by rows of the interleaved matrix");
+  EXPECT_EQ(ErrorOf([&] { Gen(Tiny("llama"), "megatron:tp=8", "hf"); }),
+            "--train 'megatron:tp=8': Megatron-Core needs num_attention_heads (4) divisible by tensor_model_parallel_size (8)");
+}
+
+// Vocabulary padding: Megatron to a multiple of vocab-divisible x TP with the
+// padding on the last ranks (a rank may hold only padding); vLLM to 64.
+TEST(Init, VocabPadding) {
+  json c = Tiny("llama");
+  c["vocab_size"] = 300;
+  Result r = Gen(c, "megatron:tp=4", "vllm:tp=4");
+  const json t = File(r, "train.json");
+  EXPECT_EQ((*Place(t, "model.embed_tokens.weight"))["tp"], json::parse(R"({"shard": 0, "sizes": [128, 128, 44, 0]})"));
+  EXPECT_EQ((*Rule(t, "output_layer.weight"))["shape"], json({128, 64}));
+  const json i = File(r, "infer.json");
+  EXPECT_EQ((*Place(i, "lm_head.weight"))["tp"], json::parse(R"({"shard": 0, "sizes": [80, 80, 80, 60]})"));
+  EXPECT_EQ((*Rule(i, "model.embed_tokens.weight"))["shape"], json({80, 64}));
+  EXPECT_EQ(r.notes[2], "--train: Megatron pads the vocabulary 300 -> 512 (128 rows per TP rank; the last rank holds 0 real rows)");
+  EXPECT_EQ(r.notes[4], "--infer: TP 4 > 2 KV heads: each KV head replicated on 2 ranks");
+  EXPECT_EQ(r.notes[5], "--infer: vLLM pads the vocabulary 300 -> 320 (80 rows per TP rank)");
+  // Megatron-Bridge's default: no padding, the vocab must divide.
+  const json nopad = File(Gen(c, "megatron:tp=4,vocab-divisible=0", "hf"), "train.json");
+  EXPECT_EQ((*Place(nopad, "model.embed_tokens.weight"))["tp"], json({{"shard", 0}}));
+  c["vocab_size"] = 301;
+  EXPECT_EQ(ErrorOf([&] { Gen(c, "megatron:tp=4,vocab-divisible=0", "hf"); }),
+            "--train 'megatron:tp=4,vocab-divisible=0': Megatron-Core's VocabParallelEmbedding splits the vocabulary "
+            "(301) evenly over TP; without padding (vocab-divisible=0) TP must divide it");
+}
+
+// vLLM's qkv_proj: KV heads replicated when TP exceeds them.
+TEST(Init, VllmQkvReplicatesKvHeads) {
+  const json i = File(Gen(Tiny("llama"), "hf", "vllm:tp=4"), "infer.json");
+  EXPECT_EQ((*Place(i, "model.layers.{layer}.self_attn.v_proj.weight"))["tp"], json::parse(R"({"shard": 0, "parts": 2})"));
+  EXPECT_EQ((*Rule(i, "model.layers.{layer}.self_attn.qkv_proj.weight"))["concat"], 0);
+  EXPECT_EQ(i["default_buffers"], true);
+  json c = Tiny("llama");
+  c["num_key_value_heads"] = 4;
+  c["num_attention_heads"] = 12;
+  EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "vllm:tp=6"); }),
+            "--infer 'vllm:tp=6': vLLM replicates KV heads when TP exceeds them: tensor_parallel_size (6) must be a "
+            "multiple of num_key_value_heads (4)");
+}
+
+// Megatron's two spec flavours and two expert modules.
+TEST(Init, MegatronSpecNamesAndDtypes) {
+  const json te = File(Gen(Tiny("qwen3_moe"), "megatron:tp=2,ep=2,etp=1,grouped-gemm", "hf"), "train.json");
+  EXPECT_NE(Rule(te, "decoder.layers.{layer.local}.self_attention.linear_qkv.layer_norm_weight"), nullptr);
+  EXPECT_NE(Rule(te, "decoder.layers.{layer.local}.mlp.experts.linear_fc1.weight{expert.local}"), nullptr);
+  EXPECT_EQ(te["meshes"]["expert"], json::parse(R"([["ep", 2]])"));
+  EXPECT_EQ(te["meshes"]["dense"], json::parse(R"([["tp", 2]])"));
+  // Under Float16Module (Megatron's get_model with --bf16) every parameter is
+  // bf16; a bare GPTModel keeps the local spec's norms in fp32.
+  const json local = File(Gen(Tiny("qwen3_moe"), "megatron:tp=2,ep=2,spec=local", "hf"), "train.json");
+  const json* norm = Rule(local, "decoder.layers.{layer.local}.input_layernorm.weight");
+  ASSERT_NE(norm, nullptr);
+  EXPECT_FALSE(norm->contains("dtype"));
+  const json bare = File(Gen(Tiny("qwen3_moe"), "megatron:tp=2,ep=2,spec=local,fp32-norms", "hf"), "train.json");
+  EXPECT_EQ((*Rule(bare, "decoder.layers.{layer.local}.self_attention.q_layernorm.weight"))["dtype"], "fp32");
+  EXPECT_EQ((*Rule(bare, "decoder.final_layernorm.weight"))["dtype"], "fp32");
+  EXPECT_FALSE(Rule(bare, "decoder.layers.{layer.local}.mlp.router.weight")->contains("dtype"));
+  EXPECT_NE(Rule(local, "decoder.layers.{layer.local}.mlp.experts.local_experts.{expert.local}.linear_fc1.weight"), nullptr);
+  // etp defaults to tp as in Megatron: the expert grid is EDP x EP x ETP, ETP fastest.
+  EXPECT_EQ(local["meshes"]["expert"], json::parse(R"([["ep", 2], ["etp", 2]])"));
+  EXPECT_EQ(local["ranks"], 4);
+  EXPECT_EQ(ErrorOf([&] { Gen(Tiny("qwen3_moe"), "megatron:tp=2,ep=2,spec=local,grouped-gemm", "hf"); }),
+            "--train 'megatron:tp=2,ep=2,spec=local,grouped-gemm': grouped-gemm needs spec=te: Megatron-Core's local "
+            "spec has only the legacy GroupedMLP (weight1/weight2), which reshard init does not describe");
+  EXPECT_EQ(ErrorOf([&] { Gen(Tiny("qwen3_moe"), "megatron:ep=3", "hf"); }),
+            "--train 'megatron:ep=3': Megatron-Core needs num_moe_experts (8) divisible by expert_model_parallel_size (3)");
+  EXPECT_EQ(ErrorOf([&] { Gen(Tiny("qwen3_moe"), "megatron:tp=2,ep=4,dp=1", "hf"); }),
+            "--train 'megatron:tp=2,ep=4,dp=1': Megatron-Core needs expert_model_parallel_size x "
+            "expert_tensor_parallel_size (4 x 2) to divide tensor x context x data parallel size (2 x 1 x 1)");
+}
+
+// MLA: the TE spec replicates the down projections and fuses the norms into
+// the up projections; the local spec shards them and keeps separate norms.
+TEST(Init, MegatronMla) {
+  const json te = File(Gen(Tiny("deepseek_v3"), "megatron:tp=2,pp=2", "hf"), "train.json");
+  EXPECT_FALSE(Place(te, "model.layers.{layer}.self_attn.q_a_proj.weight")->contains("tp"));
+  EXPECT_NE(Rule(te, "decoder.layers.{layer.local}.self_attention.linear_q_up_proj.layer_norm_weight"), nullptr);
+  EXPECT_NE(Rule(te, "decoder.layers.{layer.local}.mlp.router.expert_bias"), nullptr);
+  EXPECT_NE(Rule(te, "decoder.layers.{layer.local}.mlp.shared_experts.linear_fc1.weight"), nullptr);
+  const json local = File(Gen(Tiny("deepseek_v3"), "megatron:tp=2,spec=local", "hf"), "train.json");
+  EXPECT_EQ((*Place(local, "model.layers.{layer}.self_attn.kv_a_proj_with_mqa.weight"))["tp"], json({{"shard", 0}}));
+  EXPECT_NE(Rule(local, "decoder.layers.{layer.local}.self_attention.kv_layernorm.weight"), nullptr);
+}
+
+// vLLM experts: built-in DP shards each expert over DP x TP; EP spreads whole
+// experts over DP x TP ranks; independent engines each hold their own copy.
+TEST(Init, VllmExperts) {
+  const std::string w13 = "model.layers.{layer}.mlp.experts.routed_experts.w13_weight";
+  const std::string gate = "model.layers.{layer}.mlp.experts.{expert}.gate_proj.weight";
+  const json dp = File(Gen(Tiny("qwen3_moe"), "hf", "vllm:tp=2,dp=2"), "infer.json");
+  EXPECT_EQ(*Place(dp, gate), json::parse(R"({"match": ")" + gate + R"(", "mesh": "dense", "dp": {"shard": 0}, "tp": {"shard": 0}})"));
+  EXPECT_EQ((*Rule(dp, w13))["parts"][1], "model.layers.{layer}.mlp.experts.{expert}.up_proj.weight");
+  const json ep = File(Gen(Tiny("qwen3_moe"), "hf", "vllm:tp=2,dp=3,ep"), "infer.json");
+  EXPECT_EQ(ep["meshes"]["expert"], json::parse(R"([["ep", 6]])"));
+  EXPECT_EQ((*Place(ep, gate))["ep"], json::parse(R"({"shard": "expert", "sizes": [2, 2, 1, 1, 1, 1]})"));
+  const json eng = File(Gen(Tiny("qwen3_moe"), "hf", "vllm:tp=2,engines=3"), "infer.json");
+  EXPECT_EQ(eng["meshes"]["dense"], json::parse(R"([["engine", 3], ["tp", 2]])"));
+  EXPECT_EQ(eng["name"], "vllm-tp2-x3");
+  EXPECT_EQ(ErrorOf([&] { Gen(Tiny("qwen3_moe"), "hf", "vllm:tp=4,dp=16"); }),
+            "--infer 'vllm:tp=4,dp=16': vLLM shards each expert's intermediate dim over DP x TP (64) when data parallel "
+            "runs without expert parallelism; model.layers.{layer}.mlp.experts.{expert}.gate_proj.weight dim 0 is 32");
+  const json mix = File(Gen(Tiny("mixtral"), "hf", "vllm:tp=2"), "infer.json");
+  EXPECT_NE(Rule(mix, "model.layers.{layer}.block_sparse_moe.experts.routed_experts.w2_weight"), nullptr);
+}
+
+// DeepSeek's FP8 checkpoint: vLLM serves it with 128x128 block scales
+// (weight_scale_inv) unless quant=none; `hf` stores it as the checkpoint does.
+TEST(Init, Fp8Checkpoint) {
+  json c = Tiny("deepseek_v3");
+  c.update({{"hidden_size", 256}, {"moe_intermediate_size", 256}, {"intermediate_size", 512}, {"q_lora_rank", 256},
+            {"kv_lora_rank", 128}, {"qk_rope_head_dim", 128}, {"qk_nope_head_dim", 128}, {"v_head_dim", 128}});
+  c["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}, {"fmt", "e4m3"}};
+  Result r = Gen(c, "megatron:pp=2,ep=2,etp=1", "vllm:tp=2");
+  const json i = File(r, "infer.json");
+  EXPECT_EQ((*Rule(i, "model.layers.{layer}.self_attn.fused_qkv_a_proj.weight"))["quant"],
+            json::parse(R"({"format": "fp8_e4m3", "scale": "block", "block": [128, 128],
+                "scale_name": "model.layers.{layer}.self_attn.fused_qkv_a_proj.weight_scale_inv"})"));
+  EXPECT_EQ(Rule(i, "model.layers.{layer}.mlp.gate.weight"), nullptr);  // the router stays BF16
+  EXPECT_EQ(i["name"], "vllm-tp2-fp8-block");
+  CompileAndValidate(r);
+  const json none = File(Gen(c, "hf", "vllm:tp=2,quant=none"), "infer.json");
+  EXPECT_FALSE((*Rule(none, "model.layers.{layer}.mlp.gate_up_proj.weight")).contains("quant"));
+  const json hf = File(Gen(c, "hf", "hf"), "train.json");
+  EXPECT_EQ((*Rule(hf, "model.layers.{layer}.mlp.experts.{expert}.down_proj.weight"))["quant"]["scale_name"],
+            "model.layers.{layer}.mlp.experts.{expert}.down_proj.weight_scale_inv");
+  EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "vllm:tp=4"); }),
+            "--infer 'vllm:tp=4': vLLM refuses block-quantized weights whose per-rank slice is not a whole number of "
+            "128-blocks (quantization/fp8.py validate_fp8_block_shape): "
+            "model.layers.{layer}.mlp.experts.{expert}.gate_proj.weight dim 0 is 256 / 4 = 64");
+}
+
+TEST(Init, PipelineStages) {
+  json c = Tiny("llama");
+  c["num_hidden_layers"] = 6;
+  const json t = File(Gen(c, "megatron:pp=4,pp-layers=1,2,2,1", "hf"), "train.json");
+  EXPECT_EQ((*Place(t, "model.layers.{layer}.mlp.up_proj.weight"))["pp"],
+            json::parse(R"({"shard": "layer", "sizes": [1, 2, 2, 1]})"));
+  EXPECT_EQ((*Place(t, "lm_head.weight"))["pp"], json({{"at", -1}}));
+  const json v = File(Gen(c, "megatron:pp=3,vpp=2", "hf"), "train.json");
+  EXPECT_EQ((*Place(v, "model.layers.{layer}.mlp.up_proj.weight"))["pp"], json::parse(R"({"shard": "layer", "cyclic": 1})"));
+  EXPECT_EQ(ErrorOf([&] { Gen(c, "megatron:pp=4", "hf"); }),
+            "--train 'megatron:pp=4': Megatron-Core splits num_layers (6) evenly over pipeline stages (4); give the "
+            "stage sizes with pp-layers=N,N,...");
+  EXPECT_EQ(ErrorOf([&] { Gen(c, "megatron:pp=4,pp-layers=1,2,2", "hf"); }),
+            "--train 'megatron:pp=4,pp-layers=1,2,2': pp-layers lists 3 stages, pp is 4");
+}
+
+TEST(Init, BadSettingsNameTheOptionAndTheAllowedValues) {
+  const json c = Tiny("llama");
+  EXPECT_EQ(ErrorOf([&] { Gen(c, "megatron:tp=2,tpp=2", "hf"); }),
+            "--train 'megatron:tp=2,tpp=2': unknown option 'tpp' for megatron, expected one of tp, pp, dp, cp, ep, etp, "
+            "vpp, pp-layers, grouped-gemm, spec, vocab-divisible, fp32-norms");
+  EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "sglang:tp=2"); }),
+            "--infer 'sglang:tp=2': unknown framework 'sglang', expected megatron:..., vllm:... or hf[:tp=N]");
+  EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "vllm:tp=0"); }), "--infer 'vllm:tp=0': 'tp' expects a positive integer, got '0'");
+  EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "vllm:tp=2,quant=int4"); }),
+            "--infer 'vllm:tp=2,quant=int4': 'quant' expects one of none, fp8-block, fp8-channel, mxfp8, got 'int4'");
+  EXPECT_EQ(ErrorOf([&] { Gen(c, "megatron:spec=apex", "hf"); }), "--train 'megatron:spec=apex': 'spec' expects te or local, got 'apex'");
+  EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "vllm:tp=2,ep"); }), "--infer 'vllm:tp=2,ep': the model has no experts; leave out ep");
+  json odd = c;
+  odd["intermediate_size"] = 130;
+  EXPECT_EQ(ErrorOf([&] { Gen(odd, "megatron:tp=4", "hf"); }),
+            "--train 'megatron:tp=4': Megatron-Core splits model.layers.{layer}.mlp.gate_proj.weight dim 0 (130) evenly "
+            "over tensor_model_parallel_size (4)");
+  EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "vllm"); }),
+            "--infer 'vllm': expected vllm:key=value,... (tp, dp, ep, engines, quant)");
+}
+
+}  // namespace
+}  // namespace reshard::init
