@@ -96,7 +96,7 @@ void CheckPlanTables(const fb::Plan& plan, const std::string& file) {
       const uint64_t lo = t.lo()->Get(d), hi = t.hi()->Get(d);
       if (hi < lo || hi > kMaxTensorExtent) {
         Fail(tat + "box " + Dims(t.lo()) + ".." + Dims(t.hi()) + ": dim " + std::to_string(d) +
-             (hi < lo ? " has hi < lo" : " ends beyond 2^32 (coordinates are 32-bit)"));
+             (hi < lo ? " has hi < lo" : " ends beyond 2^32 - 1 (coordinates are 32-bit)"));
       }
       volume = MulSat(volume, hi - lo);
     }
@@ -127,7 +127,7 @@ void CheckPlanTables(const fb::Plan& plan, const std::string& file) {
     for (uint32_t d = 0; d < n; ++d) {
       const uint64_t b = t.block()->Get(d), ohi = of.hi()->Get(d);
       if (b == 0) Fail(tat + "block " + Dims(t.block()) + " is 0 in dim " + std::to_string(d));
-      if (ohi > kMaxTensorExtent) Fail(tat + "the tensor it scales ends beyond 2^32 in dim " + std::to_string(d));
+      if (ohi > kMaxTensorExtent) Fail(tat + "the tensor it scales ends beyond 2^32 - 1 in dim " + std::to_string(d));
       const uint64_t blocks = ohi / b + (ohi % b != 0);
       if (t.hi()->Get(d) > blocks) {
         Fail(tat + "box " + Dims(t.lo()) + ".." + Dims(t.hi()) + " holds more than the " + std::to_string(blocks) +

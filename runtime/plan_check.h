@@ -16,7 +16,7 @@
 namespace reshard {
 
 /// Tensor boxes use 32-bit coordinates (Fragment.lo/hi are uint32).
-constexpr uint64_t kMaxTensorExtent = uint64_t{1} << 32;
+constexpr uint64_t kMaxTensorExtent = 0xFFFFFFFFu;
 /// The synthetic reference computes a scale from all elements of its block:
 /// blocks (clipped to the tensor) of more elements are refused.
 constexpr uint64_t kMaxScaleBlockElements = uint64_t{1} << 32;

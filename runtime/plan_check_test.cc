@@ -190,9 +190,9 @@ TEST(PlanCheckTest, TensorBoxes) {
   spec.tensors[0].lo = {0, 9};
   EXPECT_EQ(Refusal("tensor-hi-below-lo", spec), "p.rsplan: tensor 0 ('w'): box [0,9]..[8,16]: dim 1 has hi < lo");
   spec = testing::PackAndDirectPlan();
-  spec.tensors[0].hi = {8, (uint64_t{1} << 32) + 1};
+  spec.tensors[0].hi = {8, uint64_t{1} << 32};
   EXPECT_EQ(Refusal("tensor-beyond-2-32", spec),
-            "p.rsplan: tensor 0 ('w'): box [0,0]..[8,4294967297]: dim 1 ends beyond 2^32 (coordinates are 32-bit)");
+            "p.rsplan: tensor 0 ('w'): box [0,0]..[8,4294967296]: dim 1 ends beyond 2^32 - 1 (coordinates are 32-bit)");
   spec = testing::PackAndDirectPlan();
   spec.tensors[0].lo = {0, 0, 0, 0};
   spec.tensors[0].hi = {1u << 31, 1u << 31, 1u << 31, 8};
