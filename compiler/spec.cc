@@ -265,12 +265,21 @@ std::string Escape(const std::string& s) {
               before + after + "\n" + std::string(before.size(), ' ') + "^");
 }
 
-// nlohmann's message without its "[json.exception...] ... column N: " prefix.
+// nlohmann's message without its "[json.exception...] ... column N: " prefix,
+// the token it last read cut to its last 40 characters.
 std::string Message(const std::string& what) {
+  std::string msg = what;
   size_t colon = what.find(": ", what.find("column"));
-  if (colon != std::string::npos && what.find("column") != std::string::npos) return what.substr(colon + 2);
   size_t bracket = what.find("] ");
-  return bracket == std::string::npos ? what : what.substr(bracket + 2);
+  if (colon != std::string::npos && what.find("column") != std::string::npos) {
+    msg = what.substr(colon + 2);
+  } else if (bracket != std::string::npos) {
+    msg = what.substr(bracket + 2);
+  }
+  const std::string last = "last read: '";
+  size_t begin = msg.find(last), end = begin == std::string::npos ? begin : msg.find("'; ", begin + last.size());
+  if (end != std::string::npos && end - begin - last.size() > 40) msg.replace(begin + last.size(), end - begin - last.size() - 40, "...");
+  return msg;
 }
 
 }  // namespace

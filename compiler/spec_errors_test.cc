@@ -59,8 +59,8 @@ TEST(SpecErrors, RanksHaveAnUpperLimit) {
 
 TEST(SpecErrors, NumbersOutOfRange) {
   EXPECT_EQ(ClusterError(With(kCluster, "\"nic_gbps\": 400", "\"nic_gbps\": 1e400")),
-            "cluster.json:1:90: number overflow parsing '1e400'\n"
-            "...c\", \"gpus_per_domain\": 8, \"nic_gbps\": 1e400,\n"
+            "cluster.json:1:80: number overflow parsing '1e400'\n"
+            "... \"c\", \"gpus_per_domain\": 8, \"nic_gbps\": 1e400,\n"
             "                                           ^");
   EXPECT_EQ(ClusterError(With(kCluster, "\"nic_gbps\": 400", "\"nic_gbps\": 1e300")),
             "cluster.json: /nic_gbps: expected a number <= 1e12, got 1e+300");
@@ -82,7 +82,7 @@ TEST(SpecErrors, ShapesAreUnsigned64BitValues) {
 }
 
 TEST(SpecErrors, TensorAndModelElements) {
-  EXPECT_EQ(ModelError(With(kModel, "[8, 8]", "[65536, 65537]")),
+  EXPECT_EQ(ModelError(With(kModel, "[8, 8]", "[16777216, 16777217]")),
             "model.json: /tensors/0/shape: tensor 'layers.{layer}.w' has more than 2^48 elements (stack dims times shape)");
   EXPECT_EQ(ModelError(With(kModel, "[8, 8]", "[4294967295, 4294967295, 4294967295, 4294967295, 4294967295]")),
             "model.json: /tensors/0/shape: tensor 'layers.{layer}.w' has more than 2^48 elements (stack dims times shape)");
@@ -90,7 +90,11 @@ TEST(SpecErrors, TensorAndModelElements) {
   json m = json::parse(kModel);
   m["dims"] = json::object();
   m["tensors"] = json::array();
-  for (int i = 0; i < 17; ++i) m["tensors"].push_back({{"name", "w" + std::to_string(i)}, {"shape", {16777216, 16777216}}});
+  for (int i = 0; i < 17; ++i) {
+    std::string name = "w";
+    name += std::to_string(i);
+    m["tensors"].push_back({{"name", name}, {"shape", {16777216, 16777216}}});
+  }
   EXPECT_EQ(ModelError(m.dump()), "model.json: /tensors/16: the model's tensors up to 'w16' have more than 2^52 elements");
 }
 
@@ -108,14 +112,20 @@ TEST(SpecErrors, DuplicateKeys) {
 }
 
 TEST(SpecErrors, SyntaxErrorsShowAtMost80EscapedCharacters) {
-  // Minified: the whole file on one line; the error at column 163.
+  // Minified: the whole file on one line, raw bytes in it.
   std::string text = json::parse(kLayout).dump();
   text.insert(120, "\x01\xff oops");
   EXPECT_EQ(LayoutError(text),
-            "infer.json:1:121: syntax error while parsing object key - invalid literal; last read: '\\x01'; expected "
-            "string literal\n"
-            "...s\":{\"dense\":[[\"tp\",2]]},\"name\":\"l\",\"placemen\\x01\\xff oops\"ts\":[{\"match\":\"*\",\"tp\":{\"shard\":0}}],...\n"
-            "                                            ^");
+            "infer.json:1:121: syntax error while parsing object key - invalid string: control character U+0001 (SOH) "
+            "must be escaped to \\u0001; last read: '\"ran<U+0001>'; expected string literal\n"
+            "...s\":[{\"match\":\"*\",\"tp\":{\"shard\":0}}],\"ran\\x01\\xff oopsks\":2}\n"
+            "                                           ^");
+  // A long line is cut to 40 characters either side, the token nlohmann read last to its last 40.
+  std::string wide = "{\"format\": \"" + std::string(200, 'a') + "\" " + std::string(200, 'b') + "\"}";
+  EXPECT_EQ(LayoutError(wide),
+            "infer.json:1:215: syntax error while parsing object - invalid literal; last read: '..." +
+                std::string(37, 'a') + "\" b'; expected '}'\n..." + std::string(38, 'a') + "\" " + std::string(40, 'b') +
+                "...\n" + std::string(43, ' ') + "^");
 }
 
 TEST(SpecErrors, AtIsReadAsAnInteger) {

@@ -37,7 +37,7 @@ using Q = fb::QuantKind;
 void Keep(const std::string& name, const std::vector<uint8_t>& bytes) {
   const char* dir = std::getenv("RESHARD_WRITE_PLAN_REGRESSIONS");
   if (dir == nullptr) return;
-  std::ofstream(std::string(dir) + "/" + name + ".rsplan", std::ios::binary)
+  std::ofstream(std::string(dir) + "/" + name, std::ios::binary)
       .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
 }
 
@@ -187,8 +187,8 @@ TEST(PlanCheckTest, Case4ScaleBoxAndDtype) {
 
 TEST(PlanCheckTest, TensorBoxes) {
   PlanSpec spec = testing::PackAndDirectPlan();
-  spec.tensors[0].lo = {0, 9};
-  EXPECT_EQ(Refusal("tensor-hi-below-lo", spec), "p.rsplan: tensor 0 ('w'): box [0,9]..[8,16]: dim 1 has hi < lo");
+  spec.tensors[0].lo = {0, 17};
+  EXPECT_EQ(Refusal("tensor-hi-below-lo", spec), "p.rsplan: tensor 0 ('w'): box [0,17]..[8,16]: dim 1 has hi < lo");
   spec = testing::PackAndDirectPlan();
   spec.tensors[0].hi = {8, uint64_t{1} << 32};
   EXPECT_EQ(Refusal("tensor-beyond-2-32", spec),
@@ -258,7 +258,7 @@ TEST(PlanCheckTest, RegionsHoldNoMoreThanTheirBuffers) {
   const uint32_t stage = p2.Region(StagingRegion(0, {1024, 1024}, {0, 0}));
   p2.steps.back() = MakeStep(K::unpack, kNone, stage, 1, 0, 0, D::fp32);
   EXPECT_EQ(Refusal("staging-region-elements", spec),
-            "p.rsplan: rank 2: step 2 (unpack): src staging region (1024,1024):(0,0) has 1048576 elements, more than "
+            "p.rsplan: rank 2: step 3 (unpack): src staging region (1024,1024):(0,0) has 1048576 elements, more than "
             "the staging area holds");
 }
 
@@ -293,7 +293,7 @@ TEST(PlanCheckTest, EveryCommandRefusesARefusedPlan) {
   testing::WriteFile(plan, BuildPlan(spec));
   const std::string want = plan + ": rank 1: step 1 (unpack): src region (0,4,8):(32,8,1) has an empty mode 0";
   const std::string bin = RESHARD_BINARY;
-  for (const std::string cmd : {" validate " + plan, " show " + plan, " show " + plan + " --rank 1",
+  for (const std::string& cmd : {" validate " + plan, " show " + plan, " show " + plan + " --rank 1",
                                 " simulate " + plan + " --cluster " + RESHARD_SOURCE_DIR + "/samples/clusters/dgx-h100.json",
                                 " run " + plan + " --local --timeout 10"}) {
     testing::ShellResult r = Shell(bin + cmd);

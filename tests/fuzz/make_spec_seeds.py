@@ -26,7 +26,9 @@ def write(name, model, src, dst, cluster=tiny_cluster, strategy="direct"):
         json.dump(doc, f, separators=(",", ":"))
 
 
-for sample, infers in (("tiny-dense", ("infer", "infer-tp2-dp2", "infer-tp1-dp4")), ("tiny-moe", ("infer", "infer-ep"))):
+# The small samples only (a seed must compile, validate and replay in well
+# under a second under the sanitizers; tiny-moe takes 10 s).
+for sample, infers in (("tiny-dense", ("infer", "infer-tp2-dp2", "infer-tp1-dp4")),):
     model = load(f"samples/{sample}/model.json")
     train = load(f"samples/{sample}/train.json")
     for infer in infers:
@@ -61,3 +63,35 @@ for name, quant in (("block-2x8", {"format": "fp8_e4m3", "scale": "block", "bloc
                     ("mxfp8", {"format": "mxfp8"})):
     write(f"quant-{name}", qmodel, qtrain, qinfer(quant))
     write(f"quant-{name}-from-fp8", qmodel, qinfer(quant), qtrain)
+
+# The regression corpus (tests/fuzz/regressions/spec/): the spec inputs of
+# issue 17, each a document the harness must refuse cleanly.
+reg = os.path.join(root, "tests", "fuzz", "regressions", "spec")
+os.makedirs(reg, exist_ok=True)
+base = {"model": load("samples/tiny-dense/model.json"), "from": load("samples/tiny-dense/train.json"),
+        "to": load("samples/tiny-dense/infer.json"), "cluster": tiny_cluster, "strategy": "direct"}
+text = json.dumps(base, separators=(",", ":"))
+
+
+def regression(name, doc_text):
+    with open(os.path.join(reg, name), "w") as f:
+        f.write(doc_text)
+
+
+regression("ranks-1e9", text.replace('"ranks":8', '"ranks":1e9', 1))
+regression("ranks-1000000000", text.replace('"ranks":8', '"ranks":1000000000', 1))
+regression("nic-gbps-1e400", text.replace('"nic_gbps":400', '"nic_gbps":1e400', 1))
+regression("shape-2-64-minus-1", text.replace('"shape":[', '"shape":[18446744073709551615,', 1))
+regression("syntax-error-minified-raw-bytes", text[:len(text) // 2] + "\x01\x7f\xff" + text[len(text) // 2:])
+regression("duplicate-key", text.replace('"name":', '"name":"x","name":', 1))
+overflow = json.loads(text)
+overflow["from"]["meshes"] = {"m": [["a", 1048576], ["b", 1048576], ["c", 1048576], ["d", 1048576]]}
+regression("mesh-product-overflow", json.dumps(overflow, separators=(",", ":")))
+many = dict(base)
+many["model"] = {"format": "reshard.model/1", "name": "many", "dtype": "bf16",
+                 "tensors": [{"name": f"t{i}", "shape": [8]} for i in range(10000)]}
+many["from"] = {"format": "reshard.layout/1", "name": "a", "ranks": 2, "meshes": {"m": [["dp", 2]]},
+                "placements": [{"match": "*"}]}
+many["to"] = {"format": "reshard.layout/1", "name": "b", "ranks": 2, "meshes": {"m": [["tp", 2]]},
+              "placements": [{"match": "*", "tp": {"shard": 0}}]}
+regression("ten-thousand-tensors", json.dumps(many, separators=(",", ":")))

@@ -14,7 +14,7 @@
 namespace reshard::fuzz {
 
 /// Bytes of buffers plus staging a replayed rank may declare.
-constexpr uint64_t kReplayBytes = uint64_t{64} << 20;
+constexpr uint64_t kReplayBytes = uint64_t{4} << 20;
 
 /// Checks every rank (Plan::program); returns false on the first refusal.
 bool CheckAllRanks(const Plan& plan);
