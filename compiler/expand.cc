@@ -55,6 +55,27 @@ using Holding = std::vector<Pieces>;  // per logical dim
 
 std::string Quote(const std::string& s) { return "'" + s + "'"; }
 
+// Global indices [lo, hi) of one dim of a part, held in buffer memory along
+// that dim at position pos + (c - lo) * step for index c.
+struct Seg {
+  int64_t lo, hi, pos, step = 1;
+};
+using Segs = std::vector<std::vector<Seg>>;  // per logical dim
+
+int64_t CeilDiv(int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); }
+
+// The parts of `segs` whose memory positions fall in [lo, lo + n), moved to
+// start at 0: one rank's share of a buffer sharded as a whole.
+std::vector<Seg> CutSegments(const std::vector<Seg>& segs, int64_t lo, int64_t n) {
+  std::vector<Seg> out;
+  for (const Seg& s : segs) {
+    const int64_t first = std::max<int64_t>(0, CeilDiv(lo - s.pos, s.step));
+    const int64_t last = std::min(s.hi - s.lo, CeilDiv(lo + n - s.pos, s.step));
+    if (first < last) out.push_back({s.lo + first, s.lo + last, s.pos + first * s.step - lo, s.step});
+  }
+  return out;
+}
+
 class Expander {
  public:
   Expander(const ModelSpec& m, const LayoutSpec& l) : model_(m), layout_(l) {}
@@ -72,7 +93,9 @@ class Expander {
   int LogicalDim(const TensorSpec& t, const AxisSpec& a) const;
   std::vector<Interval> AxisSelection(const TensorSpec& t, int d, const AxisSpec& a, const std::string& axis,
                                       int64_t L, int64_t n, int64_t pos) const;
-  std::optional<Holding> Hold(int tensor, int64_t rank);
+  std::optional<Holding> Hold(int tensor, int64_t rank, bool keep_empty_shape);
+  int ShardAxis(const BufferRule& rule, const std::vector<int>& parts) const;
+  void CheckHeads(int tensor, const Segs& segs, int64_t rank, const std::string& path) const;
   void ExpandRule(const BufferRule& rule, const std::vector<int>& parts);
 
   const ModelSpec& model_;
@@ -136,7 +159,10 @@ std::vector<Interval> Expander::AxisSelection(const TensorSpec& t, int d, const 
   return out;
 }
 
-std::optional<Holding> Expander::Hold(int ti, int64_t rank) {
+// The rank's holding of tensor `ti`, or nothing when it holds none. With
+// `keep_empty_shape`, a rank the placement reaches whose share of a shape dim
+// is empty (a padded buffer's all-padding rank) holds an empty holding.
+std::optional<Holding> Expander::Hold(int ti, int64_t rank, bool keep_empty_shape) {
   const TensorSpec& t = model_.tensors[ti];
   const Placement& p = layout_.placements[placement_[ti]];
   const Mesh& mesh = layout_.meshes[p.mesh];
@@ -186,7 +212,7 @@ std::optional<Holding> Expander::Hold(int ti, int64_t rank) {
       }
       pre += iv.size();
     }
-    if (h[d].empty()) return std::nullopt;
+    if (h[d].empty() && (d < ns || !keep_empty_shape)) return std::nullopt;
   }
   return h;
 }
@@ -195,6 +221,50 @@ std::string ShapeStr(const std::vector<int64_t>& s) {
   std::string out = "[";
   for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
   return out + "]";
+}
+
+// The mesh axis a rule's `"shard"` cuts the fused buffer over, checked
+// against the parts' placements (same mesh, replicated on that axis); -1 if
+// the rule is not sharded as a whole.
+int Expander::ShardAxis(const BufferRule& rule, const std::vector<int>& parts) const {
+  if (rule.shard_axis.empty()) return -1;
+  const std::string path = rule.path + "/shard";
+  if (rule.quant) Fail(path, "a buffer sharded as a whole cannot be quantized");
+  const Placement& p0 = layout_.placements[placement_[parts[0]]];
+  const Mesh& mesh = layout_.meshes[p0.mesh];
+  int axis = -1;
+  for (size_t k = 0; k < mesh.axes.size(); ++k)
+    if (mesh.axes[k].first == rule.shard_axis) axis = static_cast<int>(k);
+  if (axis < 0)
+    Fail(path, Quote(rule.shard_axis) + " is not an axis of mesh " + Quote(mesh.name) + ", where " +
+                   Quote(model_.tensors[parts[0]].name) + " is placed (" + p0.path + ")");
+  for (int pi : parts) {
+    const Placement& p = layout_.placements[placement_[pi]];
+    const std::string& t = model_.tensors[pi].name;
+    if (p.mesh != p0.mesh)
+      Fail(path, "parts " + Quote(model_.tensors[parts[0]].name) + " and " + Quote(t) +
+                     " are placed on different meshes; a buffer sharded as a whole needs one");
+    if (p.axes[axis].kind != AxisKind::replicate)
+      Fail(path, "part " + Quote(t) + " is already cut on axis " + Quote(rule.shard_axis) + " by " + p.axes[axis].path +
+                     "; when the buffer is sharded as a whole, its parts replicate that axis (leave it out of the "
+                     "placement)");
+  }
+  return axis;
+}
+
+// A rank's share of a tensor with declared heads must hold whole heads.
+void Expander::CheckHeads(int ti, const Segs& segs, int64_t rank, const std::string& path) const {
+  const TensorSpec& t = model_.tensors[ti];
+  if (t.head_dim < 0 || layout_.placements[placement_[ti]].split_heads) return;
+  const int d = static_cast<int>(t.stack.size()) + t.head_dim;
+  for (const Seg& s : segs[d]) {
+    if (s.lo % t.head_size == 0 && (s.hi % t.head_size == 0 || s.hi == t.hi[d])) continue;
+    Fail(path, "rank " + std::to_string(rank) + " holds indices " + std::to_string(s.lo) + ":" + std::to_string(s.hi) +
+                   " of dim " + std::to_string(t.head_dim) + " of " + Quote(t.name) + ", which cuts a head of " +
+                   std::to_string(t.head_size) + " (" + model_.file + ": " + t.path +
+                   "/heads); give every rank whole heads (when TP exceeds the KV heads, replicate them with "
+                   "\"parts\"), or set \"split_heads\": true on the placement if the cut is intended");
+  }
 }
 
 void Expander::ExpandRule(const BufferRule& rule, const std::vector<int>& parts) {
@@ -260,12 +330,14 @@ void Expander::ExpandRule(const BufferRule& rule, const std::vector<int>& parts)
   }
   int64_t G = 0;
   for (int64_t g : gs) G += g;
+  const int shard_axis = ShardAxis(rule, parts);
+  const Mesh& part_mesh = layout_.meshes[layout_.placements[placement_[parts[0]]].mesh];
 
   for (int64_t r = 0; r < layout_.ranks; ++r) {
     std::vector<std::optional<Holding>> hs;
     int held = 0;
     for (int pi : parts) {
-      hs.push_back(Hold(pi, r));
+      hs.push_back(Hold(pi, r, rule.shape.has_value()));
       held += hs.back().has_value();
     }
     if (held == 0) continue;
@@ -315,6 +387,19 @@ void Expander::ExpandRule(const BufferRule& rule, const std::vector<int>& parts)
         if (extent(hj[ns + rule.fuse_dim]) / gs[j] != extent(h0[ns + rule.fuse_dim]) / gs[0])
           Fail(rule.path + "/interleave", "on rank " + std::to_string(r) + ", parts hold different numbers of groups");
       }
+    }
+    // Sharded as a whole: this rank holds rows [cut_lo, cut_lo + content) of
+    // the fused buffer the parts make together.
+    int64_t cut_lo = 0;
+    if (shard_axis >= 0) {
+      const int64_t n = part_mesh.axes[shard_axis].second, k = MeshCoords(part_mesh, r)[shard_axis];
+      const int64_t whole = content[rule.fuse_dim];
+      if (whole % n != 0)
+        Fail(rule.path + "/shard", "the fused dim " + std::to_string(rule.fuse_dim) + " of the buffer (" +
+                                       std::to_string(whole) + " rows of all parts together) does not divide evenly over " +
+                                       std::to_string(n) + " positions of axis " + Quote(rule.shard_axis));
+      content[rule.fuse_dim] = whole / n;
+      cut_lo = k * content[rule.fuse_dim];
     }
     std::vector<int64_t> trailing = content;
     if (rule.shape) {
@@ -368,12 +453,11 @@ void Expander::ExpandRule(const BufferRule& rule, const std::vector<int>& parts)
     add_buffers(name_tmpl, rule.path + "/name", dtype, phys);
     // Per dim, the list of (global lo, global hi, memory position) segments
     // of one part; one fragment per combination of segments.
-    struct Seg {
-      int64_t lo, hi, pos;
-    };
     const int nd = ns + nshape;
-    auto add_fragments = [&](int tensor, const std::vector<std::vector<Seg>>& segs, int64_t first_buffer,
+    auto add_fragments = [&](int tensor, const Segs& segs, int64_t first_buffer,
                              const std::vector<int64_t>& strides) {
+      for (int d = 0; d < nd; ++d)
+        if (segs[d].empty()) return;  // nothing of this part here (an all-padding rank)
       std::vector<size_t> k(nd, 0);
       while (true) {
         Fragment f;
@@ -390,7 +474,7 @@ void Expander::ExpandRule(const BufferRule& rule, const std::vector<int>& parts)
             f.buffer_dims |= 1u << d;
           } else {
             off += s.pos * strides[phys_of[d]];
-            f.stride[d] = strides[phys_of[d]];
+            f.stride[d] = strides[phys_of[d]] * s.step;
           }
         }
         f.buffer = static_cast<uint32_t>(buf);
@@ -416,7 +500,10 @@ void Expander::ExpandRule(const BufferRule& rule, const std::vector<int>& parts)
       for (int d = 0; d < nd; ++d) {
         bool il = rule.fuse == Fuse::interleave && d == ns + rule.fuse_dim;
         for (const Piece& p : hj[d]) {
-          if (il) {
+          if (il && gs[j] == 1) {
+            // Groups of one row (gpt-oss's alternating gate/up rows): one strided segment.
+            segs[d].push_back({p.lo, p.hi, p.local * G + group_off, G});
+          } else if (il) {
             for (int64_t g = p.lo; g < p.hi; g += gs[j]) {
               int64_t u = p.local + (g - p.lo);
               segs[d].push_back({g, g + gs[j], (u / gs[j]) * G + group_off});
@@ -427,6 +514,9 @@ void Expander::ExpandRule(const BufferRule& rule, const std::vector<int>& parts)
           }
         }
       }
+      if (shard_axis >= 0) segs[ns + rule.fuse_dim] = CutSegments(segs[ns + rule.fuse_dim], cut_lo, content[rule.fuse_dim]);
+      CheckHeads(parts[j], segs, r,
+                 shard_axis >= 0 ? rule.path + "/shard" : layout_.placements[placement_[parts[j]]].path);
       add_fragments(parts[j], segs, base, pstride);
       part_segs.push_back(std::move(segs));
     }
@@ -507,6 +597,22 @@ Expansion Expander::Run() {
         Fail(rule.path + "/parts/" + std::to_string(k), "tensor " + Quote(rule.parts[k]) + " is already part of " +
                                                             layout_.buffers[owner[ti]].path + "; buffer rules overlap");
       owner[ti] = static_cast<int>(ri);
+    }
+  }
+  // A layout that names its buffers names all of them: a tensor left out of a
+  // rule would otherwise become a buffer no framework holds.
+  if (!layout_.buffers.empty() && !layout_.default_buffers) {
+    std::vector<std::string> unnamed;
+    for (int ti = 0; ti < nt; ++ti)
+      if (owner[ti] < 0) unnamed.push_back(Quote(model_.tensors[ti].name));
+    if (!unnamed.empty()) {
+      std::string list;
+      for (size_t i = 0; i < unnamed.size() && i < 3; ++i) list += (i ? ", " : "") + unnamed[i];
+      if (unnamed.size() > 3) list += " and " + std::to_string(unnamed.size() - 3) + " more";
+      Fail("/buffers", "no buffer rule names " + list +
+                           "; a layout with buffer rules must name every tensor it holds, as the framework names "
+                           "it (add it to a rule's \"parts\", or a rule {\"name\": ..., \"tensor\": ...}), or set "
+                           "\"default_buffers\": true to keep the model's names for tensors no rule names");
     }
   }
   for (size_t ri = 0; ri < layout_.buffers.size(); ++ri) {

@@ -28,7 +28,7 @@ json Train() {
 
 // TP2 over rows of gate/up (4 rows each per rank) and columns of down.
 json Infer(json quant) {
-  json i = json::parse(R"({"format": "reshard.layout/1", "name": "infer", "ranks": 2,
+  json i = json::parse(R"({"format": "reshard.layout/1", "name": "infer", "ranks": 2, "default_buffers": true,
     "meshes": {"dense": [["tp", 2]]},
     "placements": [{"match": "layers.{layer}.down", "tp": {"shard": 1}},
                    {"match": "layers.{layer}.norm"},
@@ -218,6 +218,7 @@ struct AssembleFixture {
   explicit AssembleFixture(json quant, bool fp8_source = false, uint64_t staging_mb = 2, json model = Model(),
                            json cluster = testing::TinyCluster()) {
     json train = Train();
+    train["default_buffers"] = true;
     train["placements"] = json::parse(R"([{"match": "layers.{layer}.gate", "mesh": "dense", "tp": {"shard": 1}},
                                           {"match": "layers.{layer}.up", "mesh": "dense", "tp": {"shard": 1}},
                                           {"match": "*", "mesh": "dense"}])");

@@ -146,6 +146,7 @@ json RandomLayout(Rng& rng, const std::string& name, const std::vector<Family>& 
   for (size_t m = 0; m < meshes.size(); ++m) l["meshes"]["m" + std::to_string(m)] = AxisJson(meshes[m]);
   l["placements"] = json::array();
   l["buffers"] = json::array();
+  l["default_buffers"] = true;  // random rules name some tensors; the rest keep the model's names
   std::map<int, json> group_rule;
   for (size_t i = 0; i < fams.size(); ++i) {
     const Family& f = fams[i];

@@ -393,7 +393,7 @@ ModelSpec ParseModel(const json& root, const std::string& file) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     std::string path = "/tensors/" + std::to_string(i);
     const json& t = r.Object(tensors[i], path);
-    r.Keys(t, path, {"name", "shape", "dtype", "range"});
+    r.Keys(t, path, {"name", "shape", "dtype", "range", "heads"});
     TensorSpec ts;
     ts.path = path;
     ts.name = r.String(r.Get(t, path, "name"), path + "/name");
@@ -430,6 +430,19 @@ ModelSpec ParseModel(const json& root, const std::string& file) {
     }
     for (int64_t s : ts.shape) ts.lo.push_back(0), ts.hi.push_back(s);
     CheckElements(r, path, ts);
+    if (t.contains("heads")) {
+      const std::string hp = path + "/heads";
+      const json& h = r.Object(t["heads"], hp);
+      r.Keys(h, hp, {"dim", "size"});
+      ts.head_dim = static_cast<int>(r.Int(r.Get(h, hp, "dim"), hp + "/dim", 0));
+      ts.head_size = r.Int(r.Get(h, hp, "size"), hp + "/size", 1);
+      if (ts.head_dim >= static_cast<int>(ts.shape.size()))
+        r.Fail(hp + "/dim", "the shape has " + std::to_string(ts.shape.size()) + " dims, dim " +
+                                std::to_string(ts.head_dim) + " does not exist");
+      if (ts.shape[ts.head_dim] % ts.head_size != 0)
+        r.Fail(hp + "/size", "dim " + std::to_string(ts.head_dim) + " (size " + std::to_string(ts.shape[ts.head_dim]) +
+                                 ") is not a whole number of heads of " + std::to_string(ts.head_size));
+    }
     m.tensors.push_back(std::move(ts));
   }
   CheckModelElements(r, m);
@@ -545,7 +558,7 @@ QuantSpec ParseQuant(const Reader& r, const json& v, const std::string& rule_pat
 LayoutSpec ParseLayout(const json& root, const std::string& file, const ModelSpec& model) {
   Reader r(file);
   r.Format(root, "reshard.layout/1");
-  r.Keys(root, "", {"format", "name", "model", "ranks", "meshes", "placements", "buffers", "notes"});
+  r.Keys(root, "", {"format", "name", "model", "ranks", "meshes", "placements", "buffers", "default_buffers", "notes"});
   LayoutSpec l;
   l.file = file;
   l.name = r.String(r.Get(root, "", "name"), "/name");
@@ -555,6 +568,10 @@ LayoutSpec ParseLayout(const json& root, const std::string& file, const ModelSpe
       r.Fail("/model", "layout is written for model '" + l.model + "', the model spec is '" + model.name + "'");
   }
   l.ranks = r.Int(r.Get(root, "", "ranks"), "/ranks", 1, kMaxRanks);
+  if (root.contains("default_buffers")) {
+    if (!root["default_buffers"].is_boolean()) r.Fail("/default_buffers", "expected true or false, got " + Reader::Kind(root["default_buffers"]));
+    l.default_buffers = root["default_buffers"].get<bool>();
+  }
   const json& meshes = r.Object(r.Get(root, "", "meshes"), "/meshes");
   if (meshes.empty()) r.Fail("/meshes", "declare at least one mesh");
   for (auto it = meshes.begin(); it != meshes.end(); ++it) {
@@ -595,8 +612,13 @@ LayoutSpec ParseLayout(const json& root, const std::string& file, const ModelSpe
     if (mit == mesh_names.end()) r.Fail(path + "/mesh", "unknown mesh '" + mesh + "'" + DidYouMean(mesh, mesh_names));
     p.mesh = static_cast<int>(mit - mesh_names.begin());
     const Mesh& m = l.meshes[p.mesh];
-    std::vector<std::string> allowed = {"match", "mesh"};
+    std::vector<std::string> allowed = {"match", "mesh", "split_heads"};
     for (auto& ax : m.axes) allowed.push_back(ax.first);
+    if (pj.contains("split_heads")) {
+      if (!pj["split_heads"].is_boolean())
+        r.Fail(path + "/split_heads", "expected true or false, got " + Reader::Kind(pj["split_heads"]));
+      p.split_heads = pj["split_heads"].get<bool>();
+    }
     for (auto it = pj.begin(); it != pj.end(); ++it) {
       if (std::find(allowed.begin(), allowed.end(), it.key()) == allowed.end())
         r.Fail(path + "/" + it.key(), "'" + it.key() + "' is not an axis of mesh '" + m.name + "'" + DidYouMean(it.key(), allowed));
@@ -619,7 +641,7 @@ LayoutSpec ParseLayout(const json& root, const std::string& file, const ModelSpe
     for (size_t i = 0; i < bufs.size(); ++i) {
       std::string path = "/buffers/" + std::to_string(i);
       const json& bj = r.Object(bufs[i], path);
-      r.Keys(bj, path, {"name", "parts", "tensor", "concat", "interleave", "shape", "dtype", "quant"});
+      r.Keys(bj, path, {"name", "parts", "tensor", "concat", "interleave", "shape", "dtype", "quant", "shard"});
       BufferRule b;
       b.path = path;
       b.name = r.String(r.Get(bj, path, "name"), path + "/name");
@@ -647,6 +669,12 @@ LayoutSpec ParseLayout(const json& root, const std::string& file, const ModelSpe
       }
       if (b.parts.size() > 1 && b.fuse == Fuse::none)
         r.Fail(path, "a buffer of " + std::to_string(b.parts.size()) + " parts needs \"concat\" or \"interleave\"");
+      if (bj.contains("shard")) {
+        b.shard_axis = r.String(bj["shard"], path + "/shard");
+        if (b.fuse == Fuse::none)
+          r.Fail(path + "/shard", "only a fused buffer (\"concat\" or \"interleave\") is sharded as a whole; "
+                                  "shard a single tensor in its placement");
+      }
       if (bj.contains("shape")) b.shape = r.IntList(bj["shape"], path + "/shape", 1);
       if (bj.contains("dtype")) b.dtype = r.ParseDtype(bj["dtype"], path + "/dtype");
       if (bj.contains("quant")) b.quant = ParseQuant(r, bj["quant"], path, b);

@@ -34,6 +34,10 @@ struct TensorSpec {
   std::vector<int64_t> shape;
   Dtype dtype = Dtype::bf16;
   std::vector<int64_t> lo, hi;     // logical box: stack ranges, then [0, shape)
+  /// Attention heads (`"heads": {"dim": D, "size": S}`): shape dim D is made
+  /// of heads of S elements, which no layout may cut (-1: none declared).
+  int head_dim = -1;
+  int64_t head_size = 0;
   std::string path;                // JSON path, for messages
   int ndim() const { return static_cast<int>(lo.size()); }
   int64_t elements() const;
@@ -67,6 +71,7 @@ struct Placement {
   std::string match;
   int mesh = 0;
   std::vector<AxisSpec> axes;    // one per axis of the mesh
+  bool split_heads = false;      // cutting a declared head is intended
   std::string path;
 };
 
@@ -99,6 +104,10 @@ struct BufferRule {
   std::optional<std::vector<int64_t>> shape;  // padded physical trailing dims
   std::optional<Dtype> dtype;
   std::optional<QuantSpec> quant;
+  /// `"shard": AXIS`: the fused buffer as a whole is cut evenly along its
+  /// fused dim over this axis of the parts' mesh (Megatron's linear_qkv when
+  /// TP exceeds the query groups); the parts replicate on that axis.
+  std::string shard_axis;
   std::string path;
 };
 
@@ -108,6 +117,9 @@ struct LayoutSpec {
   std::vector<Mesh> meshes;
   std::vector<Placement> placements;
   std::vector<BufferRule> buffers;
+  /// Tensors no buffer rule names get a buffer named as the tensor. Without
+  /// it, a layout with buffer rules must name every tensor it holds.
+  bool default_buffers = false;
 };
 
 struct ClusterSpec {

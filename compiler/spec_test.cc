@@ -31,7 +31,7 @@ json Train() {
 }
 
 json Infer() {
-  return json::parse(R"({"format": "reshard.layout/1", "name": "infer", "ranks": 2,
+  return json::parse(R"({"format": "reshard.layout/1", "name": "infer", "ranks": 2, "default_buffers": true,
     "meshes": {"tp": [["tp", 2]]},
     "placements": [{"match": "*", "tp": {"shard": 0}}],
     "buffers": [{"name": "layers.{layer}.qk", "parts": ["layers.{layer}.q", "layers.{layer}.k"], "concat": 0}]})");
