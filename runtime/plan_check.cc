@@ -1,5 +1,6 @@
 #include "runtime/plan_check.h"
 
+#include <cstdint>
 #include <set>
 #include <string>
 #include <vector>
@@ -48,6 +49,15 @@ std::string Dims(const flatbuffers::Vector<uint64_t>* v) {
   return s + "]";
 }
 
+// The flatbuffers verifier checks a vector's length prefix for 4-byte
+// alignment only; vectors of 8-byte elements must be 8-byte aligned (the
+// builder always aligns them; a hand-made file may not) or reading them is a
+// misaligned load. The plan's bytes start 8-byte aligned (mmap, new[]).
+template <class V>
+bool Aligned8(const V* v) {
+  return v == nullptr || reinterpret_cast<uintptr_t>(v->Data()) % 8 == 0;
+}
+
 std::string RegionCount(uint64_t n) { return n == UINT64_MAX ? std::string("more than 2^64") : std::to_string(n); }
 
 }  // namespace
@@ -82,6 +92,9 @@ void CheckPlanTables(const fb::Plan& plan, const std::string& file) {
       Fail(tat + "unknown dtype " + DtypeName(t.dtype()));
     }
     if (t.lo() == nullptr || t.hi() == nullptr) Fail(tat + "has no box (lo and hi)");
+    if (!Aligned8(t.lo()) || !Aligned8(t.hi()) || !Aligned8(t.block())) {
+      Fail(tat + "a vector of 64-bit values is not 8-byte aligned (the file is damaged)");
+    }
     const uint32_t n = t.lo()->size();
     if (t.hi()->size() != n) {
       Fail(tat + "lo has " + std::to_string(n) + " dims, hi " + std::to_string(t.hi()->size()));
@@ -154,6 +167,10 @@ void CheckProgram(const fb::Plan& plan, uint32_t rank, const fb::Program& p, con
   const uint32_t num_ranks = root->num_ranks();
   if (p.rank() != rank) Fail(at + "program says it is rank " + std::to_string(p.rank()));
 
+  if (!Aligned8(p.fragments()) || !Aligned8(p.regions())) {
+    Fail(at + "the fragment or region table is not 8-byte aligned (the file is damaged)");
+  }
+
   // Buffers.
   std::vector<uint64_t> elements;
   std::vector<std::string> names;
@@ -167,6 +184,7 @@ void CheckProgram(const fb::Plan& plan, uint32_t rank, const fb::Program& p, con
       std::string name = b->name()->str();
       if (!seen.insert(name).second) Fail(at + "buffer " + Quote(name) + " is listed twice");
       if (b->shape() == nullptr) Fail(at + "buffer " + Quote(name) + " has no shape");
+      if (!Aligned8(b->shape())) Fail(at + "buffer " + Quote(name) + ": the shape vector is not 8-byte aligned (the file is damaged)");
       if (static_cast<unsigned>(b->dtype()) > static_cast<unsigned>(fb::Dtype::MAX)) {
         Fail(at + "buffer " + Quote(name) + " has unknown dtype " + DtypeName(b->dtype()));
       }
