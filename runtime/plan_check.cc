@@ -52,10 +52,11 @@ std::string Dims(const flatbuffers::Vector<uint64_t>* v) {
 // The flatbuffers verifier checks a vector's length prefix for 4-byte
 // alignment only; vectors of 8-byte elements must be 8-byte aligned (the
 // builder always aligns them; a hand-made file may not) or reading them is a
-// misaligned load. The plan's bytes start 8-byte aligned (mmap, new[]).
+// misaligned load (an empty one may be anywhere). The plan's bytes start
+// 8-byte aligned (mmap, new[]).
 template <class V>
 bool Aligned8(const V* v) {
-  return v == nullptr || reinterpret_cast<uintptr_t>(v->Data()) % 8 == 0;
+  return v == nullptr || v->size() == 0 || reinterpret_cast<uintptr_t>(v->Data()) % 8 == 0;
 }
 
 std::string RegionCount(uint64_t n) { return n == UINT64_MAX ? std::string("more than 2^64") : std::to_string(n); }
