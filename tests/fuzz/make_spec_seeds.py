@@ -48,7 +48,8 @@ qtrain = {"format": "reshard.layout/1", "name": "train", "ranks": 2, "meshes": {
 
 def qinfer(quant):
     quant = dict(quant, scale_name="layers.{layer}.gate_up_scale")
-    return {"format": "reshard.layout/1", "name": "infer", "ranks": 2, "meshes": {"dense": [["tp", 2]]},
+    return {"format": "reshard.layout/1", "name": "infer", "ranks": 2, "default_buffers": True,
+            "meshes": {"dense": [["tp", 2]]},
             "placements": [{"match": "layers.{layer}.down", "tp": {"shard": 1}}, {"match": "layers.{layer}.norm"},
                            {"match": "*", "tp": {"shard": 0}}],
             "buffers": [{"name": "layers.{layer}.gate_up", "parts": ["layers.{layer}.gate", "layers.{layer}.up"],

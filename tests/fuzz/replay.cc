@@ -40,6 +40,16 @@ class SinkTransport : public Transport {
 };
 
 bool Fits(const fb::Program& p) {
+  // The synthetic fill and check compute every fragment element's reference
+  // value: at most kReplayElements of them per rank.
+  uint64_t elements = 0;
+  for (uint32_t f = 0; p.fragments() && f < p.fragments()->size(); ++f) {
+    const fb::Fragment& frag = *p.fragments()->Get(f);
+    uint64_t n = 1;
+    for (int d = 0; d < frag.ndim(); ++d) n *= frag.hi()->Get(d) - frag.lo()->Get(d);  // checked: <= buffer elements
+    elements += n;
+    if (elements > kReplayElements) return false;
+  }
   uint64_t total = p.staging_bytes();
   if (total > kReplayBytes) return false;
   for (uint32_t b = 0; p.buffers() && b < p.buffers()->size(); ++b) {

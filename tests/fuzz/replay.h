@@ -15,6 +15,8 @@ namespace reshard::fuzz {
 
 /// Bytes of buffers plus staging a replayed rank may declare.
 constexpr uint64_t kReplayBytes = uint64_t{4} << 20;
+/// Fragment elements a replayed rank may hold (their reference values are computed).
+constexpr uint64_t kReplayElements = uint64_t{1} << 16;
 
 /// Checks every rank (Plan::program); returns false on the first refusal.
 bool CheckAllRanks(const Plan& plan);
