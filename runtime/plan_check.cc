@@ -478,6 +478,13 @@ void CheckProgram(const fb::Plan& plan, uint32_t rank, const fb::Program& p, con
       }
       if (s.peer() == rank) Fail(sat + "peer is the rank itself");
     }
+    // The region a step kind does not take is none (validate reads any it names).
+    if ((kind == fb::StepKind::pack || kind == fb::StepKind::send || kind == fb::StepKind::forward) && s.dst() != kNone) {
+      Fail(sat + "names dst region " + std::to_string(s.dst()) + ", which a " + StepKindName(kind) + " step does not take");
+    }
+    if ((kind == fb::StepKind::recv || kind == fb::StepKind::forward) && s.src() != kNone) {
+      Fail(sat + "names src region " + std::to_string(s.src()) + ", which a " + StepKindName(kind) + " step does not take");
+    }
     switch (kind) {
       case fb::StepKind::pack: {
         const fb::Region& r = check_region(sat, s.src(), "src", s.wire(), true, false);

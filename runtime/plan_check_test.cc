@@ -262,6 +262,23 @@ TEST(PlanCheckTest, RegionsHoldNoMoreThanTheirBuffers) {
             "the staging area holds");
 }
 
+// Found by the plan fuzzer: a forward step naming a src region (out of
+// range) passed the checks; validate read the region.
+TEST(PlanCheckTest, StepsNameOnlyTheRegionsTheyTake) {
+  PlanSpec spec = testing::ForwardPlan();
+  spec.programs[2].steps[1] = MakeStep(K::forward, 3, 99, kNone, 0, 256, D::fp32, fb::Channel::nvlink);
+  EXPECT_EQ(Refusal("finding-forward-with-src-region", spec),
+            "p.rsplan: rank 2: step 1 (forward): names src region 99, which a forward step does not take");
+  spec = testing::PackAndDirectPlan();
+  spec.programs[0].steps[1] = MakeStep(K::send, 1, kNone, 0, 0, 128, D::bf16);
+  EXPECT_EQ(Refusal("send-with-dst-region", spec),
+            "p.rsplan: rank 0: step 1 (send): names dst region 0, which a send step does not take");
+  spec = testing::PackAndDirectPlan();
+  spec.programs[1].steps[0] = MakeStep(K::recv, 0, 0, kNone, 0, 128, D::bf16);
+  EXPECT_EQ(Refusal("recv-with-src-region", spec),
+            "p.rsplan: rank 1: step 0 (recv): names src region 0, which a recv step does not take");
+}
+
 TEST(PlanCheckTest, UnusedRegionsAreCheckedToo) {
   PlanSpec spec = testing::PackAndDirectPlan();
   spec.programs[0].Region(MakeRegion(3, 0, {4}, {1}));
