@@ -91,7 +91,10 @@ bool StridedRegion::contiguous() const {
 std::string StridedRegion::str() const {
   if (ndim == 0) return "(1):(1)";
   std::string s = "(";
-  for (int k = 0; k < ndim; ++k) s += (k ? "," : "") + std::to_string(shape[k]);
+  for (int k = 0; k < ndim; ++k) {
+    if (k) s += ",";
+    s += std::to_string(shape[k]);
+  }
   s += "):(";
   for (int k = 0; k < ndim; ++k) s += std::string(k ? "," : "") + ((buffer_modes >> k & 1) ? "b" : "") + std::to_string(stride[k]);
   return s + ")";

@@ -141,7 +141,10 @@ TEST(Expand, TinyMoeVllmStackedExpertsGolden) {
       continue;
     const BufferDesc& b = r1.buffers[f.buffer];
     std::string shape;
-    for (int64_t x : b.shape) shape += (shape.empty() ? "" : ",") + std::to_string(x);
+    for (int64_t x : b.shape) {
+      if (!shape.empty()) shape += ",";
+      shape += std::to_string(x);
+    }
     got.push_back(t.substr(t.rfind('.', t.size() - 8) + 1) + " " + f.box.str() + " -> " + b.name + "[" + shape + "] @" +
                   std::to_string(f.offset) + " " + f.RegionOf(f.box).Coalesced().str());
   }

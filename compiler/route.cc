@@ -126,7 +126,16 @@ CellGrid BuildCells(const Expansion& src, int tensor, int nd) {
 }
 
 struct DPiece;
-struct Hop;
+
+// A delivery of a piece beyond its first receiver: the holder `parent` (an
+// index into the piece's hops, or -1 for the piece's receiver b) forwards its
+// staged copy to `to` in round (the piece's round + level).
+struct Hop {
+  FragmentRef to;
+  uint32_t rank;
+  int32_t parent;
+  uint32_t level;
+};
 
 // Blocks the destination quantizes that several source cells share
 // (quant_route.h): the group `need` of one receiver, the cover its parts
@@ -254,16 +263,6 @@ class Router {
 // later, to the entries of two more domains over the network (their NICs'
 // otherwise idle egress) and to the other needers of its own domain over
 // NVLink - while its NIC already receives the next round.
-
-// A delivery of a piece beyond its first receiver: the holder `parent` (an
-// index into the piece's hops, or -1 for the piece's receiver b) forwards its
-// staged copy to `to` in round (the piece's round + level).
-struct Hop {
-  FragmentRef to;
-  uint32_t rank;
-  int32_t parent;
-  uint32_t level;
-};
 
 struct DPiece {
   int tensor;
@@ -569,7 +568,8 @@ void Router::Direct() {
             std::iota(pos.begin(), pos.end(), 0);
             std::iota(by_load.begin(), by_load.end(), t0);
             std::stable_sort(pos.begin(), pos.end(), [&](size_t u, size_t v) { return kids(u) > kids(v); });
-            auto relay = [&](size_t x) { return relay_load_[DstGlobal(list[entry[x]].first.rank)]; };
+            // (list is a structured binding: clang 14 captures it only through an init-capture)
+            auto relay = [&, &list = list](size_t x) { return relay_load_[DstGlobal(list[entry[x]].first.rank)]; };
             std::stable_sort(by_load.begin(), by_load.end(), [&](size_t u, size_t v) { return relay(u) < relay(v); });
             std::vector<const std::vector<size_t>*> tdom(m);
             std::vector<size_t> tentry(m);

@@ -1,6 +1,7 @@
 #include "compiler/spec.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <set>
@@ -91,16 +92,23 @@ class Reader {
     if (!v.is_string()) Fail(path, "expected a string, got " + Kind(v));
     return v.get<std::string>();
   }
-  int64_t Int(const json& v, const std::string& path, int64_t min_value) const {
+  // Every integer of a spec is at most kMaxSpecInt unless a field says less
+  // (dims, shapes and sizes are tensor extents: fragment coordinates are 32-bit).
+  int64_t Int(const json& v, const std::string& path, int64_t min_value, int64_t max_value = kMaxSpecInt) const {
     if (!v.is_number_integer()) Fail(path, "expected an integer, got " + Kind(v));
+    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(max_value))
+      Fail(path, "expected an integer <= " + std::to_string(max_value) + ", got " + std::to_string(v.get<uint64_t>()));
     int64_t x = v.get<int64_t>();
     if (x < min_value) Fail(path, "expected an integer >= " + std::to_string(min_value) + ", got " + std::to_string(x));
+    if (x > max_value) Fail(path, "expected an integer <= " + std::to_string(max_value) + ", got " + std::to_string(x));
     return x;
   }
+  // A positive finite number, at most kMaxSpecNumber (bandwidths, latencies).
   double Number(const json& v, const std::string& path) const {
     if (!v.is_number()) Fail(path, "expected a number, got " + Kind(v));
     double x = v.get<double>();
     if (!(x > 0)) Fail(path, "expected a positive number, got " + v.dump());
+    if (!(x <= kMaxSpecNumber)) Fail(path, "expected a number <= 1e12, got " + v.dump());
     return x;
   }
   const json& Object(const json& v, const std::string& path) const {
@@ -111,10 +119,11 @@ class Reader {
     if (!v.is_array()) Fail(path, "expected an array, got " + Kind(v));
     return v;
   }
-  std::vector<int64_t> IntList(const json& v, const std::string& path, int64_t min_value) const {
+  std::vector<int64_t> IntList(const json& v, const std::string& path, int64_t min_value,
+                               int64_t max_value = kMaxSpecInt) const {
     Array(v, path);
     std::vector<int64_t> out;
-    for (size_t i = 0; i < v.size(); ++i) out.push_back(Int(v[i], path + "/" + std::to_string(i), min_value));
+    for (size_t i = 0; i < v.size(); ++i) out.push_back(Int(v[i], path + "/" + std::to_string(i), min_value, max_value));
     return out;
   }
   void Format(const json& root, const std::string& expected) const {
@@ -219,26 +228,115 @@ bool GlobMatch(const std::string& p, const std::string& s) {
   return pi == p.size();
 }
 
+namespace {
+
+// `s` with bytes outside printable ASCII written as \n, \t, \r or \xNN.
+std::string Escape(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else if (c == '\n' || c == '\t' || c == '\r') {
+      out += c == '\n' ? "\\n" : c == '\t' ? "\\t" : "\\r";
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    }
+  }
+  return out;
+}
+
+// "file:line:col: msg", then at most 80 characters of the line around byte
+// `at` (escaped, "..." where cut) and a caret under `at`.
+[[noreturn]] void FailAt(const std::string& text, size_t at, const std::string& file, const std::string& msg) {
+  constexpr size_t kBefore = 40, kAfter = 40;
+  if (at > text.size()) at = text.size();
+  size_t line = 1, line_start = 0;
+  for (size_t i = 0; i < at; ++i)
+    if (text[i] == '\n') ++line, line_start = i + 1;
+  size_t line_end = text.find('\n', line_start);
+  if (line_end == std::string::npos) line_end = text.size();
+  const size_t from = at - line_start > kBefore ? at - kBefore : line_start;
+  const size_t to = line_end - at > kAfter ? at + kAfter : line_end;
+  std::string before = (from > line_start ? "..." : "") + Escape(text.substr(from, at - from));
+  std::string after = Escape(text.substr(at, to - at)) + (to < line_end ? "..." : "");
+  throw Error(file + ":" + std::to_string(line) + ":" + std::to_string(at - line_start + 1) + ": " + Escape(msg) + "\n" +
+              before + after + "\n" + std::string(before.size(), ' ') + "^");
+}
+
+// nlohmann's message without its "[json.exception...] ... column N: " prefix,
+// the token it last read cut to its last 40 characters.
+std::string Message(const std::string& what) {
+  std::string msg = what;
+  size_t colon = what.find(": ", what.find("column"));
+  size_t bracket = what.find("] ");
+  if (colon != std::string::npos && what.find("column") != std::string::npos) {
+    msg = what.substr(colon + 2);
+  } else if (bracket != std::string::npos) {
+    msg = what.substr(bracket + 2);
+  }
+  const std::string last = "last read: '";
+  size_t begin = msg.find(last), end = begin == std::string::npos ? begin : msg.find("'; ", begin + last.size());
+  if (end != std::string::npos && end - begin - last.size() > 40) msg.replace(begin + last.size(), end - begin - last.size() - 40, "...");
+  return msg;
+}
+
+}  // namespace
+
 json ParseJson(const std::string& text, const std::string& file) {
+  // Duplicate keys are an error: one set of keys per open object, and the
+  // JSON path of the value being read.
+  struct Frame {
+    bool array = false;
+    size_t index = 0;
+    std::string key;
+    std::set<std::string> keys;
+  };
+  std::vector<Frame> open;
+  auto path = [&] {
+    std::string p;
+    for (const Frame& f : open) p += "/" + (f.array ? std::to_string(f.index) : f.key);
+    return p;
+  };
+  json::parser_callback_t callback = [&](int, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+      case json::parse_event_t::array_start:
+        open.emplace_back();
+        open.back().array = event == json::parse_event_t::array_start;
+        break;
+      case json::parse_event_t::key: {
+        Frame& f = open.back();
+        f.key = parsed.get<std::string>();
+        if (!f.keys.insert(f.key).second) {
+          throw Error(file + ": " + Escape(path()) + ": duplicate key '" + Escape(f.key) + "' (each key at most once)");
+        }
+        break;
+      }
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
+        open.pop_back();
+        if (!open.empty() && open.back().array) ++open.back().index;
+        break;
+      case json::parse_event_t::value:
+        if (!open.empty() && open.back().array) ++open.back().index;
+        break;
+    }
+    return true;
+  };
   try {
-    return json::parse(text);
+    return json::parse(text, callback);
   } catch (const json::parse_error& e) {
-    // Turn the byte position into line:col and show the line with a caret.
-    size_t byte = e.byte == 0 ? 0 : e.byte - 1;
-    if (byte > text.size()) byte = text.size();
-    size_t line = 1, line_start = 0;
-    for (size_t i = 0; i < byte && i < text.size(); ++i)
-      if (text[i] == '\n') ++line, line_start = i + 1;
-    size_t col = byte - line_start + 1;
-    size_t line_end = text.find('\n', line_start);
-    std::string src = text.substr(line_start, line_end == std::string::npos ? std::string::npos : line_end - line_start);
-    std::string what = e.what();
-    // nlohmann: "[json.exception.parse_error.101] parse error at line 1, column 2: syntax error ..."
-    size_t colon = what.find(": ", what.find("column"));
-    std::string msg = colon == std::string::npos ? what : what.substr(colon + 2);
-    if (text.find_first_not_of(" \t\r\n") == std::string::npos) msg = "the file is empty, expected a JSON object";
-    throw Error(file + ":" + std::to_string(line) + ":" + std::to_string(col) + ": " + msg + "\n" + src + "\n" +
-                std::string(col > 0 ? col - 1 : 0, ' ') + "^");
+    const bool empty = text.find_first_not_of(" \t\r\n") == std::string::npos;
+    FailAt(text, e.byte == 0 ? 0 : e.byte - 1, file, empty ? "the file is empty, expected a JSON object" : Message(e.what()));
+  } catch (const json::exception& e) {
+    // A number out of range ("number overflow parsing '1e400'"): point at it.
+    std::string msg = Message(e.what());
+    size_t q = msg.find('\''), q2 = q == std::string::npos ? q : msg.find('\'', q + 1);
+    size_t at = q2 == std::string::npos ? std::string::npos : text.find(msg.substr(q + 1, q2 - q - 1));
+    if (at == std::string::npos) throw Error(file + ": " + Escape(msg));
+    FailAt(text, at, file, msg);
   }
 }
 
@@ -249,6 +347,30 @@ json LoadJson(const std::string& path) {
   ss << in.rdbuf();
   return ParseJson(ss.str(), path);
 }
+
+namespace {
+
+// A tensor family's elements (at most kMaxTensorElements) and the model's
+// (at most kMaxModelElements): sizes computed later fit in 64 bits.
+void CheckElements(const Reader& r, const std::string& path, const TensorSpec& ts) {
+  uint64_t n = 1;
+  for (size_t d = 0; d < ts.lo.size(); ++d) {
+    n *= static_cast<uint64_t>(ts.hi[d] - ts.lo[d]);  // each <= 2^32 - 1, n <= 2^48 before: no overflow
+    if (n > static_cast<uint64_t>(kMaxTensorElements))
+      r.Fail(path + "/shape", "tensor '" + ts.name + "' has more than 2^48 elements (stack dims times shape)");
+  }
+}
+
+void CheckModelElements(const Reader& r, const ModelSpec& m) {
+  uint64_t total = 0;  // <= 2^52 + 2^48 in the loop
+  for (const TensorSpec& t : m.tensors) {
+    total += static_cast<uint64_t>(t.elements());
+    if (total > static_cast<uint64_t>(kMaxModelElements))
+      r.Fail(t.path, "the model's tensors up to '" + t.name + "' have more than 2^52 elements");
+  }
+}
+
+}  // namespace
 
 ModelSpec ParseModel(const json& root, const std::string& file) {
   Reader r(file);
@@ -307,6 +429,7 @@ ModelSpec ParseModel(const json& root, const std::string& file) {
       }
     }
     for (int64_t s : ts.shape) ts.lo.push_back(0), ts.hi.push_back(s);
+    CheckElements(r, path, ts);
     if (t.contains("heads")) {
       const std::string hp = path + "/heads";
       const json& h = r.Object(t["heads"], hp);
@@ -322,6 +445,7 @@ ModelSpec ParseModel(const json& root, const std::string& file) {
     }
     m.tensors.push_back(std::move(ts));
   }
+  CheckModelElements(r, m);
   return m;
 }
 
@@ -340,7 +464,7 @@ AxisSpec ParseAxis(const Reader& r, const json& v, const std::string& path, cons
   if (v.contains("at")) {
     if (v.size() != 1) r.Fail(path, "\"at\" takes no other fields");
     a.kind = AxisKind::at;
-    a.at = v["at"].is_number_integer() ? v["at"].get<int64_t>() : r.Int(v["at"], path + "/at", -1);
+    a.at = r.Int(v["at"], path + "/at", -1);
     if (a.at < 0) a.at += axis_size;
     if (a.at < 0 || a.at >= axis_size)
       r.Fail(path + "/at", "position " + v["at"].dump() + " is outside the axis of size " + std::to_string(axis_size));
@@ -443,7 +567,7 @@ LayoutSpec ParseLayout(const json& root, const std::string& file, const ModelSpe
     if (l.model != model.name)
       r.Fail("/model", "layout is written for model '" + l.model + "', the model spec is '" + model.name + "'");
   }
-  l.ranks = r.Int(r.Get(root, "", "ranks"), "/ranks", 1);
+  l.ranks = r.Int(r.Get(root, "", "ranks"), "/ranks", 1, kMaxRanks);
   if (root.contains("default_buffers")) {
     if (!root["default_buffers"].is_boolean()) r.Fail("/default_buffers", "expected true or false, got " + Reader::Kind(root["default_buffers"]));
     l.default_buffers = root["default_buffers"].get<bool>();
@@ -463,12 +587,13 @@ LayoutSpec ParseLayout(const json& root, const std::string& file, const ModelSpe
       if (ax.size() != 2) r.Fail(ap, "expected [axis name, size]");
       std::string n = r.String(ax[0], ap + "/0");
       if (!names.insert(n).second) r.Fail(ap, "axis '" + n + "' appears twice");
-      int64_t s = r.Int(ax[1], ap + "/1", 1);
+      int64_t s = r.Int(ax[1], ap + "/1", 1, kMaxRanks);
       mesh.axes.emplace_back(n, s);
-      product *= s;
+      product = std::min(product * s, kMaxRanks + 1);  // both <= 2^20 + 1: no overflow
     }
     if (product != l.ranks)
-      r.Fail(path, "mesh axes multiply to " + std::to_string(product) + " ranks, the layout has " + std::to_string(l.ranks));
+      r.Fail(path, "mesh axes multiply to " + (product > kMaxRanks ? "more than " + std::to_string(kMaxRanks) : std::to_string(product)) +
+                       " ranks, the layout has " + std::to_string(l.ranks));
     l.meshes.push_back(std::move(mesh));
   }
   std::vector<std::string> mesh_names;

@@ -18,6 +18,14 @@ size_t DtypeBytes(Dtype d);
 const char* DtypeString(Dtype d);
 
 constexpr int kMaxDims = 6;  // logical dims of a tensor: stack dims then shape
+/// Limits of spec values (README, bad-input catalogue): any integer, and dims,
+/// shapes and sizes (fragment coordinates are 32-bit); ranks of a layout; a
+/// tensor family's and a model's elements; bandwidths and latencies.
+constexpr int64_t kMaxSpecInt = 0xFFFFFFFFll;
+constexpr int64_t kMaxRanks = int64_t{1} << 20;
+constexpr int64_t kMaxTensorElements = int64_t{1} << 48;
+constexpr int64_t kMaxModelElements = int64_t{1} << 52;
+constexpr double kMaxSpecNumber = 1e12;
 
 /// A family of logical tensors: `name` with `{dim}` placeholders for its stack dims.
 struct TensorSpec {

@@ -58,9 +58,9 @@ const char* DtypeName(fb::Dtype d);
 /// "pack", "send", ...; "kind(N)" for values out of range.
 const char* StepKindName(fb::StepKind k);
 const char* QuantKindName(fb::QuantKind k);
-/// Number of elements of a region (product of its mode shapes).
+/// Number of elements of a region (product of its mode shapes; UINT64_MAX if it does not fit).
 uint64_t RegionElements(const fb::Region& r);
-/// Number of elements of a buffer (product of its shape).
+/// Number of elements of a buffer (product of its shape; UINT64_MAX if it does not fit).
 uint64_t BufferElements(const fb::Buffer& b);
 
 }  // namespace reshard

@@ -13,7 +13,10 @@ namespace {
 
 std::string Shape(const RegionView& v) {
   std::string s = "(";
-  for (int k = 0; k < v.ndim; ++k) s += (k ? "," : "") + std::to_string(v.shape[k]);
+  for (int k = 0; k < v.ndim; ++k) {
+    if (k) s += ",";
+    s += std::to_string(v.shape[k]);
+  }
   return s + ")";
 }
 

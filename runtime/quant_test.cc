@@ -387,7 +387,7 @@ std::vector<testing::RankOutcome> RunQuantPlan(const std::vector<uint8_t>& bytes
     GlooTransport transport(static_cast<uint32_t>(rank), 2, options);
     SyntheticRun run = RunSynthetic(plan, static_cast<uint32_t>(rank), transport);
     std::string msg = run.check.wrong ? std::to_string(run.check.wrong) + " wrong of " + std::to_string(run.check.checked) : "";
-    for (const WrongElement& w : run.check.first) msg += "\n" + FormatWrong(w);
+    for (const WrongElement& w : run.check.first) msg.append("\n").append(FormatWrong(w));
     if (msg.empty() && rank == 1) return "checked " + std::to_string(run.check.checked);
     return msg;
   });

@@ -45,10 +45,10 @@ class Session {
   std::vector<std::string> buffer_names() const;
 
  private:
-  const Plan& plan_;
+  [[maybe_unused]] const Plan& plan_;
   const fb::Program& program_;
   uint32_t rank_;
-  Transport& transport_;
+  [[maybe_unused]] Transport& transport_;
   size_t staging_bytes_;
   Kernels& kernels_;
   char* staging_ = nullptr;  // from kernels_.Allocate

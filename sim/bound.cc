@@ -69,7 +69,7 @@ class Grid {
   template <class F>
   void Walk(int d, uint64_t base, const std::array<uint64_t, kDims>& b, const std::array<uint64_t, kDims>& e,
             F& f) const {
-    if (d >= ndim_ || d >= static_cast<int>(kDims)) return f(base);  // ndim_ <= kDims (tells gcc so)
+    if (d == ndim_ || d >= kDims) return f(base);  // ndim_ <= kDims; the second test tells gcc (-Warray-bounds)
     for (uint64_t i = b[d]; i < e[d]; ++i) Walk(d + 1, base + i * stride_[d], b, e, f);
   }
   int ndim_ = 0;

@@ -243,7 +243,7 @@ SimResult Simulate(const Workload& w, const ClusterSpec& cluster, const SimOptio
     uint32_t active = 0;
     for (uint32_t g = 0; g < w.num_ranks; ++g) active += !w.ranks[g].empty();
     // A daemon reporting progress every 2 s of wall time, checked at simulated-time steps.
-    sg4::Actor::create("progress", nic_host.empty() ? nullptr : nic_host[0], [&sh, &opt, active, wall0] {
+    sg4::Actor::create("progress", nic_host.empty() ? nullptr : nic_host[0], [&sh, &opt, active] {
       auto last = std::chrono::steady_clock::now();
       while (sh.done < active) {
         sg4::this_actor::sleep_for(1e-3);

@@ -137,8 +137,10 @@ void AddShowCommand(CLI::App& app, int& exit_code) {
         for (uint32_t b = 0; b < p.buffers()->size(); ++b) {
           const fb::Buffer* buf = p.buffers()->Get(b);
           std::string shape;
-          for (uint32_t k = 0; buf->shape() && k < buf->shape()->size(); ++k)
-            shape += (k ? "," : "") + std::to_string(buf->shape()->Get(k));
+          for (uint32_t k = 0; buf->shape() && k < buf->shape()->size(); ++k) {
+            if (k) shape += ",";
+            shape += std::to_string(buf->shape()->Get(k));
+          }
           std::printf("  buffer %u: %s %s[%s]\n", b, buf->name()->c_str(), DtypeName(buf->dtype()), shape.c_str());
         }
       for (uint32_t rd = 0; rd + 1 < p.round_begin()->size(); ++rd) {

@@ -103,8 +103,11 @@ std::string StepText(const fb::Program& p, const fb::Step& s) {
     for (const fb::QuantOp* op : *p.quant_ops()) {
       if (op->step() != index) continue;
       const std::string blocks = std::to_string(op->block()->Get(0)) + "x" + std::to_string(op->block()->Get(1));
-      const std::string origin =
-          "(" + std::to_string(op->origin()->Get(0)) + "," + std::to_string(op->origin()->Get(1)) + ")";
+      std::string origin = "(";  // appended piecewise (GCC 12 -Wrestrict, see above)
+      origin += std::to_string(op->origin()->Get(0));
+      origin += ",";
+      origin += std::to_string(op->origin()->Get(1));
+      origin += ")";
       if (op->kind() == fb::QuantKind::amax) {
         line += ", block amaxes over blocks of " + blocks + " from " + origin;
         continue;
