@@ -18,11 +18,13 @@ elif [ $rc -ne 0 ]; then
   echo "30-python: tools/venv.sh failed ($rc)" >&2
   exit 1
 fi
+# CPU tests: the package is built without the CUDA path (tools/gpu-check.sh
+# builds and tests it with CUDA on a GPU machine).
 launcher=()
 command -v ccache >/dev/null 2>&1 && launcher=(-C cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache)
 start=$(date +%s)
 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} "$PY" -m pip install -q --no-build-isolation --no-deps \
-  -C build-dir="$root/build/python-wheel" "${launcher[@]}" ./python
+  -C build-dir="$root/build/python-wheel" -C cmake.define.RESHARD_WITH_CUDA=OFF "${launcher[@]}" ./python
 echo "30-python: pip install ./python took $(( $(date +%s) - start )) s"
 # The tests compare against the CLI and use the benchmark's plan writer.
 ninja -C build -j2 reshard python_overhead >/dev/null
