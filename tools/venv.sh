@@ -2,13 +2,13 @@
 # Creates (or reuses) the Python virtual environment of the framework and
 # Python tests under build/venv, with the packages of tools/requirements.txt.
 # The environment is cached: it is rebuilt only when requirements.txt changes.
-# Prints the venv's python on stdout. Exit 3 when the package registry cannot
+# Prints the venv's python (an absolute path) on stdout. Exit 3 when the package registry cannot
 # be reached (callers skip with a message); any other failure exits 1.
 #
 #   PY=$(tools/venv.sh) && "$PY" -c 'import megatron.core'
 set -euo pipefail
 cd "$(dirname "$0")/.."
-venv=${RESHARD_VENV:-build/venv}
+venv=$(realpath -m "${RESHARD_VENV:-build/venv}")  # absolute: callers change directory
 req=tools/requirements.txt
 stamp="$venv/.requirements.sha256"
 want=$(sha256sum "$req" | cut -d' ' -f1)
