@@ -7,7 +7,7 @@
 # build-fuzz/findings/ and fails the stage.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-seconds=${RESHARD_FUZZ_SECONDS:-60}
+seconds=${RESHARD_FUZZ_SECONDS:-30}
 if ! command -v clang++ >/dev/null; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
