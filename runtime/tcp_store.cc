@@ -190,6 +190,8 @@ struct TcpStore::Server {
         char buf[64];
         [[maybe_unused]] ssize_t r = ::read(wake[0], buf, sizeof buf);
       }
+      // Only the clients polled above have revents; one accepted below waits for the next poll.
+      const size_t polled = fds.size() - 2;
       if (fds[0].revents & POLLIN) {
         int fd = ::accept(listen_fd, nullptr, nullptr);
         if (fd >= 0) {
@@ -200,7 +202,7 @@ struct TcpStore::Server {
           ++active;
         }
       }
-      for (size_t i = clients.size(); i-- > 0;) {
+      for (size_t i = polled; i-- > 0;) {
         if (!(fds[i + 2].revents & (POLLIN | POLLHUP | POLLERR))) continue;
         Client& c = clients[i];
         char buf[65536];
