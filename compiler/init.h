@@ -42,6 +42,16 @@ struct Result {
 /// option and, for a combination a framework refuses, the framework's rule.
 Result Generate(const Request& req);
 
+/// `--hf-config PATH`: reads the config.json at PATH (or PATH/config.json
+/// when PATH is a directory) into req.config and req.config_file. Errors name
+/// the file (and, for a syntax error, the line and column).
+void ReadConfig(const std::string& path, Request& req);
+
+/// Writes res.files into `dir` (created if missing), each file whole (a
+/// temporary name, then renamed), as `reshard init -o DIR` does. Generate
+/// has checked everything before: nothing is written for a bad input.
+void WriteFiles(const std::string& dir, const Result& res);
+
 /// The built-in clusters (`--cluster dgx-h100|gb200-nvl72`): name -> JSON text.
 const std::vector<std::pair<std::string, std::string>>& BuiltinClusters();
 

@@ -3,10 +3,7 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "compiler/compile.h"
 #include "compiler/init.h"
-#include "compiler/spec.h"
-#include "runtime/error.h"
 #include "tools/commands.h"
 
 namespace reshard::cli {
@@ -49,15 +46,6 @@ std::string Help() {
          "  reshard init --hf-config tiny/config.json --train megatron:tp=2,pp=2,spec=local --infer hf -o tiny";
 }
 
-// Writes every file or none: each goes to a temporary name first.
-void WriteAll(const std::string& dir, const std::vector<std::pair<std::string, std::string>>& files) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) throw Error("-o: cannot create directory '" + dir + "': " + ec.message());
-  for (const auto& [name, text] : files)
-    WriteFileAtomic((std::filesystem::path(dir) / name).string(), std::vector<uint8_t>(text.begin(), text.end()));
-}
-
 }  // namespace
 
 void AddInitCommand(CLI::App& app, int& exit_code) {
@@ -75,17 +63,14 @@ void AddInitCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("-o,--output", o->out, "directory to write the specs into (created if missing)")->required();
   cmd->add_flag("-q,--quiet", o->quiet, "print nothing on success");
   cmd->callback([o, &exit_code] {
-    std::string config = o->config;
-    if (std::filesystem::is_directory(config)) config = (std::filesystem::path(config) / "config.json").string();
     init::Request req;
-    req.config = LoadJson(config);
-    req.config_file = config;
+    init::ReadConfig(o->config, req);
     req.train = o->train;
     req.infer = o->infer;
     req.cluster = o->cluster;
     req.name = o->name;
     init::Result res = init::Generate(req);
-    WriteAll(o->out, res.files);
+    init::WriteFiles(o->out, res);
     if (o->quiet) return;
     for (const auto& [name, text] : res.files)
       std::printf("wrote %s\n", (std::filesystem::path(o->out) / name).string().c_str());

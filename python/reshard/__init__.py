@@ -1,7 +1,8 @@
 """reshard: move model weights from training ranks to inference ranks by a
 precompiled plan (the weight refit of RL post-training).
 
-The plan is compiled once (``reshard compile`` or :func:`compile`); every
+The specs come from a Hugging Face config (``reshard init`` or :func:`init`);
+the plan is compiled once (``reshard compile`` or :func:`compile`); every
 rank then opens it, binds its weight tensors by name and runs it each step::
 
     import reshard
@@ -73,7 +74,7 @@ from . import errors as _errors  # noqa: E402
 
 _reshard._set_error_classes(_errors._KINDS)
 
-from .compiler import compile  # noqa: E402
+from .compiler import compile, init  # noqa: E402
 from .errors import BindError, CompileError, Error, NcclError, PeerError, PeerTimeoutError, PlanError  # noqa: E402
 from .plan import Buffer, Plan, Program  # noqa: E402
 from .session import ChannelStats, RoundStats, RunStats, Session  # noqa: E402
@@ -85,6 +86,6 @@ HAVE_CUDA: bool = bool(_reshard._have_cuda)  #: whether this runtime was built w
 
 __all__ = [
     "Plan", "Program", "Buffer", "Session", "RunStats", "ChannelStats", "RoundStats", "Transport", "GlooTransport",
-    "NcclTransport", "compile", "nccl", "Error", "PlanError", "CompileError", "BindError", "PeerError",
+    "NcclTransport", "compile", "init", "nccl", "Error", "PlanError", "CompileError", "BindError", "PeerError",
     "PeerTimeoutError", "NcclError", "HAVE_CUDA",
 ]

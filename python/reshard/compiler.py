@@ -1,9 +1,11 @@
-"""reshard.compile: the plan compiler in-process (what ``reshard compile`` does)."""
+"""reshard.compile and reshard.init: the compiler in-process (what ``reshard
+compile`` and ``reshard init`` do, with their options and messages)."""
 
 from __future__ import annotations
 
+import json
 import os
-from typing import Any, Dict, Union
+from typing import Any, Dict, Mapping, Optional, Union
 
 from . import _reshard
 from .errors import CompileError
@@ -40,3 +42,55 @@ def compile(model: PathLike, from_: PathLike, to: PathLike, cluster: PathLike, o
         raise CompileError(f"--staging-mb: Value {staging_mb} not in range 2 to 4095")
     return _reshard._compile(paths["--model"], paths["--from"], paths["--to"], paths["--cluster"], os.fspath(output),
                              strategy, staging_mb, bool(nvlink_exchange), not requantize_on_receiver)
+
+
+def init(hf_config: Union[PathLike, Mapping[str, Any]], train: str, infer: str, cluster: Optional[PathLike] = None,
+         out_dir: Optional[PathLike] = None, *, name: Optional[str] = None) -> Dict[str, Any]:
+    """Derives the model spec and the training and inference layouts (and the
+    cluster) from a Hugging Face config and the frameworks' parallel
+    settings, as ``reshard init`` does, with the GIL released::
+
+        specs = reshard.init("Qwen3-30B-A3B/config.json", train="megatron:tp=2,pp=2,ep=8,etp=1,grouped-gemm",
+                             infer="vllm:tp=2,dp=8,ep", cluster="dgx-h100", out_dir="qwen3-30b")
+        reshard.compile("qwen3-30b/model.json", "qwen3-30b/train.json", "qwen3-30b/infer.json",
+                        "qwen3-30b/cluster.json", "qwen3-30b/plan.rsplan")
+
+    `hf_config`: the model's config.json, or the directory holding it
+    (--hf-config), or the config itself as a mapping (e.g. a loaded
+    config.json, ``transformers.AutoConfig.to_dict()``). `train` and `infer`
+    (--train, --infer): ``megatron:tp=N,pp=N[,dp,cp,ep,etp,vpp,pp-layers,
+    grouped-gemm,spec=te|local,fp32-norms,vocab-divisible]``,
+    ``vllm:tp=N[,dp,ep,engines,quant=none|fp8-block|fp8-channel|mxfp8]``,
+    ``hf`` or ``hf:tp=N`` (``reshard init --help`` explains each). `cluster`
+    (--cluster): "dgx-h100", "gb200-nvl72" or a reshard.cluster/1 file.
+    `name` (--name): the model spec's name (default: from the config).
+    `out_dir` (-o): also write model.json, train.json, infer.json (and
+    cluster.json) there, each file whole; nothing is written when an input is
+    refused.
+
+    Returns ``{"model": ..., "train": ..., "infer": ...[, "cluster": ...],
+    "notes": [...]}``: each spec as a dict (exactly the JSON the files hold),
+    and the lines ``reshard init`` prints about what it derived (ranks,
+    padding, replication). Raises CompileError with the CLI's message, e.g.
+    ``--train 'megatron:ep=3': Megatron-Core needs num_moe_experts (8)
+    divisible by expert_model_parallel_size (3)``.
+    """
+    for arg, value in (("train", train), ("infer", infer)):
+        if not isinstance(value, str):
+            raise TypeError(f"{arg}: expected a str such as 'megatron:tp=2' or 'vllm:tp=4', got {type(value).__name__}")
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"name: expected a str, got {type(name).__name__}")
+    if isinstance(hf_config, Mapping):
+        try:
+            path, text = "", json.dumps(dict(hf_config))
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"hf_config: the mapping is not JSON: {e}") from None
+    else:
+        path, text = os.fspath(hf_config), ""
+        if not path:
+            raise CompileError("--hf-config: the path is empty")
+    files, notes = _reshard._init(path, text, train, infer, "" if cluster is None else os.fspath(cluster),
+                                  name or "", "" if out_dir is None else os.fspath(out_dir))
+    out: Dict[str, Any] = {f[:-len(".json")]: json.loads(t) for f, t in files}
+    out["notes"] = list(notes)
+    return out

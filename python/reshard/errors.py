@@ -5,7 +5,7 @@ runtime's own message (which names the file, buffer, step and peer involved)::
 
     Error                    anything reshard raises
     ├── PlanError            a plan file that cannot be opened or is not valid for a rank
-    ├── CompileError         specs that do not compile (the message of `reshard compile`)
+    ├── CompileError         specs that do not compile, settings init refuses (the CLI's message)
     ├── BindError            a tensor that does not fit its buffer, or buffers left unbound at run()
     ├── PeerError            a peer that failed, vanished or did not connect
     │   └── PeerTimeoutError a peer that stalled past the transport's timeout (also a TimeoutError)
@@ -24,7 +24,8 @@ class PlanError(Error):
 
 
 class CompileError(Error):
-    """The compiler rejected its inputs (same message as `reshard compile`)."""
+    """The compiler rejected its inputs: reshard.compile (the message of
+    `reshard compile`) or reshard.init (the message of `reshard init`)."""
 
 
 class BindError(Error, ValueError):

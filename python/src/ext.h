@@ -59,6 +59,7 @@ void BindPlan(nb::module_& m);
 void BindTransports(nb::module_& m);
 void BindSession(nb::module_& m);
 void BindCompile(nb::module_& m);
+void BindInit(nb::module_& m);
 void BindNccl(nb::module_& m);
 void BindTesting(nb::module_& m);
 void BindDlpack(nb::module_& m);

@@ -319,6 +319,7 @@ NB_MODULE(_reshard, m) {
   reshard::py::BindTransports(m);
   reshard::py::BindSession(m);
   reshard::py::BindCompile(m);
+  reshard::py::BindInit(m);
   reshard::py::BindNccl(m);
   reshard::py::BindTesting(m);
   reshard::py::BindDlpack(m);
