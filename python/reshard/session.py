@@ -223,12 +223,23 @@ class Session:
         tensors (a state dict, ``dict(model.named_parameters())``). The module
         tensor named N binds the plan buffer ``prefix + N``.
 
+        Wrappers are looked through: a module whose only child is
+        ``.module`` and that holds no tensor of its own (Megatron's
+        ``Float16Module`` and ``DistributedDataParallel``, torch's DDP) binds
+        as the model inside it, as Megatron's ``unwrap_model`` does, so
+        ``bind_module(model)`` matches a GPTModel's names
+        ("decoder.layers.0...") with or without wrappers; unless the plan's
+        own names start with ``prefix + "module."`` (a layout written from a
+        wrapped state dict), then the names stay as they are.
+
         All or nothing: every plan buffer without a tensor (unless
         `missing_ok`) and every tensor that does not fit is reported in one
         BindError, and then nothing is bound. Returns the names of the module's
         tensors that the plan does not bind (not an error: a plan may move a
         subset of the weights).
         """
+        if hasattr(module, "named_modules") and not any(n.startswith(prefix + "module.") for n in self._index):
+            module = _unwrapped(module)
         tensors = _named_tensors(module)
         found: Dict[int, Any] = {}
         unused: List[str] = []
@@ -327,6 +338,17 @@ class Session:
     def __repr__(self) -> str:
         return (f"<reshard.Session rank {self.rank}: {len(self._buffers) - len(self._s.unbound())}"
                 f"/{len(self._buffers)} buffers bound, {self.transport.kind}>")
+
+
+def _unwrapped(module: Any) -> Any:
+    """The model inside wrappers that hold it as their only child ``.module``
+    and have no tensors of their own (Float16Module, DistributedDataParallel)."""
+    while True:
+        children = getattr(module, "_modules", None)
+        if (children is None or list(children) != ["module"] or children["module"] is None or module._parameters
+                or module._buffers):
+            return module
+        module = children["module"]
 
 
 def _named_tensors(module: Any) -> List[Tuple[str, Any]]:

@@ -485,3 +485,27 @@ def test_reshard_and_torch_import_in_either_order(order):
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("2.0 ")
+
+
+class Wrapper(torch.nn.Module):
+    """Holds the model as `.module`, as Megatron's Float16Module and DDP do."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.module = inner
+        self.fp16 = False
+
+
+def test_bind_module_looks_through_wrappers(dense):
+    s = session(dense, 8)
+    m = Tiny(s.buffers)
+    assert s.bind_module(Wrapper(Wrapper(m))) == ["extra"]
+    assert s.missing() == []
+    name = s.buffers[0].name
+    assert s.tensor(name).data_ptr() == m.get_parameter(name).data_ptr()
+    # A wrapper with tensors of its own is a model: its names keep "module.".
+    w = Wrapper(Tiny(s.buffers))
+    w.scale = torch.nn.Parameter(torch.zeros(1))
+    with pytest.raises(reshard.BindError, match=f"'{name}': no tensor of that name in the module "
+                                                f"\\(closest: 'module.{name}'\\)"):
+        s.bind_module(w)
