@@ -6,9 +6,12 @@ and runs its program of a plan compiled from the case's train.json into `hf`
 bit for bit, the standard Megatron -> HF conversion of the same parameters.
 Where the case has a vllm-tp4.json, a second plan moves the same memory into
 four vLLM-style TP ranks, compared with shards built the way vLLM's weight
-loaders build them.
+loaders build them. With --python-api the ranks then run the HF plan again
+through `import reshard` (python/): each Megatron rank
+`Session.bind_module(model)` of its Float16Module-wrapped GPTModel, the HF
+rank `bind_module` of a dict of fresh tensors, again bit-exact.
 
-    build/venv/bin/python tests/megatron/refit.py --build build [CASE ...]
+    build/venv/bin/python tests/megatron/refit.py --build build [--python-api] [CASE ...]
 """
 import argparse
 import json
@@ -93,7 +96,21 @@ def check_attention(name, case, got, dest):
     return checked
 
 
-def _megatron_rank(rank, case_name, plans, tmp, lib):
+def python_api_refit(plan_path, rank, store, module):
+    """Rank `rank` of the plan through `import reshard`: bind_module(module), one run.
+    Returns the names of the module's tensors the plan does not bind, and the run's stats."""
+    import reshard
+    plan = reshard.Plan.open(plan_path)
+    s = reshard.Session(plan, rank, reshard.GlooTransport(rank, plan.num_ranks, store=store, prefix="python-api",
+                                                          timeout_s=TIMEOUT_S))
+    unused = s.bind_module(module)
+    assert s.missing() == [], s.missing()
+    return unused, s.run()
+
+
+def _megatron_rank(rank, case_name, plans, tmp, lib, python_api=None):
+    if python_api:
+        import reshard  # noqa: F401 - before ctypes loads build/'s runtime: the package uses its own
     import importlib.metadata
     import dump_state_dict
     import tiny_gpt
@@ -124,6 +141,12 @@ def _megatron_rank(rank, case_name, plans, tmp, lib):
         torch.distributed.barrier()
         open(os.path.join(tmp, f"ready{i}_{rank}"), "w").close()
         Runtime(lib).refit(plan, rank, store, params, timeout_s=TIMEOUT_S)
+    if python_api:
+        torch.distributed.barrier()
+        open(os.path.join(tmp, f"ready_py_{rank}"), "w").close()
+        unused, _ = python_api_refit(plans[0][0], rank, python_api, model)  # the Float16Module itself
+        bound = {n for n, _ in model.module.named_parameters()} - set(unused)
+        assert bound == set(params), f"rank {rank}: bind_module left parameters unbound: {set(params) - bound}"
     for n, t in params.items():  # the sources are read, never written
         assert same_bits(t, saved[n]), f"rank {rank}: the refit changed its source {n}"
 
@@ -188,10 +211,11 @@ def run_ranks(lib, plan, first, tensors, store):
     return stats
 
 
-def refit_case(name, build, specs_root=DATA):
+def refit_case(name, build, specs_root=DATA, python_api=False):
     """Megatron ranks run each plan (train.json -> hf, then -> vllm-tp4.json
     where the case has one) on their own parameter memory; this process runs
-    the destination ranks and compares what they received."""
+    the destination ranks and compares what they received. With
+    `python_api`, the HF plan once more through `import reshard`."""
     case = CASES[name]
     world = case["world"]
     d = os.path.join(specs_root, name)  # model.json, train.json [, vllm-tp4.json]
@@ -211,8 +235,12 @@ def refit_case(name, build, specs_root=DATA):
             plans.append((os.path.join(tmp, f"{dname}.rsplan"), os.path.join(tmp, f"store{i}")))
             compile_plan(build, d, model_path, layout, plans[-1][0])
             os.makedirs(plans[-1][1])
+        py_store = None
+        if python_api:
+            py_store = os.path.join(tmp, "store-python-api")
+            os.makedirs(py_store)
         t0 = time.time()
-        ctx = ranks.spawn(world, _megatron_rank, name, plans, tmp, lib, join=False)
+        ctx = ranks.spawn(world, _megatron_rank, name, plans, tmp, lib, py_store, join=False)
         result = {}
 
         def destinations():  # beside the Megatron processes
@@ -228,6 +256,13 @@ def refit_case(name, build, specs_root=DATA):
                     wait_ready(tmp, 1, world, t0)
                     result["vllm"] = [vllm_dest(case, want, r) for r in range(4)]
                     run_ranks(lib, plans[1][0], world, [v[0] for v in result["vllm"]], plans[1][1])
+                if python_api:
+                    p0 = time.time()
+                    wait_ready(tmp, "_py", world, t0)
+                    result["hf_py"] = hf_tensors(model)
+                    unused, result["hf_py_stats"] = python_api_refit(plans[0][0], world, py_store, result["hf_py"])
+                    assert unused == [], unused
+                    result["hf_py_s"] = time.time() - p0
             except Exception as e:  # noqa: BLE001 - reported below
                 result["error"] = e
 
@@ -262,6 +297,15 @@ def refit_case(name, build, specs_root=DATA):
         print(f"{name}: hf: {len(want)} tensors ({nbytes} bytes) from {world} Megatron ranks, bit-exact against "
               f"the Megatron -> HF conversion; Megatron's own q/k/v heads on {probed} ranks match them "
               f"({result['hf_stats'].steps} steps on the HF rank)")
+        if python_api:
+            dest_py = result["hf_py"]
+            bad = [n for n in want if not same_bits(want[n], dest_py[n])]
+            if bad:
+                raise SystemExit(f"{name}: through `import reshard`: {len(bad)} of {len(want)} HF tensors differ from "
+                                 f"the Megatron -> HF conversion, first {bad[0]}")
+            print(f"{name}: hf through `import reshard` (each Megatron rank Session.bind_module of its "
+                  f"Float16Module): {len(want)} tensors bit-exact ({result['hf_py_stats'].steps} steps on the HF rank; "
+                  f"{result['hf_py_s']:.1f} s from the previous plan's end)")
         if "vllm" in result:
             n = 0
             for r, (dest_r, want_r) in enumerate(result["vllm"]):
@@ -294,11 +338,18 @@ def main():
     ap.add_argument("--build", default=os.path.join(ROOT, "build"), help="the build folder (reshard, libreshard_runtime.so)")
     ap.add_argument("--specs", default=DATA, help="take each case's model.json, train.json (and vllm-tp4.json) from "
                     "SPECS/<case>/ instead of tests/data/megatron/<case>/ (e.g. what `reshard init` wrote)")
+    ap.add_argument("--python-api", action="store_true", help="also run the HF plan through `import reshard` "
+                    "(the python/ package, installed in this Python): Session.bind_module(model) on every rank")
     a = ap.parse_args()
+    if a.python_api:
+        try:
+            import reshard  # noqa: F401 - also: loaded before ctypes loads build/'s runtime
+        except ImportError as e:
+            sys.exit(f"refit: --python-api: `import reshard` failed ({e}); install the package: pip install ./python")
     for name in a.cases or CASES:
         if name not in CASES:
             sys.exit(f"refit: unknown case '{name}', expected one of {', '.join(CASES)}")
-        refit_case(name, os.path.abspath(a.build), os.path.abspath(a.specs))
+        refit_case(name, os.path.abspath(a.build), os.path.abspath(a.specs), a.python_api)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,10 @@
 # the recorded tests/data/megatron/<case>/dump.json and match the case's
 # train.json under `reshard check` with zero differences, and the ranks' own
 # parameter memory is refit through the runtime into an unsharded HF rank,
-# bit-exact against the Megatron -> HF conversion. Skips (exit 0, with a
+# bit-exact against the Megatron -> HF conversion, and once more through the
+# Python package (installed here by tools/python_install.sh): each rank
+# `reshard.Session.bind_module(model)` of its Float16Module, again bit-exact
+# (python/, issue 15). Skips (exit 0, with a
 # message) only when the Python package registry cannot be reached.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -18,4 +21,5 @@ fi
 [ "$rc" -eq 0 ] || { echo "tools/test.d/20-megatron.sh: tools/venv.sh failed (exit $rc)" >&2; exit 1; }
 set -e
 "$PY" -m pytest -q -p no:cacheprovider tests/megatron/dump_state_dict_test.py
-"$PY" tests/megatron/refit.py --build build
+tools/python_install.sh "$PY"
+"$PY" tests/megatron/refit.py --build build --python-api

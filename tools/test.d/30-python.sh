@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Test stage: the Python package. Installs ./python (pip, scikit-build-core,
-# nanobind; build tree kept in build/python-wheel so reruns are incremental)
+# Test stage: the Python package. Installs ./python (tools/python_install.sh:
+# pip, scikit-build-core, nanobind; build tree kept in build/python-wheel)
 # into the cached virtual environment of tools/venv.sh, then runs its pytest
 # suite (python/tests). Skips with a message when the package registry cannot
 # be reached to create that environment.
@@ -19,13 +19,9 @@ elif [ $rc -ne 0 ]; then
   exit 1
 fi
 # CPU tests: the package is built without the CUDA path (tools/gpu-check.sh
-# builds and tests it with CUDA on a GPU machine).
-launcher=()
-command -v ccache >/dev/null 2>&1 && launcher=(-C cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache)
-start=$(date +%s)
-CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} "$PY" -m pip install -q --no-build-isolation --no-deps \
-  -C build-dir="$root/build/python-wheel" -C cmake.define.RESHARD_WITH_CUDA=OFF "${launcher[@]}" ./python
-echo "30-python: pip install ./python took $(( $(date +%s) - start )) s"
+# builds and tests it with CUDA on a GPU machine); 20-megatron.sh installed it
+# already (then this is a no-op build).
+tools/python_install.sh "$PY"
 # The tests compare against the CLI and use the benchmark's plan writer.
 ninja -C build -j2 reshard python_overhead >/dev/null
 cd python/tests
