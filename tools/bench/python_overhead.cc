@@ -7,6 +7,11 @@
 //   python_overhead run PLAN RANK STORE_DIR REPS
 //     runs rank RANK of PLAN over Gloo from C++: three warm-up runs, then REPS
 //     timed runs; prints "runs <seconds of each run>".
+//   python_overhead serve PLAN RANK STORE_DIR
+//     the same rank, set up and warmed up (prints "ready"), then one timed run
+//     per "run" line on stdin, each answered "<wall seconds> <the runtime's own
+//     seconds>", until EOF: python_overhead.py's driver interleaves these runs
+//     with the Python ranks' (tools/bench/python_overhead.sh).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -73,7 +78,8 @@ PlanSpec ParamsPlan(uint32_t n) {
 int Usage() {
   std::fprintf(stderr,
                "usage: python_overhead plans DIR [--rounds R] [--k K] [--params N]\n"
-               "       python_overhead run PLAN RANK STORE_DIR REPS\n");
+               "       python_overhead run PLAN RANK STORE_DIR REPS\n"
+               "       python_overhead serve PLAN RANK STORE_DIR\n");
   return 2;
 }
 
@@ -95,10 +101,11 @@ int main(int argc, char** argv) {
       std::printf("steps per rank %u, params %u\n", rounds * (2 * k + 2), params);
       return 0;
     }
-    if (argc == 6 && std::strcmp(argv[1], "run") == 0) {
+    const bool serve = argc == 5 && std::strcmp(argv[1], "serve") == 0;
+    if (serve || (argc == 6 && std::strcmp(argv[1], "run") == 0)) {
       reshard::Plan plan = reshard::Plan::open(argv[2]);
       const uint32_t rank = std::atoi(argv[3]);
-      const int reps = std::atoi(argv[5]);
+      const int reps = serve ? 0 : std::atoi(argv[5]);
       reshard::GlooOptions o;
       o.store_dir = argv[4];
       o.prefix = "cpp";
@@ -110,6 +117,19 @@ int main(int argc, char** argv) {
         s.bind(b->name()->str(), mem.back().data(), b->dtype(), std::vector<uint64_t>(b->shape()->begin(), b->shape()->end()));
       }
       for (int i = 0; i < 3; ++i) s.run();  // warm-up: the peer may still be starting
+      if (serve) {
+        std::printf("ready\n");
+        std::fflush(stdout);
+        char line[64];
+        while (std::fgets(line, sizeof line, stdin) != nullptr) {
+          auto t0 = std::chrono::steady_clock::now();
+          reshard::RunStats stats = s.run();
+          const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          std::printf("%.6f %.6f\n", wall, stats.seconds);
+          std::fflush(stdout);
+        }
+        return 0;
+      }
       std::printf("runs");
       for (int i = 0; i < reps; ++i) {
         auto t0 = std::chrono::steady_clock::now();
