@@ -28,27 +28,51 @@ class RoundStats(NamedTuple):
 
 
 class RunStats:
-    """What one run() did: bytes per channel, seconds, rounds, steps."""
+    """What one run() did: bytes per channel, seconds, rounds, steps.
 
-    __slots__ = ("net", "nvlink", "_rounds", "bytes_sent", "bytes_received", "steps", "seconds")
+    Read from the runtime's own record only when asked (run() itself builds
+    no per-round objects)."""
 
-    def __init__(self, d: dict):
-        self.net = ChannelStats(**d["net"])
-        self.nvlink = ChannelStats(**d["nvlink"])
-        self._rounds = d["rounds"]
-        self.bytes_sent: int = d["bytes_sent"]
-        self.bytes_received: int = d["bytes_received"]
-        self.steps: int = d["steps"]
-        self.seconds: float = d["seconds"]  #: the runtime's own measure of the run
+    __slots__ = ("_r",)
+
+    def __init__(self, raw: "_reshard._RunStats"):
+        self._r = raw
+
+    @property
+    def seconds(self) -> float:
+        """The runtime's own measure of the run."""
+        return self._r.seconds
+
+    @property
+    def steps(self) -> int:
+        return self._r.steps
+
+    @property
+    def bytes_sent(self) -> int:
+        return self._r.bytes_sent
+
+    @property
+    def bytes_received(self) -> int:
+        return self._r.bytes_received
+
+    @property
+    def net(self) -> ChannelStats:
+        """Bytes and seconds of the network channel."""
+        return ChannelStats(*self._r.channel(0))
+
+    @property
+    def nvlink(self) -> ChannelStats:
+        """Bytes and seconds of the NVLink channel."""
+        return ChannelStats(*self._r.channel(1))
 
     @property
     def rounds(self) -> int:
-        return len(self._rounds)
+        return self._r.num_rounds
 
     @property
     def round_stats(self) -> List[RoundStats]:
         """Per round: bytes sent/received/written locally, steps, seconds, communication seconds."""
-        return [RoundStats(*r) for r in self._rounds]
+        return [RoundStats(*r) for r in self._r.rounds()]
 
     def __repr__(self) -> str:
         return (f"RunStats(seconds={self.seconds:.6f}, rounds={self.rounds}, steps={self.steps}, "

@@ -371,6 +371,12 @@ def test_gil_is_released_during_run(plans, tmp_path):
     assert s.rounds == plan.program(plan.dest_ranks[0]).rounds and s.steps > 0
     assert s.net.bytes_received + s.nvlink.bytes_received > 0 and s.seconds > 0
     assert sum(x.bytes_sent for x in stats) == sum(x.bytes_received for x in stats)
+    for x in stats:  # the per-round figures add up to the run's
+        rs = x.round_stats
+        assert len(rs) == x.rounds and all(isinstance(r, reshard.RoundStats) for r in rs)
+        assert sum(r.steps for r in rs) == x.steps
+        assert sum(r.bytes_sent for r in rs) == x.bytes_sent and sum(r.bytes_received for r in rs) == x.bytes_received
+        assert all(0 <= r.comm_seconds <= r.seconds <= x.seconds for r in rs)
 
 
 def test_strided_views_and_numpy(plans, tmp_path):

@@ -112,9 +112,9 @@ def compare(path, cpp_binary, reps):
     print(f"  fastest: C++ {min(wall['cpp']) * 1e3:.2f} ms, Python {min(wall['py']) * 1e3:.2f} ms")
     print(f"  the runtime's own seconds (inside the C++ call), medians: C++ {statistics.median(inner['cpp']) * 1e3:.2f} "
           f"ms, Python {statistics.median(inner['py']) * 1e3:.2f} ms")
-    around = [w - i for w, i in zip(wall["py"], inner["py"])]
-    print(f"  what the Python layer adds around that call (wall minus own seconds), median: "
-          f"{statistics.median(around) * 1e6:.0f} us")
+    around = {k: statistics.median(w - i for w, i in zip(wall[k], inner[k])) for k in wall}
+    print(f"  wall minus the runtime's own seconds, median: C++ {around['cpp'] * 1e6:.0f} us, Python "
+          f"{around['py'] * 1e6:.0f} us (what the Python layer adds: {(around['py'] - around['cpp']) * 1e6:.0f} us)")
     print("  C++ runs (ms): " + " ".join(f"{x * 1e3:.1f}" for x in wall["cpp"]))
     print("  Python runs (ms): " + " ".join(f"{x * 1e3:.1f}" for x in wall["py"]))
 
