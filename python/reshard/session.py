@@ -262,8 +262,10 @@ class Session:
         tensors that the plan does not bind (not an error: a plan may move a
         subset of the weights).
         """
-        if hasattr(module, "named_modules") and not any(n.startswith(prefix + "module.") for n in self._index):
-            module = _unwrapped(module)
+        if hasattr(module, "named_modules"):
+            inner = _unwrapped(module)
+            if inner is not module and not any(n.startswith(prefix + "module.") for n in self._index):
+                module = inner
         tensors = _named_tensors(module)
         found: Dict[int, Any] = {}
         unused: List[str] = []

@@ -7,11 +7,13 @@
         the same rank, set up and warmed up (prints "ready"), then one timed
         run() per "run" line on stdin, answered "<wall seconds> <the runtime's
         own seconds>", until EOF (the C++ side: python_overhead serve).
-    python python_overhead.py compare PLAN CPP_BINARY REPS
-        starts a C++ pair (CPP_BINARY serve) and a Python pair of ranks, each
-        connected and warmed up, and alternates single runs between them
-        (C++ then Python, then Python then C++, ...) REPS times each; prints
-        the medians, the ratio and the per-run figures.
+    python python_overhead.py compare PLAN CPP_BINARY REPS PASSES [control]
+        PASSES times: starts a C++ pair (CPP_BINARY serve) and a Python pair
+        of ranks, each connected and warmed up, and alternates single runs
+        between them (C++ then Python, then Python then C++, ...) REPS times
+        each; prints each pass's medians and ratio, then the pooled medians,
+        their ratio and the median of the paired ratios. `control`: a second
+        C++ pair instead of the Python one (the method's own noise).
     python python_overhead.py bind PLAN REPS
         a one-rank plan: bind_module of a torch module holding every buffer;
         prints "bind <seconds of each>".
@@ -70,13 +72,20 @@ def serve(path, rank, store):
         print(f"{wall:.6f} {stats.seconds:.6f}", flush=True)
 
 
-def compare(path, cpp_binary, reps):
-    """Interleaved single runs of a C++ pair and a Python pair of the same plan."""
+WARMUP = 5  # interleaved runs of each pair after both are ready, not counted
+
+
+def _pass(path, cpp_binary, reps, control):
+    """One pass: a fresh C++ pair and a fresh Python pair (each connected and
+    warmed up), WARMUP uncounted runs each, then REPS single runs each,
+    alternating C++, Python, Python, C++, ... Returns {kind: [(wall, the runtime's own seconds), ...]}, the
+    slower rank's figures of each run."""
+    out = {"cpp": [], "py": []}
     with tempfile.TemporaryDirectory() as tmp:
         procs = {}
         for kind in ("cpp", "py"):
             store = tempfile.mkdtemp(dir=tmp)
-            cmd = [cpp_binary, "serve"] if kind == "cpp" else [sys.executable, __file__, "serve"]
+            cmd = [cpp_binary, "serve"] if kind == "cpp" or control else [sys.executable, __file__, "serve"]
             procs[kind] = [subprocess.Popen(cmd + [path, str(r), store], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                             text=True, bufsize=1) for r in (0, 1)]
         for kind, pair in procs.items():
@@ -84,39 +93,56 @@ def compare(path, cpp_binary, reps):
                 line = p.stdout.readline()
                 if line.strip() != "ready":
                     raise SystemExit(f"python_overhead: a {kind} rank did not start ({line!r})")
-        wall = {"cpp": [], "py": []}
-        inner = {"cpp": [], "py": []}
 
         def one(kind):
             for p in procs[kind]:
                 p.stdin.write("run\n")
                 p.stdin.flush()
-            out = [p.stdout.readline().split() for p in procs[kind]]
-            wall[kind].append(max(float(o[0]) for o in out))  # the slower rank: the refit's time
-            inner[kind].append(max(float(o[1]) for o in out))
+            got = [[float(x) for x in p.stdout.readline().split()] for p in procs[kind]]
+            out[kind].append((max(g[0] for g in got), max(g[1] for g in got)))
 
-        for i in range(reps):
+        for i in range(WARMUP + reps):
             for kind in (("cpp", "py") if i % 2 == 0 else ("py", "cpp")):
                 one(kind)
+            if i + 1 == WARMUP:  # both pairs settled: from here on, every run counts
+                out = {"cpp": [], "py": []}
         for pair in procs.values():
             for p in pair:
                 p.stdin.close()
                 p.wait()
-    med = {k: statistics.median(v) for k, v in wall.items()}
-    ratios = [p / c for p, c in zip(wall["py"], wall["cpp"])]
-    print(f"run() of {path}: {reps} runs each, C++ and Python alternating")
-    print(f"  median wall: C++ {med['cpp'] * 1e3:.2f} ms, Python {med['py'] * 1e3:.2f} ms, "
-          f"Python / C++ = {med['py'] / med['cpp']:.4f} ({100 * (med['py'] / med['cpp'] - 1):+.2f}%; target within 5%)")
-    print(f"  median of the {reps} paired ratios (each Python run / the C++ run beside it): "
-          f"{statistics.median(ratios):.4f}")
-    print(f"  fastest: C++ {min(wall['cpp']) * 1e3:.2f} ms, Python {min(wall['py']) * 1e3:.2f} ms")
-    print(f"  the runtime's own seconds (inside the C++ call), medians: C++ {statistics.median(inner['cpp']) * 1e3:.2f} "
-          f"ms, Python {statistics.median(inner['py']) * 1e3:.2f} ms")
-    around = {k: statistics.median(w - i for w, i in zip(wall[k], inner[k])) for k in wall}
-    print(f"  wall minus the runtime's own seconds, median: C++ {around['cpp'] * 1e6:.0f} us, Python "
-          f"{around['py'] * 1e6:.0f} us (what the Python layer adds: {(around['py'] - around['cpp']) * 1e6:.0f} us)")
-    print("  C++ runs (ms): " + " ".join(f"{x * 1e3:.1f}" for x in wall["cpp"]))
-    print("  Python runs (ms): " + " ".join(f"{x * 1e3:.1f}" for x in wall["py"]))
+    return out
+
+
+def compare(path, cpp_binary, reps, passes, control=False):
+    """`passes` passes of _pass; prints each pass's medians and ratio, then
+    the pooled figures. `control`: a second C++ pair in the Python pair's
+    place (an A/A test: the method's own noise on this machine)."""
+    name = "C++ (control)" if control else "Python"
+    print(f"run() of {path}: {passes} passes x {reps} runs each, C++ and {name} alternating")
+    per_pass, paired, pooled = [], [], {"cpp": [], "py": []}
+    for n in range(passes):
+        got = _pass(path, cpp_binary, reps, control)
+        wall = {k: [w for w, _ in v] for k, v in got.items()}
+        med = {k: statistics.median(v) for k, v in wall.items()}
+        per_pass.append(med["py"] / med["cpp"])
+        paired += [p / c for p, c in zip(wall["py"], wall["cpp"])]
+        for k in got:
+            pooled[k] += got[k]
+        print(f"  pass {n + 1}: median C++ {med['cpp'] * 1e3:.2f} ms, {name} {med['py'] * 1e3:.2f} ms, "
+              f"ratio {per_pass[-1]:.4f}; fastest C++ {min(wall['cpp']) * 1e3:.2f} ms, {name} "
+              f"{min(wall['py']) * 1e3:.2f} ms")
+    med = {k: statistics.median(w for w, _ in v) for k, v in pooled.items()}
+    print(f"  all {passes * reps} runs each: median C++ {med['cpp'] * 1e3:.2f} ms, {name} {med['py'] * 1e3:.2f} ms, "
+          f"{name} / C++ = {med['py'] / med['cpp']:.4f} ({100 * (med['py'] / med['cpp'] - 1):+.2f}%; target within 5%)")
+    print(f"  median of the {len(paired)} paired ratios (each run / the other side's run beside it): "
+          f"{statistics.median(paired):.4f}; per-pass ratios {min(per_pass):.4f} .. {max(per_pass):.4f}")
+    own = {k: statistics.median(i for _, i in v) for k, v in pooled.items()}
+    print(f"  the runtime's own seconds (inside the C++ call), medians: C++ {own['cpp'] * 1e3:.2f} ms, "
+          f"{name} {own['py'] * 1e3:.2f} ms")
+    around = {k: statistics.median(w - i for w, i in v) for k, v in pooled.items()}
+    print(f"  wall minus the runtime's own seconds, medians: C++ {around['cpp'] * 1e6:.0f} us, {name} "
+          f"{around['py'] * 1e6:.0f} us (what the {name} layer adds per run: "
+          f"{(around['py'] - around['cpp']) * 1e6:.0f} us)")
 
 
 def bind(path, reps):
@@ -153,6 +179,6 @@ if __name__ == "__main__":
     elif sys.argv[1] == "serve":
         serve(sys.argv[2], int(sys.argv[3]), sys.argv[4])
     elif sys.argv[1] == "compare":
-        compare(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        compare(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), control=sys.argv[6:] == ["control"])
     else:
         bind(sys.argv[2], int(sys.argv[3]))
