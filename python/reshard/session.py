@@ -45,14 +45,17 @@ class RunStats:
 
     @property
     def steps(self) -> int:
+        """Steps this rank executed."""
         return self._r.steps
 
     @property
     def bytes_sent(self) -> int:
+        """Bytes this rank sent, both channels."""
         return self._r.bytes_sent
 
     @property
     def bytes_received(self) -> int:
+        """Bytes this rank received, both channels."""
         return self._r.bytes_received
 
     @property
@@ -67,6 +70,7 @@ class RunStats:
 
     @property
     def rounds(self) -> int:
+        """Rounds this rank ran."""
         return self._r.num_rounds
 
     @property
