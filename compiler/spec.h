@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -63,7 +64,7 @@ struct AxisSpec {
   std::vector<int64_t> sizes;    // uneven shard
   int64_t blocks = 0, parts = 0, cyclic = 0;
   std::vector<std::vector<int64_t>> assign;
-  int64_t at = 0;
+  std::vector<int64_t> at;       // `"at": I` or `"at": [I, J, ...]`: the positions that hold it
   std::string path;
 };
 
@@ -96,7 +97,7 @@ struct QuantSpec {
 };
 
 struct BufferRule {
-  std::string name;              // template with {dim} / {dim.local}
+  std::string name;              // template with {dim} / {dim.local} / {dim.chunk} / {dim.in_chunk}
   std::vector<std::string> parts;
   Fuse fuse = Fuse::none;
   int fuse_dim = 0;
@@ -108,6 +109,13 @@ struct BufferRule {
   /// fused dim over this axis of the parts' mesh (Megatron's linear_qkv when
   /// TP exceeds the query groups); the parts replicate on that axis.
   std::string shard_axis;
+  /// `"range": {DIM: [lo, hi]}`: the rule names only these instances of its
+  /// parts' stack dims; other rules may name the rest (TE's dense layers fuse
+  /// the pre-MLP norm into linear_fc1, MoE layers keep pre_mlp_layernorm).
+  std::vector<std::tuple<int, int64_t, int64_t>> range;  // model dim, lo, hi
+  /// `"at": {AXIS: I}`: the rule names only what ranks at these positions of
+  /// the parts' mesh hold (Megatron's tied output_layer copy on the last stage).
+  std::vector<std::pair<std::string, int64_t>> at;
   std::string path;
 };
 
@@ -143,10 +151,18 @@ LayoutSpec ParseLayout(const nlohmann::json& j, const std::string& file, const M
 ClusterSpec ParseCluster(const nlohmann::json& j, const std::string& file);
 
 /// A name template cut at its placeholders: text[0] {dims[0]} text[1] ...
-/// text[n]; `local[i]` marks `{dim.local}` (the suffix is stripped from dims[i]).
+/// text[n]. Each placeholder names a stack dim's index as `kind` says:
+///   {dim}          the global index;
+///   {dim.local}    the index within the rank's share of the dim;
+///   {dim.chunk}    which contiguous run of the rank's share holds it, and
+///   {dim.in_chunk} the index within that run: under a cyclic placement
+///                  (Megatron's virtual pipeline stages) the model chunk and
+///                  the layer's number inside it.
+/// The suffix is stripped from dims[i].
+enum class IndexKind { global, local, chunk, in_chunk };
 struct NameTemplate {
   std::vector<std::string> text, dims;
-  std::vector<bool> local;
+  std::vector<IndexKind> kind;
 };
 NameTemplate ParseNameTemplate(const std::string& name);
 
