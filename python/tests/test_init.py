@@ -67,7 +67,8 @@ def cli_error(*args):
 
 @pytest.mark.parametrize("train,infer,cluster,message", [
     ("megatron:tp=2,ep=3", INFER, None,
-     "--train 'megatron:tp=2,ep=3': Megatron-Core needs num_moe_experts (4) divisible by expert_model_parallel_size (3)"),
+     "--train 'megatron:tp=2,ep=3': Megatron-Core needs num_moe_experts (4) divisible by "
+     "expert_model_parallel_size (3)"),
     ("megatron:tp=2,pq=2", INFER, None, None),
     (TRAIN, "vllm:tp=3", None, None),
     (TRAIN, INFER, "nowhere-nvl9",
