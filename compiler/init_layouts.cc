@@ -361,6 +361,10 @@ ordered_json MakeMegatron(const Arch& a, const std::string& model, Settings& s, 
   // keeps it equal to the embedding (setup_embeddings_and_output_layer): a
   // second copy of the same tensor, written by a refit like the first.
   const bool tied_copy = a.tied && pp > 1;
+  if (a.mtp_layers > 0)
+    notes.push_back(s.option + ": the checkpoint's " + S(a.mtp_layers) + " MTP layer(s) (num_nextn_predict_layers) are "
+                    "not in the layout: train without --mtp-num-layers, or refit them separately (vLLM's main model "
+                    "skips them when loading)");
   if (tied_copy)
     notes.push_back(s.option + ": tied embeddings: the last stage holds output_layer.weight, a copy of the embedding");
 
