@@ -105,10 +105,15 @@ SOURCES = {
     "QKNormConfigResolver._resolve_mla_qk_layernorm (qk_layernorm=True and q/kv_layernorm IdentityOp in "
     "the TE spec: both up projections become TELayerNormColumnParallelLinear, the q_a / kv_a norms are "
     "their `layer_norm_weight`)",
+    "mc.ranks": "parallel_state.py initialize_model_parallel l.601-617 (order 'tp-cp-ep-dp-pp': TP fastest, "
+    "then DP, then PP), RankGenerator l.465, the expert rank generator l.887 (expert-TP fastest, then EP, "
+    "then expert-DP, then PP); the real CPU runs of tests/data/megatron record these coordinates per rank",
     "mc.extra_state": "TE modules' `_extra_state` (TransformerEngineBaseModule.get_extra_state) is "
     "state_dict() only: neither a Parameter nor a registered buffer, so not in named_parameters() and not "
     "in the dump",
     # --- vLLM -----------------------------------------------------------------------
+    "v.ranks": "rank r = dp_rank x TP + tp_rank (one engine group, TP fastest), the order of reshard's vLLM "
+    "layouts; the expert rank under EP is vLLM's own (see the row of the experts)",
     "v.embed": "layers/vocab_parallel_embedding.py VocabParallelEmbedding.__init__ (pad_vocab_size to "
     "DEFAULT_VOCAB_PADDING_SIZE = 64, then num_embeddings_padded / TP rows per rank; unquantized: "
     "Fp8Config.get_quant_method returns a method only for LinearBase / FusedMoE / Attention)",
@@ -319,6 +324,7 @@ def megatron_te(d, tp, pp, dp, ep, etp, grouped, vocab_divisible=128, pp_layers=
             assert not d["tied"]
             R.add("output_layer.weight", BF16, [padded // tp, H], "mc.output", "output_layer.weight")
         R.used.setdefault("(not listed: *._extra_state)", set()).add("mc.extra_state")
+        R.used.setdefault("(rank numbering)", set()).add("mc.ranks")
         ranks.append(R)
     return ranks
 
@@ -347,6 +353,7 @@ def vllm(d, tp, dp=1, ep=False, quant=None):
             if not fp8:
                 R.add(name, BF16, [out, inp], src, pattern)
 
+        R.used.setdefault("(rank numbering)", set()).add("v.ranks")
         R.add("model.embed_tokens.weight", BF16, [padded // tp, H], "v.embed", "model.embed_tokens.weight")
         for g in range(d["layers"]):
             L, P = f"model.layers.{g}.", "model.layers.{g}."
@@ -507,6 +514,47 @@ CASES = {
 }
 
 
+# What each framework's dumps assume, and what they leave out.
+NOTES = {
+    "megatron": [
+        "Megatron-Core 0.19.2 is installed in the venv (megatron/core/package_info.py 0.19.2); the line numbers "
+        "are that copy's. TransformerEngine is not installed (it needs a GPU): its modules' parameters are read "
+        "from NVIDIA/TransformerEngine's stored source (layernorm_linear.py, grouped_linear.py, linear.py).",
+        "The model is what get_model() builds for RL training: GPTModel with "
+        "get_gpt_decoder_block_spec(use_transformer_engine=True) inside Float16Module (--bf16), so every "
+        "parameter is bf16; the router's expert_bias buffer is float32 (mc.expert_bias).",
+        "Settings as Megatron-Bridge's providers set them: normalization RMSNorm, gated_linear_unit, "
+        "add_bias_linear False, qk_layernorm True for Qwen3 and for MLA (with it False, Megatron-Core 0.19.2 builds "
+        "no q/kv norm at all: mla_qk_norm_config.py _resolve_disabled_qk_layernorm), "
+        "moe_router_enable_expert_bias True for DeepSeek's noaux_tc router, moe_layer_freq [0] x "
+        "first_k_dense_replace + [1] x the rest, mla_down_proj_fusion False, moe_single_grouped_weight False, "
+        "use_te_op_fuser False, untied embeddings, make_vocab_size_divisible_by 128.",
+        "The dump is named_parameters() plus persistent buffers (tools/dump_state_dict.py), as the real CPU runs "
+        "record them.",
+    ],
+    "vllm": [
+        "vLLM's source is read from the stored copy of vllm-project/vllm (the index holds many versions and "
+        "names no release tag; the commits above are the stored versions read). The layout with the expert "
+        "weights in a `routed_experts` submodule is the current one; a third-party RL framework's test notes "
+        "'vLLM 0.25 hangs the fused-MoE expert weights off a nested routed_experts submodule', so these names "
+        "hold from 0.25 on. That the version is exactly 0.33 is not confirmed by the stored source.",
+        "The dump is named_parameters() after load_weights and process_weights_after_loading, the tensors a "
+        "refit writes. Not in it: non-persistent buffers (rotary cos_sin_cache, RoutedExperts' _expert_map / "
+        "expert_mask), MLA's derived W_UK_T / W_UV (plain attributes), and the FP8 KV-cache scales "
+        "(q/k/v/prob_scale), which layers/quantization/kv_cache.py BaseKVCacheMethod."
+        "process_weights_after_loading deletes.",
+        "FP8 block scales: the shapes here are the as-created ones of create_weights. After loading, a "
+        "third-party RL framework's compatibility code keeps `weight_scale_inv` from vLLM 0.14 on and notes that "
+        "0.11 renamed it `weight_scale`; a stored fp8_utils.py version (the one reading `weight_scale`) "
+        "transposes the linear scales on SM90 with CUTLASS block FP8 and requantizes them in place for DeepGEMM "
+        "E8M0 (maybe_post_process_fp8_weight_block). Whether the current release transposes is not checked: on "
+        "that path the scale shapes would differ.",
+        "Model dtype bfloat16 (config torch_dtype), no EPLB, no sequence-parallel MoE, no shared-expert fusion "
+        "into the routed experts (ROCm AITER only), expert placement 'linear'.",
+    ],
+}
+
+
 def sources_md(name, what, ranks):
     used = {}
     for R in ranks:
@@ -520,8 +568,9 @@ def sources_md(name, what, ranks):
     for pattern in sorted(used):
         cites = "<br>".join(SOURCES[s] for s in sorted(used[pattern]))
         lines.append(f"| `{pattern}` | {cites} |")
-    lines += ["", "Sources: " + (MCORE + "; " + TE if any(s.startswith(("mc.", "te.")) for p in used.values()
-                                                        for s in p) else VLLM) + "."]
+    megatron = name.startswith("megatron")
+    lines += ["", "Sources: " + (MCORE + "; " + TE if megatron else VLLM) + ".", "", "Notes:", ""]
+    lines += ["- " + n for n in NOTES["megatron" if megatron else "vllm"]]
     return "\n".join(lines) + "\n"
 
 
