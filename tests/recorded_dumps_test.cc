@@ -36,6 +36,7 @@ const std::vector<RecordedCase>& Cases() {
       {"vllm-moe-tp2", "hf", "vllm:tp=2"},
       {"vllm-moe-tp2-dp2", "hf", "vllm:tp=2,dp=2"},
       {"vllm-moe-tp2-dp2-ep", "hf", "vllm:tp=2,dp=2,ep"},
+      {"vllm-moe-tp2-fp8-channel", "hf", "vllm:tp=2,quant=fp8-channel"},
       {"vllm-mla-dp3-ep-uneven", "hf", "vllm:tp=1,dp=3,ep"},
       {"vllm-mla-tp2", "hf", "vllm:tp=2"},
       // No quant=: init takes FP8 block scales from the checkpoint's quantization_config.
@@ -62,6 +63,29 @@ const std::map<std::string, std::set<std::string>>& KnownDifferences() {
         "have it",
         "rank 1: extra: decoder.layers.0.mlp.linear_fc1.layer_norm_weight bf16[64]: the dump has it, the layout does "
         "not bind it"}},
+      // vLLM's per-channel FP8 linears (compressed_tensors_w8a8_fp8.py process_weights_after_loading:
+      // `weight = weight.t()`) are, after loading, a transposed view: named_parameters() reports
+      // [in, out] while the storage stays [out, in] row-major, the layout init writes. The bytes a
+      // refit writes are the same; the reported shape differs wherever in != out (qkv_proj here,
+      // o_proj is square). Telling them apart needs the dump's strides, not a different layout.
+      {"vllm-moe-tp2-fp8-channel",
+       {
+        "rank 0: wrong shape: model.layers.0.self_attn.qkv_proj.weight: the layout says fp8_e4m3[96, 64], "
+        "the dump has fp8_e4m3[64, 96]",
+        "rank 0: wrong shape: model.layers.1.self_attn.qkv_proj.weight: the layout says fp8_e4m3[96, 64], "
+        "the dump has fp8_e4m3[64, 96]",
+        "rank 0: wrong shape: model.layers.2.self_attn.qkv_proj.weight: the layout says fp8_e4m3[96, 64], "
+        "the dump has fp8_e4m3[64, 96]",
+        "rank 0: wrong shape: model.layers.3.self_attn.qkv_proj.weight: the layout says fp8_e4m3[96, 64], "
+        "the dump has fp8_e4m3[64, 96]",
+        "rank 1: wrong shape: model.layers.0.self_attn.qkv_proj.weight: the layout says fp8_e4m3[96, 64], "
+        "the dump has fp8_e4m3[64, 96]",
+        "rank 1: wrong shape: model.layers.1.self_attn.qkv_proj.weight: the layout says fp8_e4m3[96, 64], "
+        "the dump has fp8_e4m3[64, 96]",
+        "rank 1: wrong shape: model.layers.2.self_attn.qkv_proj.weight: the layout says fp8_e4m3[96, 64], "
+        "the dump has fp8_e4m3[64, 96]",
+        "rank 1: wrong shape: model.layers.3.self_attn.qkv_proj.weight: the layout says fp8_e4m3[96, 64], "
+        "the dump has fp8_e4m3[64, 96]"}},
   };
   return known;
 }

@@ -172,6 +172,18 @@ SOURCES = {
     "weight_scale_inv name is intentional for deepseekv3'; input_scale None with activation_scheme "
     "'dynamic') and quantization/utils/fp8_utils.py validate_fp8_block_shape (per-rank slices whole blocks; "
     "a merged layer's last part may be ragged)",
+    "v.fp8_channel_linear": "layers/quantization/compressed_tensors/schemes/compressed_tensors_w8a8_fp8.py "
+    "(commit 00cb05c39f77) CompressedTensorsW8A8Fp8.create_weights (create_fp8_weight_parameter: float8_e4m3fn "
+    "[out_per_partition, in_per_partition]; create_fp8_scale_parameter with ChannelQuantScaleParameter: "
+    "weight_scale float32 [sum(output_partition_sizes), 1]; no input_scale with dynamic per-token "
+    "activations) and process_weights_after_loading (CHANNEL: `weight = weight.t()`, then "
+    "Parameter(weight.data): the parameter is the transposed view, shape [in_per_partition, "
+    "out_per_partition], its storage still [out, in] row-major)",
+    "v.fp8_channel_moe": "layers/quantization/compressed_tensors/compressed_tensors_moe.py "
+    "CompressedTensorsW8A8Fp8MoEMethod.create_weights (CHANNEL: w13_weight / w2_weight float8_e4m3fn as "
+    "unquantized, w13_weight_scale float32 [local experts, 2 x I, 1], w2_weight_scale float32 [local "
+    "experts, hidden, 1]); process_weights_after_loading replaces them with convert_to_fp8_moe_kernel_format's "
+    "output (the Triton backend's layout assumed)",
     "v.fp8_moe": "layers/quantization/fp8.py Fp8MoEMethod.create_weights (block quant: w13_weight / "
     "w2_weight float8_e4m3fn, w13_weight_scale_inv float32 [local experts, 2 x ceil(I / bn), ceil(hidden / "
     "bk)], w2_weight_scale_inv float32 [local experts, ceil(hidden / bn), ceil(I / bk)], no input scales "
@@ -292,7 +304,8 @@ def megatron_te(d, tp, pp, dp, ep, etp, grouped, vocab_divisible=128, pp_layers=
                       P + "mlp.linear_fc2.weight (dense layers)")
                 continue
             E, I = d["experts"], d["moe_ffn"]
-            R.add(L + "pre_mlp_layernorm.weight", BF16, [H], "mc.pre_mlp_norm", P + "pre_mlp_layernorm.weight (MoE layers)")
+            R.add(L + "pre_mlp_layernorm.weight", BF16, [H], "mc.pre_mlp_norm",
+                  P + "pre_mlp_layernorm.weight (MoE layers)")
             R.add(L + "mlp.router.weight", BF16, [E, H], "mc.router", P + "mlp.router.weight")
             if d["score_bias"]:
                 R.add(L + "mlp.router.expert_bias", FP32, [E], "mc.expert_bias", P + "mlp.router.expert_bias")
@@ -335,7 +348,7 @@ def vllm(d, tp, dp=1, ep=False, quant=None):
     """Every rank of a vLLM engine group (ranks tp fastest, then DP), named_parameters() after loading."""
     H, flat = d["hidden"], dp * tp
     padded = cdiv(d["vocab"], 64) * 64
-    fp8 = quant == "fp8-block"
+    fp8, channel = quant == "fp8-block", quant == "fp8-channel"
     if fp8:
         bn, bk = d["fp8_block"]
     ranks = []
@@ -345,12 +358,17 @@ def vllm(d, tp, dp=1, ep=False, quant=None):
                      "vllm": {"tp": tp_r, "dp": dp_r, "ep": (dp_r * tp + tp_r) if ep else None}})
 
         def linear(name, pattern, out, inp, src):
-            """A LinearBase built with quant_config: FP8 block weights and their inverse scales, or bf16."""
+            """A LinearBase built with quant_config: FP8 block weights and their inverse scales, FP8
+            per-channel weights (a transposed view after loading) and their scales, or bf16."""
             if fp8:
                 R.add(name, FP8, [out, inp], "v.fp8_linear", pattern)
                 R.add(name + "_scale_inv", FP32, [cdiv(out, bn), cdiv(inp, bk)], "v.fp8_linear", pattern + "_scale_inv")
+            elif channel:
+                R.add(name, FP8, [inp, out], "v.fp8_channel_linear", pattern)
+                R.add(name[:-len("weight")] + "weight_scale", FP32, [out, 1], "v.fp8_channel_linear",
+                      pattern[:-len("weight")] + "weight_scale")
             R.used.setdefault(pattern, set()).add(src)
-            if not fp8:
+            if not fp8 and not channel:
                 R.add(name, BF16, [out, inp], src, pattern)
 
         R.used.setdefault("(rank numbering)", set()).add("v.ranks")
@@ -362,10 +380,12 @@ def vllm(d, tp, dp=1, ep=False, quant=None):
                 n, ql, kl = d["heads"], d["q_lora"], d["kv_lora"]
                 linear(L + "self_attn.fused_qkv_a_proj.weight", P + "self_attn.fused_qkv_a_proj.weight",
                        ql + kl + d["rope"], H, "v.mla_fused_a")
-                R.add(L + "self_attn.q_a_layernorm.weight", BF16, [ql], "v.mla_norms", P + "self_attn.q_a_layernorm.weight")
+                R.add(L + "self_attn.q_a_layernorm.weight", BF16, [ql], "v.mla_norms",
+                      P + "self_attn.q_a_layernorm.weight")
                 linear(L + "self_attn.q_b_proj.weight", P + "self_attn.q_b_proj.weight",
                        n * (d["nope"] + d["rope"]) // tp, ql, "v.mla_up")
-                R.add(L + "self_attn.kv_a_layernorm.weight", BF16, [kl], "v.mla_norms", P + "self_attn.kv_a_layernorm.weight")
+                R.add(L + "self_attn.kv_a_layernorm.weight", BF16, [kl], "v.mla_norms",
+                      P + "self_attn.kv_a_layernorm.weight")
                 linear(L + "self_attn.kv_b_proj.weight", P + "self_attn.kv_b_proj.weight",
                        n * (d["nope"] + d["v"]) // tp, kl, "v.mla_up")
                 linear(L + "self_attn.o_proj.weight", P + "self_attn.o_proj.weight", H, n * d["v"] // tp, "v.mla_up")
@@ -382,7 +402,8 @@ def vllm(d, tp, dp=1, ep=False, quant=None):
             if not is_moe(d, g):
                 linear(L + "mlp.gate_up_proj.weight", P + "mlp.gate_up_proj.weight (dense layers)",
                        2 * d["ffn"] // tp, H, "v.gate_up")
-                linear(L + "mlp.down_proj.weight", P + "mlp.down_proj.weight (dense layers)", H, d["ffn"] // tp, "v.row")
+                linear(L + "mlp.down_proj.weight", P + "mlp.down_proj.weight (dense layers)", H, d["ffn"] // tp,
+                       "v.row")
                 if d["mla"]:
                     R.used.setdefault("(which layers are dense)", set()).add("v.mla_layers")
                 continue
@@ -405,7 +426,7 @@ def vllm(d, tp, dp=1, ep=False, quant=None):
                 El, Il = E, I // flat
             X = L + "mlp.experts.routed_experts."
             XP = P + "mlp.experts.routed_experts."
-            wdt = FP8 if fp8 else BF16
+            wdt = FP8 if fp8 or channel else BF16
             R.add(X + "w13_weight", wdt, [El, 2 * Il, H], "v.routed", XP + "w13_weight")
             R.add(X + "w2_weight", wdt, [El, H, Il], "v.routed", XP + "w2_weight")
             for w in ("w13_weight", "w2_weight"):
@@ -419,6 +440,11 @@ def vllm(d, tp, dp=1, ep=False, quant=None):
                       XP + "w13_weight_scale_inv")
                 R.add(X + "w2_weight_scale_inv", FP32, [El, cdiv(H, bn), cdiv(Il, bk)], "v.fp8_moe",
                       XP + "w2_weight_scale_inv")
+            if channel:
+                R.used[XP + "w13_weight"].add("v.fp8_channel_moe")
+                R.used[XP + "w2_weight"].add("v.fp8_channel_moe")
+                R.add(X + "w13_weight_scale", FP32, [El, 2 * Il, 1], "v.fp8_channel_moe", XP + "w13_weight_scale")
+                R.add(X + "w2_weight_scale", FP32, [El, H, 1], "v.fp8_channel_moe", XP + "w2_weight_scale")
         R.add("model.norm.weight", BF16, [H], "v.norm", "model.norm.weight")
         assert not d["tied"]
         R.add("lm_head.weight", BF16, [padded // tp, H], "v.lm_head", "lm_head.weight")
@@ -503,6 +529,9 @@ CASES = {
                          "over DP x TP)", lambda d: vllm(d, tp=2, dp=2)),
     "vllm-moe-tp2-dp2-ep": (MOE, "vLLM, Qwen3-MoE at TP2 DP2 with expert parallelism (EP4)",
                             lambda d: vllm(d, tp=2, dp=2, ep=True)),
+    "vllm-moe-tp2-fp8-channel": (MOE, "vLLM, Qwen3-MoE at TP2 from an FP8 per-channel (compressed-tensors "
+                                 "W8A8 FP8, dynamic per-token activations) checkpoint",
+                                 lambda d: vllm(d, tp=2, quant="fp8-channel")),
     "vllm-mla-dp3-ep-uneven": (TINY_DEEPSEEK, "vLLM, DeepSeek-V3 style MLA + MoE at TP1 DP3 with expert "
                                "parallelism (EP3): 8 experts placed 3, 3, 2",
                                lambda d: vllm(d, tp=1, dp=3, ep=True)),
