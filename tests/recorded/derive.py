@@ -11,6 +11,7 @@ name pattern, that file and function. The dumps have the format of
 tools/dump_state_dict.py (what `reshard check --state-dict` reads).
 
     python3 tests/recorded/derive.py [OUT]     (default OUT: tests/data/recorded)
+    python3 tests/recorded/derive.py --samples OUT   (the samples' dumps, a few ranks each)
 
 Deterministic: running it again rewrites the same files.
 """
@@ -217,7 +218,7 @@ def dims(hf):
     d["head_dim"] = hf.get("head_dim", d["hidden"] // d["heads"])
     d["ffn"] = hf.get("intermediate_size")
     d["qk_norm"] = d["type"] in ("qwen3", "qwen3_moe")
-    d["mla"] = d["type"] == "deepseek_v3"
+    d["mla"] = d["type"] in ("deepseek_v3", "kimi_k2")  # Kimi-K2 is DeepseekV3ForCausalLM in both frameworks
     if d["type"] == "qwen3_moe":
         d.update(experts=hf["num_experts"], moe_ffn=hf["moe_intermediate_size"], first_moe=0, shared=0,
                  score_bias=False)
@@ -584,6 +585,52 @@ NOTES = {
 }
 
 
+# The checked-in samples (samples/regenerate.sh writes them with `reshard init`) at their real sizes: the
+# same rules, dumped for a few ranks each (every pipeline stage's first rank, and the last rank) into a
+# scratch folder by `derive.py --samples OUT` for RecordedDumps.SamplesMatchTheFrameworksSource.
+SAMPLES = [  # (sample, layout file, derive(d))
+    ("tiny-dense", "train.json", lambda d: megatron_te(d, tp=2, pp=2, dp=2, ep=1, etp=1, grouped=False,
+                                                       pp_layers=[1, 3])),
+    ("tiny-dense", "infer.json", lambda d: vllm(d, tp=4)),
+    ("tiny-dense", "infer-tp2-dp2.json", lambda d: vllm(d, tp=2, dp=2)),
+    ("tiny-dense", "infer-tp1-dp4.json", lambda d: vllm(d, tp=1, dp=4)),
+    ("tiny-moe", "train.json", lambda d: megatron_te(d, tp=2, pp=2, dp=2, ep=4, etp=1, grouped=False,
+                                                     pp_layers=[1, 3])),
+    ("tiny-moe", "infer.json", lambda d: vllm(d, tp=4, dp=2)),
+    ("tiny-moe", "infer-ep.json", lambda d: vllm(d, tp=4, dp=2, ep=True)),
+    ("qwen3-235b", "train-tp4-pp8-ep16.json",
+     lambda d: megatron_te(d, tp=4, pp=8, dp=4, ep=16, etp=1, grouped=True, pp_layers=[11] + [12] * 6 + [11])),
+    ("qwen3-235b", "infer-tp8-dp16.json", lambda d: vllm(d, tp=8)),               # 16 engines: engine 0
+    ("qwen3-235b", "infer-tp4-dp32.json", lambda d: vllm(d, tp=4)),
+    ("qwen3-235b", "infer-tp8-dp16-fp8-channel.json", lambda d: vllm(d, tp=8, quant="fp8-channel")),
+    ("deepseek-v3", "train-pp16-ep16.json",
+     lambda d: megatron_te(d, tp=1, pp=16, dp=16, ep=16, etp=1, grouped=True, pp_layers=[3] + [4] * 14 + [2])),
+    ("deepseek-v3", "infer-tp32-dp8.json", lambda d: vllm(d, tp=32)),            # quant=none: a BF16 copy
+    ("deepseek-v3", "infer-tp16-dp16-fp8.json", lambda d: vllm(d, tp=16, quant="fp8-block")),
+    ("kimi-k2", "train-1024.json",
+     lambda d: megatron_te(d, tp=4, pp=16, dp=16, ep=64, etp=1, grouped=True, pp_layers=[3] + [4] * 14 + [2])),
+    ("kimi-k2", "infer-512.json", lambda d: vllm(d, tp=8, dp=16, ep=True)),      # 4 engines: engine 0
+    ("moe-2.4t", "train-1024.json",
+     lambda d: megatron_te(d, tp=4, pp=16, dp=16, ep=64, etp=1, grouped=True, pp_layers=[3] + [4] * 14 + [2])),
+    ("moe-2.4t", "infer-512.json", lambda d: vllm(d, tp=8, dp=16, ep=True)),
+]
+
+
+def write_samples(out):
+    for sample, layout, derive in SAMPLES:
+        ranks = derive(dims(load(f"samples/{sample}/config.json")))
+        keep = {0, len(ranks) - 1}
+        for R in ranks:  # the first rank of every pipeline stage
+            meta = R.meta.get("megatron")
+            if meta and meta["tp"] == 0 and meta["dp"] == 0:
+                keep.add(R.rank)
+        path = os.path.join(out, sample, layout.replace(".json", ".dump.json"))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        dump_state_dict.write_json(path, [dict({"rank": R.rank}, **R.meta, params=R.params)
+                                          for R in ranks if R.rank in keep])
+        print(f"{path}: {len(keep)} of {len(ranks)} ranks")
+
+
 def sources_md(name, what, ranks):
     used = {}
     for R in ranks:
@@ -604,6 +651,8 @@ def sources_md(name, what, ranks):
 
 
 def main(argv):
+    if len(argv) == 3 and argv[1] == "--samples":
+        return write_samples(argv[2])
     out = argv[1] if len(argv) > 1 else os.path.join(ROOT, "tests", "data", "recorded")
     for name, (hf, what, derive) in CASES.items():
         ranks = derive(dims(hf))
