@@ -93,7 +93,11 @@ class Expander {
   int LogicalDim(const TensorSpec& t, const AxisSpec& a) const;
   std::vector<Interval> AxisSelection(const TensorSpec& t, int d, const AxisSpec& a, const std::string& axis,
                                       int64_t L, int64_t n, int64_t pos) const;
-  std::optional<Holding> Hold(int tensor, int64_t rank, bool keep_empty_shape);
+  std::optional<Holding> Hold(int tensor, int64_t rank, bool keep_empty_shape,
+                              const std::vector<int64_t>* lo = nullptr, const std::vector<int64_t>* hi = nullptr);
+  std::vector<std::pair<int, int64_t>> RuleAt(const BufferRule& rule, const Mesh& mesh) const;
+  void CheckRuleOverlap(int tensor, const std::vector<int>& rules) const;
+  void CheckRuleCover(int tensor, const std::vector<int>& rules);
   int ShardAxis(const BufferRule& rule, const std::vector<int>& parts) const;
   void CheckHeads(int tensor, const Segs& segs, int64_t rank, const std::string& path) const;
   void ExpandRule(const BufferRule& rule, const std::vector<int>& parts);
@@ -103,6 +107,8 @@ class Expander {
   std::vector<int> placement_;  // per tensor
   Expansion e_;
   std::vector<std::unordered_map<std::string, std::string>> names_;  // per rank: buffer name -> rule path
+  // Elements of a tensor per rank that rules with "range" or "at" named.
+  std::unordered_map<int, std::vector<int64_t>> claimed_;
 };
 
 int Expander::LogicalDim(const TensorSpec& t, const AxisSpec& a) const {
@@ -162,7 +168,9 @@ std::vector<Interval> Expander::AxisSelection(const TensorSpec& t, int d, const 
 // The rank's holding of tensor `ti`, or nothing when it holds none. With
 // `keep_empty_shape`, a rank the placement reaches whose share of a shape dim
 // is empty (a padded buffer's all-padding rank) holds an empty holding.
-std::optional<Holding> Expander::Hold(int ti, int64_t rank, bool keep_empty_shape) {
+// `lo`/`hi` narrow the tensor's box (a buffer rule's "range").
+std::optional<Holding> Expander::Hold(int ti, int64_t rank, bool keep_empty_shape, const std::vector<int64_t>* lo,
+                                      const std::vector<int64_t>* hi) {
   const TensorSpec& t = model_.tensors[ti];
   const Placement& p = layout_.placements[placement_[ti]];
   const Mesh& mesh = layout_.meshes[p.mesh];
@@ -178,7 +186,7 @@ std::optional<Holding> Expander::Hold(int ti, int64_t rank, bool keep_empty_shap
     const AxisSpec& a = p.axes[k];
     if (a.kind == AxisKind::replicate) continue;
     if (a.kind == AxisKind::at) {
-      if (coord[k] != a.at) return std::nullopt;
+      if (std::find(a.at.begin(), a.at.end(), coord[k]) == a.at.end()) return std::nullopt;
       continue;
     }
     int d = LogicalDim(t, a);
@@ -204,11 +212,12 @@ std::optional<Holding> Expander::Hold(int ti, int64_t rank, bool keep_empty_shap
   Holding h(nd);
   for (int d = 0; d < nd; ++d) {
     int64_t pre = 0, local = 0;
+    const int64_t box_lo = lo ? (*lo)[d] : t.lo[d], box_hi = hi ? (*hi)[d] : t.hi[d];
     for (const Interval& iv : lists[d]) {
-      int64_t lo = std::max(iv.lo, t.lo[d]), hi = std::min(iv.hi, t.hi[d]);
-      if (lo < hi) {
-        h[d].push_back({lo, hi, pre + (lo - iv.lo), local});
-        local += hi - lo;
+      int64_t a = std::max(iv.lo, box_lo), b = std::min(iv.hi, box_hi);
+      if (a < b) {
+        h[d].push_back({a, b, pre + (a - iv.lo), local});
+        local += b - a;
       }
       pre += iv.size();
     }
@@ -267,6 +276,76 @@ void Expander::CheckHeads(int ti, const Segs& segs, int64_t rank, const std::str
   }
 }
 
+// A rule's "at" as (mesh axis index, position) on the mesh of its parts.
+std::vector<std::pair<int, int64_t>> Expander::RuleAt(const BufferRule& rule, const Mesh& mesh) const {
+  std::vector<std::pair<int, int64_t>> out;
+  for (const auto& [axis, pos] : rule.at) {
+    const std::string path = rule.path + "/at/" + axis;
+    int k = -1;
+    for (size_t i = 0; i < mesh.axes.size(); ++i)
+      if (mesh.axes[i].first == axis) k = static_cast<int>(i);
+    if (k < 0) Fail(path, Quote(axis) + " is not an axis of mesh " + Quote(mesh.name) + ", where the rule's parts are placed");
+    const int64_t n = mesh.axes[k].second, p = pos < 0 ? pos + n : pos;
+    if (p < 0 || p >= n)
+      Fail(path, "position " + std::to_string(pos) + " is outside the axis of size " + std::to_string(n));
+    out.emplace_back(k, p);
+  }
+  return out;
+}
+
+// Several rules may name one tensor only where their "range"s or "at"s keep
+// them apart: some stack dim both narrow to disjoint ranges, or some mesh axis
+// both pin to different positions.
+void Expander::CheckRuleOverlap(int ti, const std::vector<int>& rules) const {
+  const TensorSpec& t = model_.tensors[ti];
+  const Mesh& mesh = layout_.meshes[layout_.placements[placement_[ti]].mesh];
+  for (size_t i = 0; i < rules.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      const BufferRule& a = layout_.buffers[rules[i]];
+      const BufferRule& b = layout_.buffers[rules[j]];
+      bool apart = false;
+      for (const auto& [da, alo, ahi] : a.range)
+        for (const auto& [db, blo, bhi] : b.range)
+          if (da == db && std::max(alo, blo) >= std::min(ahi, bhi)) apart = true;
+      const auto at_a = RuleAt(a, mesh), at_b = RuleAt(b, mesh);
+      for (const auto& [ka, pa] : at_a)
+        for (const auto& [kb, pb] : at_b)
+          if (ka == kb && pa != pb) apart = true;
+      if (!apart)
+        Fail(a.path, "tensor " + Quote(t.name) + " is already part of " + b.path +
+                         (a.range.empty() && a.at.empty() && b.range.empty() && b.at.empty()
+                              ? ""
+                              : ", and their \"range\"/\"at\" do not keep them apart") +
+                         "; buffer rules overlap");
+    }
+  }
+}
+
+// Rules with "range" or "at" must together name everything each rank holds
+// of the tensor.
+void Expander::CheckRuleCover(int ti, const std::vector<int>& rules) {
+  const TensorSpec& t = model_.tensors[ti];
+  std::vector<int64_t>& claimed = claimed_[ti];
+  claimed.resize(layout_.ranks, 0);
+  for (int64_t r = 0; r < layout_.ranks; ++r) {
+    const std::optional<Holding> h = Hold(ti, r, false);
+    int64_t n = h ? 1 : 0;
+    if (h)
+      for (const Pieces& p : *h) {
+        int64_t e = 0;
+        for (const Piece& x : p) e += x.size();
+        n *= e;
+      }
+    if (claimed[r] == n) continue;
+    std::string paths;
+    for (size_t i = 0; i < rules.size(); ++i) paths += (i ? ", " : "") + layout_.buffers[rules[i]].path;
+    Fail(paths, "rank " + std::to_string(r) + " holds " + std::to_string(n) + " elements of " + Quote(t.name) +
+                    " and these rules name " + std::to_string(claimed[r]) +
+                    " of them; rules with \"range\" or \"at\" must together name every instance of a tensor on "
+                    "every rank that holds it");
+  }
+}
+
 void Expander::ExpandRule(const BufferRule& rule, const std::vector<int>& parts) {
   const TensorSpec& t0 = model_.tensors[parts[0]];
   int ns = static_cast<int>(t0.stack.size());
@@ -284,6 +363,26 @@ void Expander::ExpandRule(const BufferRule& rule, const std::vector<int>& parts)
   if (rule.shape && static_cast<int>(rule.shape->size()) != nshape)
     Fail(rule.path + "/shape", "has " + std::to_string(rule.shape->size()) + " dims, tensor " + Quote(t0.name) +
                                    " has " + std::to_string(nshape));
+  // "range": each part's box narrowed to the rule's instances.
+  std::vector<std::vector<int64_t>> box_lo, box_hi;
+  for (int pi : parts) {
+    const TensorSpec& t = model_.tensors[pi];
+    box_lo.push_back(t.lo);
+    box_hi.push_back(t.hi);
+    for (const auto& [dim, lo, hi] : rule.range) {
+      const int d = static_cast<int>(std::find(t.stack.begin(), t.stack.end(), dim) - t.stack.begin());
+      box_lo.back()[d] = std::max(lo, t.lo[d]);
+      box_hi.back()[d] = std::min(hi, t.hi[d]);
+      if (box_lo.back()[d] >= box_hi.back()[d])
+        Fail(rule.path + "/range/" + model_.dims[dim].first,
+             "[" + std::to_string(lo) + ", " + std::to_string(hi) + "] holds no instance of " + Quote(t.name) +
+                 ", which the model declares for " + Quote(model_.dims[dim].first) + " [" + std::to_string(t.lo[d]) +
+                 ", " + std::to_string(t.hi[d]) + "]");
+    }
+  }
+  const bool narrowed = !rule.range.empty() || !rule.at.empty();
+  if (narrowed && rule.quant)
+    Fail(rule.path + "/quant", "a rule with \"range\" or \"at\" cannot be quantized; quantize the whole tensor in one rule");
   // Which stack dims are named (one buffer per index) and which are kept as leading physical dims.
   const NameTemplate name_tmpl = ParseNameTemplate(rule.name);
   std::vector<int> name_dim;  // per placeholder: its logical (stack) dim
@@ -332,15 +431,35 @@ void Expander::ExpandRule(const BufferRule& rule, const std::vector<int>& parts)
   for (int64_t g : gs) G += g;
   const int shard_axis = ShardAxis(rule, parts);
   const Mesh& part_mesh = layout_.meshes[layout_.placements[placement_[parts[0]]].mesh];
+  const std::vector<std::pair<int, int64_t>> at = RuleAt(rule, part_mesh);
 
   for (int64_t r = 0; r < layout_.ranks; ++r) {
+    if (!at.empty()) {
+      const std::vector<int64_t> coord = MeshCoords(part_mesh, r);
+      bool here = true;
+      for (const auto& [k, pos] : at) here = here && coord[k] == pos;
+      if (!here) continue;
+    }
     std::vector<std::optional<Holding>> hs;
     int held = 0;
-    for (int pi : parts) {
-      hs.push_back(Hold(pi, r, rule.shape.has_value()));
+    for (size_t j = 0; j < parts.size(); ++j) {
+      hs.push_back(Hold(parts[j], r, rule.shape.has_value(), &box_lo[j], &box_hi[j]));
       held += hs.back().has_value();
     }
     if (held == 0) continue;
+    if (narrowed) {
+      for (size_t j = 0; j < parts.size(); ++j) {
+        auto& claimed = claimed_[parts[j]];
+        claimed.resize(layout_.ranks, 0);
+        int64_t n = 1;
+        for (const Pieces& p : *hs[j]) {
+          int64_t e = 0;
+          for (const Piece& x : p) e += x.size();
+          n *= e;
+        }
+        claimed[r] += n;
+      }
+    }
     if (held != static_cast<int>(parts.size())) {
       size_t has = 0, lacks = 0;
       for (size_t j = 0; j < parts.size(); ++j) (hs[j] ? has : lacks) = j;
@@ -585,20 +704,26 @@ Expansion Expander::Run() {
       }
     if (placement_[ti] < 0) Fail("/placements", "no placement matches tensor " + Quote(model_.tensors[ti].name));
   }
-  // Which rule claims each tensor.
+  // Which rules claim each tensor (several only with "range" or "at").
+  std::unordered_map<std::string, int> index;
+  for (int i = 0; i < nt; ++i) index.emplace(model_.tensors[i].name, i);
+  std::vector<std::vector<int>> owners(nt);
   std::vector<int> owner(nt, -1);
+  std::vector<std::vector<int>> rule_parts(layout_.buffers.size());
   for (size_t ri = 0; ri < layout_.buffers.size(); ++ri) {
     const BufferRule& rule = layout_.buffers[ri];
     for (size_t k = 0; k < rule.parts.size(); ++k) {
-      int ti = -1;
-      for (int i = 0; i < nt; ++i)
-        if (model_.tensors[i].name == rule.parts[k]) ti = i;
-      if (owner[ti] >= 0)
+      const int ti = index.at(rule.parts[k]);
+      if (owner[ti] >= 0 && rule.range.empty() && rule.at.empty())
         Fail(rule.path + "/parts/" + std::to_string(k), "tensor " + Quote(rule.parts[k]) + " is already part of " +
                                                             layout_.buffers[owner[ti]].path + "; buffer rules overlap");
-      owner[ti] = static_cast<int>(ri);
+      if (owner[ti] < 0) owner[ti] = static_cast<int>(ri);
+      owners[ti].push_back(static_cast<int>(ri));
+      rule_parts[ri].push_back(ti);
     }
   }
+  for (int ti = 0; ti < nt; ++ti)
+    if (owners[ti].size() > 1) CheckRuleOverlap(ti, owners[ti]);
   // A layout that names its buffers names all of them: a tensor left out of a
   // rule would otherwise become a buffer no framework holds.
   if (!layout_.buffers.empty() && !layout_.default_buffers) {
@@ -615,12 +740,11 @@ Expansion Expander::Run() {
                            "\"default_buffers\": true to keep the model's names for tensors no rule names");
     }
   }
-  for (size_t ri = 0; ri < layout_.buffers.size(); ++ri) {
-    std::vector<int> parts;
-    for (const auto& pn : layout_.buffers[ri].parts)
-      for (int i = 0; i < nt; ++i)
-        if (model_.tensors[i].name == pn) parts.push_back(i);
-    ExpandRule(layout_.buffers[ri], parts);
+  for (size_t ri = 0; ri < layout_.buffers.size(); ++ri) ExpandRule(layout_.buffers[ri], rule_parts[ri]);
+  for (int ti = 0; ti < nt; ++ti) {
+    bool narrowed = false;
+    for (int ri : owners[ti]) narrowed = narrowed || !layout_.buffers[ri].range.empty() || !layout_.buffers[ri].at.empty();
+    if (narrowed) CheckRuleCover(ti, owners[ti]);
   }
   for (int ti = 0; ti < nt; ++ti) {
     if (owner[ti] >= 0) continue;

@@ -244,8 +244,9 @@ struct MegatronNames {
       case Role::mla_kv_a_norm:
         return L + (te ? "self_attention.linear_kv_up_proj.layer_norm_weight" : "self_attention.kv_layernorm.weight");
       case Role::mla_kv_b: return L + "self_attention.linear_kv_up_proj.weight";
-      // A model with MoE layers names every layer's pre-MLP norm as its MoE
-      // layers do (see the note in MakeMegatron for TE dense layers).
+      // TE spec: a dense layer fuses its pre-MLP norm into linear_fc1
+      // (TELayerNormColumnParallelLinear); MoE layers keep a separate TENorm.
+      // A model with both gets two rules narrowed by layer range (MakeMegatron).
       case Role::post_norm:
         return L + (te && a.experts == 0 ? "mlp.linear_fc1.layer_norm_weight" : "pre_mlp_layernorm.weight");
       case Role::gate: case Role::up: return L + "mlp.linear_fc1.weight";
@@ -349,11 +350,14 @@ ordered_json MakeMegatron(const Arch& a, const std::string& model, Settings& s, 
   if (fused_shard)
     notes.push_back(s.option + ": TP " + S(tp) + " exceeds " + S(a.kv_heads) +
                     " query groups: linear_qkv is split evenly by rows of the interleaved matrix");
-  if (s.te && a.experts > 0 && a.first_moe > 0)
-    notes.push_back(s.option + ": with the TE spec the dense layers' pre-MLP norm is really mlp.linear_fc1.layer_norm_weight; "
-                    "the layout names it pre_mlp_layernorm.weight on every layer (one buffer name per tensor family)");
-  if (a.tied && pp > 1)
-    notes.push_back(s.option + ": tied embeddings: the last stage's output_layer.weight copy is not in the layout");
+  // Tied embeddings at PP > 1: GPTModel allocates output_layer.weight on the
+  // last stage (ColumnParallelLinear's skip_weight_param_allocation is
+  // pre_process && share_embeddings_and_output_weights, gpt_model.py) and
+  // keeps it equal to the embedding (setup_embeddings_and_output_layer): a
+  // second copy of the same tensor, written by a refit like the first.
+  const bool tied_copy = a.tied && pp > 1;
+  if (tied_copy)
+    notes.push_back(s.option + ": tied embeddings: the last stage holds output_layer.weight, a copy of the embedding");
 
   std::set<std::string> fused_done;
   for (const auto& t : a.tensors) {
@@ -361,7 +365,7 @@ ordered_json MakeMegatron(const Arch& a, const std::string& model, Settings& s, 
     std::vector<std::pair<std::string, ordered_json>> axes;
     const bool layered = t.layers != Layers::none;
     if (layered && !pp_axis.is_null()) axes.push_back({"pp", pp_axis});
-    if (t.role == Role::embed) axes.push_back({"pp", {{"at", 0}}});
+    if (t.role == Role::embed) axes.push_back({"pp", {{"at", tied_copy ? ordered_json{0, -1} : ordered_json(0)}}});
     if (t.role == Role::lm_head || t.role == Role::final_norm) axes.push_back({"pp", {{"at", -1}}});
     const bool qkv = t.role == Role::q || t.role == Role::k || t.role == Role::v || t.role == Role::q_bias ||
                      t.role == Role::k_bias || t.role == Role::v_bias;
@@ -401,6 +405,22 @@ ordered_json MakeMegatron(const Arch& a, const std::string& model, Settings& s, 
     // fp32-norms says so. The router's expert_bias buffer is float32 either way
     // (router.py registers it so); the model spec's HF dtype covers it.
     if (s.fp32_norms && IsNorm(t.role)) rule["dtype"] = "fp32";
+    if (t.role == Role::embed && tied_copy) {
+      rule["at"] = {{"pp", 0}};
+      ordered_json copy = rule;
+      copy["name"] = "output_layer.weight";
+      copy["at"] = {{"pp", -1}};
+      b.Buffer(rule);
+      b.Buffer(copy);
+      continue;
+    }
+    if (t.role == Role::post_norm && s.te && a.experts > 0 && a.first_moe > 0) {
+      ordered_json dense = rule;
+      dense["name"] = "decoder.layers.{layer.local}.mlp.linear_fc1.layer_norm_weight";
+      dense["range"] = {{"layer", {0, a.first_moe}}};
+      rule["range"] = {{"layer", {a.first_moe, a.layers}}};
+      b.Buffer(dense);
+    }
     b.Buffer(rule);
   }
   std::string lname = "megatron";

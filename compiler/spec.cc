@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <unordered_map>
 
 #include "runtime/error.h"
 
@@ -464,10 +465,22 @@ AxisSpec ParseAxis(const Reader& r, const json& v, const std::string& path, cons
   if (v.contains("at")) {
     if (v.size() != 1) r.Fail(path, "\"at\" takes no other fields");
     a.kind = AxisKind::at;
-    a.at = r.Int(v["at"], path + "/at", -1);
-    if (a.at < 0) a.at += axis_size;
-    if (a.at < 0 || a.at >= axis_size)
-      r.Fail(path + "/at", "position " + v["at"].dump() + " is outside the axis of size " + std::to_string(axis_size));
+    // One position, or several that each hold a whole copy (Megatron's tied
+    // embedding on the first and the last pipeline stage).
+    const json& at = v["at"];
+    const bool list = at.is_array();
+    if (list && at.empty()) r.Fail(path + "/at", "list at least one position");
+    for (size_t i = 0; i < (list ? at.size() : 1); ++i) {
+      const std::string ip = path + "/at" + (list ? "/" + std::to_string(i) : "");
+      const json& x = list ? at[i] : at;
+      int64_t pos = r.Int(x, ip, -axis_size);
+      if (pos < 0) pos += axis_size;
+      if (pos >= axis_size)
+        r.Fail(ip, "position " + x.dump() + " is outside the axis of size " + std::to_string(axis_size));
+      if (std::find(a.at.begin(), a.at.end(), pos) != a.at.end())
+        r.Fail(ip, "position " + x.dump() + " is listed twice (as " + std::to_string(pos) + ")");
+      a.at.push_back(pos);
+    }
     return a;
   }
   if (!v.contains("shard")) r.Fail(path, "expected \"shard\" or \"at\"");
@@ -635,13 +648,14 @@ LayoutSpec ParseLayout(const json& root, const std::string& file, const ModelSpe
     l.placements.push_back(std::move(p));
   }
   std::vector<std::string> tensor_names;
-  for (auto& t : model.tensors) tensor_names.push_back(t.name);
+  std::unordered_map<std::string, size_t> tensor_index;
+  for (auto& t : model.tensors) tensor_index.emplace(t.name, tensor_names.size()), tensor_names.push_back(t.name);
   if (root.contains("buffers")) {
     const json& bufs = r.Array(root["buffers"], "/buffers");
     for (size_t i = 0; i < bufs.size(); ++i) {
       std::string path = "/buffers/" + std::to_string(i);
       const json& bj = r.Object(bufs[i], path);
-      r.Keys(bj, path, {"name", "parts", "tensor", "concat", "interleave", "shape", "dtype", "quant", "shard"});
+      r.Keys(bj, path, {"name", "parts", "tensor", "concat", "interleave", "shape", "dtype", "quant", "shard", "range", "at"});
       BufferRule b;
       b.path = path;
       b.name = r.String(r.Get(bj, path, "name"), path + "/name");
@@ -653,7 +667,7 @@ LayoutSpec ParseLayout(const json& root, const std::string& file, const ModelSpe
         for (size_t k = 0; k < parts.size(); ++k) b.parts.push_back(r.String(parts[k], path + "/parts/" + std::to_string(k)));
       }
       for (size_t k = 0; k < b.parts.size(); ++k) {
-        if (std::find(tensor_names.begin(), tensor_names.end(), b.parts[k]) == tensor_names.end())
+        if (!tensor_index.count(b.parts[k]))
           r.Fail(path + "/parts/" + std::to_string(k),
                  "no tensor '" + b.parts[k] + "' in model '" + model.name + "'" + DidYouMean(b.parts[k], tensor_names));
       }
@@ -678,12 +692,31 @@ LayoutSpec ParseLayout(const json& root, const std::string& file, const ModelSpe
       if (bj.contains("shape")) b.shape = r.IntList(bj["shape"], path + "/shape", 1);
       if (bj.contains("dtype")) b.dtype = r.ParseDtype(bj["dtype"], path + "/dtype");
       if (bj.contains("quant")) b.quant = ParseQuant(r, bj["quant"], path, b);
+      if (bj.contains("range")) {
+        const json& range = r.Object(bj["range"], path + "/range");
+        if (range.empty()) r.Fail(path + "/range", "name at least one stack dim");
+        const TensorSpec& t0 = model.tensors[tensor_index.at(b.parts[0])];
+        for (auto it = range.begin(); it != range.end(); ++it) {
+          const std::string rp = path + "/range/" + it.key();
+          const int d = model.dim_index(it.key());
+          if (d < 0 || std::find(t0.stack.begin(), t0.stack.end(), d) == t0.stack.end())
+            r.Fail(rp, "'" + b.parts[0] + "' has no stack dim '" + it.key() + "'");
+          const auto lohi = r.IntList(it.value(), rp, 0);
+          if (lohi.size() != 2 || lohi[0] >= lohi[1] || lohi[1] > model.dims[d].second)
+            r.Fail(rp, "expected [lo, hi] with 0 <= lo < hi <= " + std::to_string(model.dims[d].second));
+          b.range.emplace_back(d, lohi[0], lohi[1]);
+        }
+      }
+      if (bj.contains("at")) {
+        const json& at = r.Object(bj["at"], path + "/at");
+        if (at.empty()) r.Fail(path + "/at", "name at least one mesh axis");
+        for (auto it = at.begin(); it != at.end(); ++it)
+          b.at.emplace_back(it.key(), r.Int(it.value(), path + "/at/" + it.key(), -kMaxRanks, kMaxRanks));
+      }
       // Every placeholder of the name must be a stack dim of the parts.
       for (const auto& p : ParseNameTemplate(b.name).dims) {
         int d = model.dim_index(p);
-        const TensorSpec* t0 = nullptr;
-        for (auto& t : model.tensors)
-          if (t.name == b.parts[0]) t0 = &t;
+        const TensorSpec* t0 = &model.tensors[tensor_index.at(b.parts[0])];
         if (d < 0 || std::find(t0->stack.begin(), t0->stack.end(), d) == t0->stack.end())
           r.Fail(path + "/name", "placeholder '{" + p + "}' is not a stack dim of '" + b.parts[0] + "'");
       }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -63,7 +64,7 @@ struct AxisSpec {
   std::vector<int64_t> sizes;    // uneven shard
   int64_t blocks = 0, parts = 0, cyclic = 0;
   std::vector<std::vector<int64_t>> assign;
-  int64_t at = 0;
+  std::vector<int64_t> at;       // `"at": I` or `"at": [I, J, ...]`: the positions that hold it
   std::string path;
 };
 
@@ -108,6 +109,13 @@ struct BufferRule {
   /// fused dim over this axis of the parts' mesh (Megatron's linear_qkv when
   /// TP exceeds the query groups); the parts replicate on that axis.
   std::string shard_axis;
+  /// `"range": {DIM: [lo, hi]}`: the rule names only these instances of its
+  /// parts' stack dims; other rules may name the rest (TE's dense layers fuse
+  /// the pre-MLP norm into linear_fc1, MoE layers keep pre_mlp_layernorm).
+  std::vector<std::tuple<int, int64_t, int64_t>> range;  // model dim, lo, hi
+  /// `"at": {AXIS: I}`: the rule names only what ranks at these positions of
+  /// the parts' mesh hold (Megatron's tied output_layer copy on the last stage).
+  std::vector<std::pair<std::string, int64_t>> at;
   std::string path;
 };
 

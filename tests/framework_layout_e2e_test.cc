@@ -47,7 +47,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"padded-vocab", "infer.json", "train.json"},
                       Case{"interleaved-w13", "train.json", "infer.json"},
                       Case{"interleaved-w13", "train.json", "infer-whole.json"},
-                      Case{"interleaved-w13", "infer.json", "infer-whole.json"}),
+                      Case{"interleaved-w13", "infer.json", "infer-whole.json"},
+                      // Megatron TE PP2 with tied embeddings: the last stage's output_layer
+                      // copy is written too; dense and MoE pre-MLP norms under their names.
+                      Case{"tied-pp2-dense-norms", "train.json", "infer.json"},
+                      Case{"tied-pp2-dense-norms", "infer.json", "train.json"}),
     [](const ::testing::TestParamInfo<Case>& i) {
       std::string n = std::string(i.param.dir) + "_" + i.param.from + "_" + i.param.to;
       for (char& ch : n)

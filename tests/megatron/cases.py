@@ -63,6 +63,10 @@ CASES = {
     # vocab 250 with 128 x TP4 -> 512: rank 1 holds 122 real rows, ranks 2 and 3 only padding.
     "dense-tp4-padded": dict(hf=dict(DENSE, num_key_value_heads=4), world=4, tp=4, pp=1, ep=1, etp=None,
                              vocab_divisible=128),
+    # Tied embeddings at PP2: the last stage holds output_layer.weight, a copy of the
+    # embedding that Megatron keeps equal to it (its specs are what `reshard init` writes).
+    "dense-tied-tp2-pp2": dict(hf=dict(DENSE, tie_word_embeddings=True), world=4, tp=2, pp=2, ep=1, etp=None,
+                               vocab_divisible=128),
     # MoE at TP2 PP2 EP2 with experts not tensor-parallel (etp 1): 4 ranks, DP 1.
     "moe-tp2-pp2-ep2": dict(hf=MOE, world=4, tp=2, pp=2, ep=2, etp=1, vocab_divisible=128),
     # MoE at TP2 PP2 DP2 EP2 with expert-TP 2 (Megatron's default etp = tp): 8 ranks.

@@ -46,7 +46,9 @@ def megatron_to_hf(case, ranks, qkv_interleaved=True, fc1_gate_first=True):
         for name, t in params.items():
             where = f"rank {rank}"
             if name in ("embedding.word_embeddings.weight", "output_layer.weight"):
-                base = "model.embed_tokens.weight" if name.startswith("embedding") else "lm_head.weight"
+                # Tied embeddings: the last stage's output_layer is a replica of the embedding.
+                tied = hf.get("tie_word_embeddings", False)
+                base = "model.embed_tokens.weight" if name.startswith("embedding") or tied else "lm_head.weight"
                 _put(shards.setdefault((base, 0), {}), c["tp"], t, where)
             elif name == "decoder.final_layernorm.weight":
                 _put(whole, "model.norm.weight", t, where)

@@ -58,11 +58,19 @@ def build(case, wrap=True):
     cfg = config(case)
     spec = get_gpt_layer_local_spec(num_experts=cfg.num_moe_experts, moe_grouped_gemm=False,
                                     qk_layernorm=cfg.qk_layernorm, normalization="RMSNorm")
-    model = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=padded_vocab(case),
-                     max_sequence_length=case["hf"]["max_position_embeddings"],
-                     pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
-                     share_embeddings_and_output_weights=case["hf"]["tie_word_embeddings"],
-                     position_embedding_type="rope", rotary_base=int(case["hf"]["rope_theta"]))
+    # Tied embeddings at PP > 1: setup_embeddings_and_output_layer moves the
+    # embedding and its last-stage copy to the GPU to all-reduce them; on CPU
+    # (Gloo) they stay where they are.
+    cuda = torch.Tensor.cuda
+    torch.Tensor.cuda = lambda self, *a, **k: self
+    try:
+        model = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=padded_vocab(case),
+                         max_sequence_length=case["hf"]["max_position_embeddings"],
+                         pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
+                         share_embeddings_and_output_weights=case["hf"]["tie_word_embeddings"],
+                         position_embedding_type="rope", rotary_base=int(case["hf"]["rope_theta"]))
+    finally:
+        torch.Tensor.cuda = cuda
     return Float16Module(cfg, model) if wrap else model
 
 
@@ -76,6 +84,10 @@ def fill(model):
     for name, p in model.named_parameters():
         expert = ".experts." in name
         key = [name, c["pp"]]
+        if name.endswith("output_layer.weight") and getattr(p, "shared_embedding", False):
+            # Tied embeddings at PP > 1: Megatron keeps the last stage's copy equal to
+            # the first stage's embedding (setup_embeddings_and_output_layer).
+            key = [name[:-len("output_layer.weight")] + "embedding.word_embeddings.weight", 0]
         if expert:
             key += [c["ep"], c["etp"] if getattr(p, "tensor_model_parallel", False) else -1]
         elif getattr(p, "tensor_model_parallel", False):
