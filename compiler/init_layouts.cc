@@ -32,8 +32,10 @@
 //    `routed_experts` by the FusedMoE layer / MoERunner built as `experts`),
 //    models/deepseek_v2.py DeepseekV2MLAAttention (fused_qkv_a_proj with q LoRA,
 //    kv_a_proj_with_mqa without), quantization/fp8.py (block scales
-//    `weight_scale_inv`, per-channel `weight_scale`, the per-rank slice a multiple
-//    of the block: validate_fp8_block_shape).
+//    `weight_scale_inv`, the per-rank slice a multiple of the block:
+//    validate_fp8_block_shape), quantization/compressed_tensors/schemes/
+//    compressed_tensors_w8a8_fp8.py (per-channel `weight_scale` [rows, 1]; after
+//    loading the weight parameter is a transposed view of the [rows, cols] storage).
 //  Both sides are checked against per-rank dumps derived from this source
 //  (tests/data/recorded/*/SOURCES.md, tests/recorded_dumps_test.cc).
 #include "compiler/init_layouts.h"
