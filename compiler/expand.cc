@@ -45,9 +45,10 @@ namespace {
 
 // One interval of a rank's share of one dim: global [lo, hi), its offset in the
 // rank's share of the whole dim (`pre`, names {x.local}) and in the share
-// clipped to the tensor's range (`local`, indexes memory).
+// clipped to the tensor's range (`local`, indexes memory); which contiguous run
+// of the share it lies in and its offset there ({x.chunk}, {x.in_chunk}).
 struct Piece {
-  int64_t lo, hi, pre, local;
+  int64_t lo, hi, pre, local, chunk = 0, in_chunk = 0;
   int64_t size() const { return hi - lo; }
 };
 using Pieces = std::vector<Piece>;
@@ -213,13 +214,15 @@ std::optional<Holding> Expander::Hold(int ti, int64_t rank, bool keep_empty_shap
   for (int d = 0; d < nd; ++d) {
     int64_t pre = 0, local = 0;
     const int64_t box_lo = lo ? (*lo)[d] : t.lo[d], box_hi = hi ? (*hi)[d] : t.hi[d];
+    int64_t run = 0;
     for (const Interval& iv : lists[d]) {
       int64_t a = std::max(iv.lo, box_lo), b = std::min(iv.hi, box_hi);
       if (a < b) {
-        h[d].push_back({a, b, pre + (a - iv.lo), local});
+        h[d].push_back({a, b, pre + (a - iv.lo), local, run, a - iv.lo});
         local += b - a;
       }
       pre += iv.size();
+      ++run;
     }
     if (h[d].empty() && (d < ns || !keep_empty_shape)) return std::nullopt;
   }
@@ -556,7 +559,13 @@ void Expander::ExpandRule(const BufferRule& rule, const std::vector<int>& parts)
           int d = name_dim[k];
           for (const Piece& pc : h0[d]) {
             if (idx[d] >= pc.local && idx[d] < pc.local + pc.size()) {
-              name += std::to_string(tmpl.local[k] ? pc.pre + (idx[d] - pc.local) : pc.lo + (idx[d] - pc.local));
+              const int64_t in = idx[d] - pc.local;
+              switch (tmpl.kind[k]) {
+                case IndexKind::global: name += std::to_string(pc.lo + in); break;
+                case IndexKind::local: name += std::to_string(pc.pre + in); break;
+                case IndexKind::chunk: name += std::to_string(pc.chunk); break;
+                case IndexKind::in_chunk: name += std::to_string(pc.in_chunk + in); break;
+              }
               break;
             }
           }

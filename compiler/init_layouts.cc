@@ -222,14 +222,26 @@ VocabSplit SplitVocab(int64_t vocab, int64_t multiple, int64_t n) {
 
 // --- Megatron-Core ------------------------------------------------------------------------
 
+// With virtual pipeline stages (vpp > 1) every rank holds vpp model chunks,
+// each a GPTModel whose layers count from 0 (TransformerBlock builds its
+// layers with local numbers; get_transformer_layer_offset places them); the
+// layout names chunk c's parameters "model{c}." as Megatron's checkpoints
+// do (checkpointing.py: state_dict['model%d' % i]), and frameworks bind each
+// chunk under that prefix. The embedding lives in chunk 0, the output layer
+// and final norm in the last chunk.
 struct MegatronNames {
   bool te;
+  int64_t vpp = 1;
+  std::string Chunk(const std::string& c) const { return vpp > 1 ? "model" + c + "." : ""; }
+  std::string Layer() const {
+    return vpp > 1 ? Chunk("{layer.chunk}") + "decoder.layers.{layer.in_chunk}." : "decoder.layers.{layer.local}.";
+  }
   std::string operator()(const Arch& a, Role r, bool grouped) const {
-    const std::string L = "decoder.layers.{layer.local}.";
+    const std::string L = Layer();
     switch (r) {
-      case Role::embed: return "embedding.word_embeddings.weight";
-      case Role::lm_head: return "output_layer.weight";
-      case Role::final_norm: return "decoder.final_layernorm.weight";
+      case Role::embed: return Chunk("0") + "embedding.word_embeddings.weight";
+      case Role::lm_head: return Chunk(S(vpp - 1)) + "output_layer.weight";
+      case Role::final_norm: return Chunk(S(vpp - 1)) + "decoder.final_layernorm.weight";
       case Role::input_norm:
         return L + (te && !a.mla ? "self_attention.linear_qkv.layer_norm_weight" : "input_layernorm.weight");
       case Role::q: case Role::k: case Role::v: return L + "self_attention.linear_qkv.weight";
@@ -338,7 +350,7 @@ ordered_json MakeMegatron(const Arch& a, const std::string& model, Settings& s, 
   b.AddMesh("dense", {{"pp", pp}, {"dp", dp}, {"cp", cp}, {"tp", tp}});
   if (a.experts > 0) b.AddMesh("expert", {{"pp", pp}, {"edp", edp}, {"ep", ep}, {"etp", etp}});
 
-  const MegatronNames name{s.te};
+  const MegatronNames name{s.te, s.vpp};
   const VocabSplit vocab = SplitVocab(a.vocab, s.vocab_divisible * tp, tp);
   if (s.vocab_divisible == 0 && a.vocab % tp != 0)
     Fail(s, "Megatron-Core's VocabParallelEmbedding splits the vocabulary (" + S(a.vocab) +
@@ -410,7 +422,7 @@ ordered_json MakeMegatron(const Arch& a, const std::string& model, Settings& s, 
     if (t.role == Role::embed && tied_copy) {
       rule["at"] = {{"pp", 0}};
       ordered_json copy = rule;
-      copy["name"] = "output_layer.weight";
+      copy["name"] = name.Chunk(S(s.vpp - 1)) + "output_layer.weight";
       copy["at"] = {{"pp", -1}};
       b.Buffer(rule);
       b.Buffer(copy);
@@ -418,7 +430,7 @@ ordered_json MakeMegatron(const Arch& a, const std::string& model, Settings& s, 
     }
     if (t.role == Role::post_norm && s.te && a.experts > 0 && a.first_moe > 0) {
       ordered_json dense = rule;
-      dense["name"] = "decoder.layers.{layer.local}.mlp.linear_fc1.layer_norm_weight";
+      dense["name"] = name.Layer() + "mlp.linear_fc1.layer_norm_weight";
       dense["range"] = {{"layer", {0, a.first_moe}}};
       rule["range"] = {{"layer", {a.first_moe, a.layers}}};
       b.Buffer(dense);

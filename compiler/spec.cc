@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <string_view>
 #include <unordered_map>
 
 #include "runtime/error.h"
@@ -176,10 +177,18 @@ NameTemplate ParseNameTemplate(const std::string& name) {
     }
     t.text.push_back(name.substr(pos, open - pos));
     std::string p = name.substr(open + 1, close - open - 1);
-    bool local = p.size() > 6 && p.compare(p.size() - 6, 6, ".local") == 0;
-    if (local) p.resize(p.size() - 6);
+    IndexKind kind = IndexKind::global;
+    for (auto [suffix, k] : {std::pair{".local", IndexKind::local}, std::pair{".chunk", IndexKind::chunk},
+                             std::pair{".in_chunk", IndexKind::in_chunk}}) {
+      const size_t n = std::string_view(suffix).size();
+      if (p.size() > n && p.compare(p.size() - n, n, suffix) == 0) {
+        p.resize(p.size() - n);
+        kind = k;
+        break;
+      }
+    }
     t.dims.push_back(p);
-    t.local.push_back(local);
+    t.kind.push_back(kind);
     pos = close + 1;
   }
 }
@@ -403,7 +412,9 @@ ModelSpec ParseModel(const json& root, const std::string& file) {
     ts.dtype = t.contains("dtype") ? r.ParseDtype(t["dtype"], path + "/dtype") : m.dtype;
     NameTemplate nt = ParseNameTemplate(ts.name);
     for (size_t k = 0; k < nt.dims.size(); ++k) {
-      const std::string p = nt.dims[k] + (nt.local[k] ? ".local" : "");  // tensor names take global indices only
+      // Tensor names take global indices only.
+      const char* suffix[] = {"", ".local", ".chunk", ".in_chunk"};
+      const std::string p = nt.dims[k] + suffix[static_cast<int>(nt.kind[k])];
       int d = m.dim_index(p);
       if (d < 0) r.Fail(path + "/name", "placeholder '{" + p + "}' is not a dim declared in /dims" + DidYouMean(p, dim_names));
       if (std::find(ts.stack.begin(), ts.stack.end(), d) != ts.stack.end())
@@ -556,7 +567,7 @@ QuantSpec ParseQuant(const Reader& r, const json& v, const std::string& rule_pat
   }
   q.scale_name = r.String(r.Get(v, path, "scale_name"), path + "/scale_name");
   const NameTemplate data = ParseNameTemplate(b.name), scale = ParseNameTemplate(q.scale_name);
-  if (data.dims != scale.dims || data.local != scale.local)
+  if (data.dims != scale.dims || data.kind != scale.kind)
     r.Fail(path + "/scale_name", "placeholders must be those of the buffer's name, in the same order");
   if (q.scale_name == b.name) r.Fail(path + "/scale_name", "the scale buffer needs a name of its own");
   if (b.fuse == Fuse::interleave) r.Fail(path, "a buffer fused with \"interleave\" cannot be quantized");

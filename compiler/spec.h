@@ -97,7 +97,7 @@ struct QuantSpec {
 };
 
 struct BufferRule {
-  std::string name;              // template with {dim} / {dim.local}
+  std::string name;              // template with {dim} / {dim.local} / {dim.chunk} / {dim.in_chunk}
   std::vector<std::string> parts;
   Fuse fuse = Fuse::none;
   int fuse_dim = 0;
@@ -151,10 +151,18 @@ LayoutSpec ParseLayout(const nlohmann::json& j, const std::string& file, const M
 ClusterSpec ParseCluster(const nlohmann::json& j, const std::string& file);
 
 /// A name template cut at its placeholders: text[0] {dims[0]} text[1] ...
-/// text[n]; `local[i]` marks `{dim.local}` (the suffix is stripped from dims[i]).
+/// text[n]. Each placeholder names a stack dim's index as `kind` says:
+///   {dim}          the global index;
+///   {dim.local}    the index within the rank's share of the dim;
+///   {dim.chunk}    which contiguous run of the rank's share holds it, and
+///   {dim.in_chunk} the index within that run: under a cyclic placement
+///                  (Megatron's virtual pipeline stages) the model chunk and
+///                  the layer's number inside it.
+/// The suffix is stripped from dims[i].
+enum class IndexKind { global, local, chunk, in_chunk };
 struct NameTemplate {
   std::vector<std::string> text, dims;
-  std::vector<bool> local;
+  std::vector<IndexKind> kind;
 };
 NameTemplate ParseNameTemplate(const std::string& name);
 

@@ -41,6 +41,7 @@ TEST(InitMegatron, RealDumpsHaveZeroDifferences) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"dense-tp2-pp2", "megatron:tp=2,pp=2,spec=local"},
       {"dense-tied-tp2-pp2", "megatron:tp=2,pp=2,spec=local"},
+      {"dense-tp2-pp2-vpp2", "megatron:tp=2,pp=2,vpp=2,spec=local"},
       {"dense-tp4-qg2", "megatron:tp=4,spec=local,vocab-divisible=16"},
       {"dense-tp4-padded", "megatron:tp=4,spec=local"},
       {"moe-tp2-pp2-ep2", "megatron:tp=2,pp=2,ep=2,etp=1,spec=local"},

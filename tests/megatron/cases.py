@@ -67,6 +67,9 @@ CASES = {
     # embedding that Megatron keeps equal to it (its specs are what `reshard init` writes).
     "dense-tied-tp2-pp2": dict(hf=dict(DENSE, tie_word_embeddings=True), world=4, tp=2, pp=2, ep=1, etp=None,
                                vocab_divisible=128),
+    # Virtual pipeline stages: 2 chunks per stage of one layer each; stage p holds layers p and
+    # p + 2, each chunk's layer numbered 0 (its specs are what `reshard init` writes).
+    "dense-tp2-pp2-vpp2": dict(hf=DENSE, world=4, tp=2, pp=2, vpp=2, ep=1, etp=None, vocab_divisible=128),
     # MoE at TP2 PP2 EP2 with experts not tensor-parallel (etp 1): 4 ranks, DP 1.
     "moe-tp2-pp2-ep2": dict(hf=MOE, world=4, tp=2, pp=2, ep=2, etp=1, vocab_divisible=128),
     # MoE at TP2 PP2 DP2 EP2 with expert-TP 2 (Megatron's default etp = tp): 8 ranks.

@@ -37,7 +37,8 @@ def megatron_to_hf(case, ranks, qkv_interleaved=True, fc1_gate_first=True):
     The flags give wrong conversions, for control: [q; k; v] not interleaved
     per group, fc1 as [up; gate]."""
     hf = case["hf"]
-    per_stage = hf["num_hidden_layers"] // case["pp"]
+    vpp = case.get("vpp") or 1
+    per_chunk = hf["num_hidden_layers"] // (case["pp"] * vpp)
     experts = hf.get("num_experts", 0)
     local_experts = experts // case["ep"] if experts else 0
     shards = {}  # (hf base name, split dim) -> {tp index: tensor}
@@ -45,6 +46,10 @@ def megatron_to_hf(case, ranks, qkv_interleaved=True, fc1_gate_first=True):
     for rank, (c, params) in sorted(ranks.items()):
         for name, t in params.items():
             where = f"rank {rank}"
+            chunk = 0
+            if vpp > 1:  # "model{c}." names virtual pipeline chunk c: stage pp's layers of virtual stage c
+                head, name = name.split(".", 1)
+                chunk = int(head[len("model"):])
             if name in ("embedding.word_embeddings.weight", "output_layer.weight"):
                 # Tied embeddings: the last stage's output_layer is a replica of the embedding.
                 tied = hf.get("tie_word_embeddings", False)
@@ -54,7 +59,7 @@ def megatron_to_hf(case, ranks, qkv_interleaved=True, fc1_gate_first=True):
                 _put(whole, "model.norm.weight", t, where)
             elif name.startswith("decoder.layers."):
                 local, rest = name[len("decoder.layers."):].split(".", 1)
-                layer = c["pp"] * per_stage + int(local)
+                layer = (chunk * case["pp"] + c["pp"]) * per_chunk + int(local)
                 prefix = f"model.layers.{layer}."
                 if rest.startswith("mlp.experts.local_experts."):
                     j, sub = rest[len("mlp.experts.local_experts."):].split(".", 1)

@@ -103,10 +103,10 @@ def _megatron_rank(rank, case_name, plans, tmp, lib):
     tiny_gpt.fill(model)
     meta = {"framework": f"megatron-core {importlib.metadata.version('megatron-core')}", "megatron": tiny_gpt.coords()}
     dump_state_dict.write(os.path.join(tmp, f"dump{rank}.json"), model, rank, strip="module.", meta=meta)
-    params = {n[len("module."):]: p.data for n, p in model.named_parameters()}
+    params = tiny_gpt.named_params(model)
     qkv = None
     if tiny_gpt.coords()["pp"] == 0:  # Megatron's own reading of linear_qkv on the first layer
-        attn = model.module.decoder.layers[0].self_attention
+        attn = tiny_gpt.first_chunk(model).decoder.layers[0].self_attention
         cuda_device = torch.cuda.current_device
         # With TP > query groups Megatron all-gathers linear_qkv's output into a
         # buffer it allocates on torch.cuda.current_device(): on CPU, the CPU.

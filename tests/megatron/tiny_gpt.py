@@ -22,6 +22,7 @@ from cases import padded_vocab
 def parallel(case):
     ps.initialize_model_parallel(
         tensor_model_parallel_size=case["tp"], pipeline_model_parallel_size=case["pp"],
+        virtual_pipeline_model_parallel_size=case.get("vpp"),
         expert_model_parallel_size=case["ep"], expert_tensor_parallel_size=case["etp"])
 
 
@@ -45,6 +46,7 @@ def config(case, bf16=True):
         expert_model_parallel_size=case["ep"], expert_tensor_parallel_size=case["etp"],
         sequence_parallel=False, use_cpu_initialization=True, perform_initialization=False,
         params_dtype=torch.bfloat16 if bf16 else torch.float32, bf16=bf16, pipeline_dtype=torch.bfloat16,
+        virtual_pipeline_model_parallel_size=case.get("vpp"),
         qk_layernorm=hf["model_type"] == "qwen3_moe")
     if moe:
         kw.update(num_moe_experts=moe, moe_ffn_hidden_size=hf["moe_intermediate_size"],
@@ -52,9 +54,38 @@ def config(case, bf16=True):
     return TransformerConfig(**kw)
 
 
+class Chunks(torch.nn.Module):
+    """A rank's virtual pipeline chunks under "model0.", "model1.", ... (the
+    names of Megatron's checkpoints: state_dict['model%d' % i])."""
+
+    def __init__(self, chunks):
+        super().__init__()
+        for i, c in enumerate(chunks):
+            self.add_module(f"model{i}", c)
+
+
 def build(case, wrap=True):
     """This rank's GPTModel; with `wrap`, inside Float16Module as Megatron's
-    get_model() does when bf16 is on (which casts every parameter to bf16)."""
+    get_model() does when bf16 is on (which casts every parameter to bf16).
+    With virtual pipeline stages (case["vpp"]), the rank's model chunks, each
+    built as get_model() builds it (vp_stage i), under Chunks."""
+    if case.get("vpp"):
+        chunks = [_build(case, wrap, i) for i in range(case["vpp"])]
+        return Chunks([c.module if wrap else c for c in chunks])  # Float16Module casts its module in place
+    return _build(case, wrap)
+
+
+def named_params(model):
+    """{name: tensor} as the layouts name them: without Float16Module's "module."."""
+    return {n[len("module."):] if n.startswith("module.") else n: p.data for n, p in model.named_parameters()}
+
+
+def first_chunk(model):
+    """The GPTModel holding this rank's first layers."""
+    return model.model0 if isinstance(model, Chunks) else model.module
+
+
+def _build(case, wrap, vp_stage=None):
     cfg = config(case)
     spec = get_gpt_layer_local_spec(num_experts=cfg.num_moe_experts, moe_grouped_gemm=False,
                                     qk_layernorm=cfg.qk_layernorm, normalization="RMSNorm")
@@ -66,7 +97,9 @@ def build(case, wrap=True):
     try:
         model = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=padded_vocab(case),
                          max_sequence_length=case["hf"]["max_position_embeddings"],
-                         pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
+                         pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+                         post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
+                         vp_stage=vp_stage,
                          share_embeddings_and_output_weights=case["hf"]["tie_word_embeddings"],
                          position_embedding_type="rope", rotary_base=int(case["hf"]["rope_theta"]))
     finally:
