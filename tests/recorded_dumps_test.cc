@@ -6,7 +6,6 @@
 // runs without a GPU. `reshard check` must find zero differences.
 #include <filesystem>
 #include <map>
-#include <regex>
 #include <set>
 #include <sstream>
 
@@ -46,35 +45,22 @@ const std::vector<RecordedCase>& Cases() {
   return cases;
 }
 
-// Known differences, each the framework's truth against what init writes today.
-const std::map<std::string, std::set<std::string>>& KnownDifferences() {
-  static const std::map<std::string, std::set<std::string>> known = {
-      // vLLM's per-channel FP8 linears (compressed_tensors_w8a8_fp8.py process_weights_after_loading:
-      // `weight = weight.t()`) are, after loading, a transposed view: named_parameters() reports
-      // [in, out] while the storage stays [out, in] row-major, the layout init writes. The bytes a
-      // refit writes are the same; the reported shape differs wherever in != out (qkv_proj here,
-      // o_proj is square). init's layout is right about the bytes; a check or a binding that
-      // compares the reported shape (the Python Session does) needs the view's strides.
-      {"vllm-moe-tp2-fp8-channel",
-       {
-        "rank 0: wrong shape: model.layers.0.self_attn.qkv_proj.weight: the layout says fp8_e4m3[96, 64], "
-        "the dump has fp8_e4m3[64, 96]",
-        "rank 0: wrong shape: model.layers.1.self_attn.qkv_proj.weight: the layout says fp8_e4m3[96, 64], "
-        "the dump has fp8_e4m3[64, 96]",
-        "rank 0: wrong shape: model.layers.2.self_attn.qkv_proj.weight: the layout says fp8_e4m3[96, 64], "
-        "the dump has fp8_e4m3[64, 96]",
-        "rank 0: wrong shape: model.layers.3.self_attn.qkv_proj.weight: the layout says fp8_e4m3[96, 64], "
-        "the dump has fp8_e4m3[64, 96]",
-        "rank 1: wrong shape: model.layers.0.self_attn.qkv_proj.weight: the layout says fp8_e4m3[96, 64], "
-        "the dump has fp8_e4m3[64, 96]",
-        "rank 1: wrong shape: model.layers.1.self_attn.qkv_proj.weight: the layout says fp8_e4m3[96, 64], "
-        "the dump has fp8_e4m3[64, 96]",
-        "rank 1: wrong shape: model.layers.2.self_attn.qkv_proj.weight: the layout says fp8_e4m3[96, 64], "
-        "the dump has fp8_e4m3[64, 96]",
-        "rank 1: wrong shape: model.layers.3.self_attn.qkv_proj.weight: the layout says fp8_e4m3[96, 64], "
-        "the dump has fp8_e4m3[64, 96]"}},
-  };
-  return known;
+// Parameters that are views of the layout's memory rather than its shape:
+// vLLM's per-channel FP8 linears (compressed_tensors_w8a8_fp8.py
+// process_weights_after_loading: `weight = weight.t()`) report [in, out] over
+// [out, in] row-major storage, the layout init writes. `reshard check` reads
+// the view's strides from the dump and says so instead of a difference.
+const std::map<std::string, std::set<std::string>>& ExpectedViews() {
+  static const std::map<std::string, std::set<std::string>> views = [] {
+    std::set<std::string> lines;  // o_proj is square (64 x 64): same shape, no line
+    for (int rank : {0, 1})
+      for (int layer = 0; layer < 4; ++layer)
+        lines.insert("rank " + std::to_string(rank) + ": view: model.layers." + std::to_string(layer) +
+                     ".self_attn.qkv_proj.weight: the dump has fp8_e4m3[64, 96] with strides [1, 64], a permuted "
+                     "view of the layout's row-major fp8_e4m3[96, 64]; bind its storage order (p.t())");
+    return std::map<std::string, std::set<std::string>>{{"vllm-moe-tp2-fp8-channel", lines}};
+  }();
+  return views;
 }
 
 std::set<std::string> DiffLines(const std::string& out) {
@@ -100,14 +86,10 @@ TEST(RecordedDumps, InitMatchesTheFrameworksSource) {
     const bool vllm = std::string(c.infer) != "hf";
     r = Reshard(dir, {"check", "--layout", out + (vllm ? "/infer.json" : "/train.json"), "--model",
                       out + "/model.json", "--state-dict", data + "dump.json"});
-    auto known = KnownDifferences().find(c.name);
-    if (known == KnownDifferences().end()) {
-      EXPECT_EQ(r.code, 0) << r.out << r.err;
-      EXPECT_NE(r.out.find("matches the dump"), std::string::npos) << r.out;
-    } else {
-      EXPECT_EQ(r.code, 1) << r.out << r.err;
-      EXPECT_EQ(DiffLines(r.out), known->second) << r.out;
-    }
+    EXPECT_EQ(r.code, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find("matches the dump"), std::string::npos) << r.out;
+    auto views = ExpectedViews().find(c.name);
+    EXPECT_EQ(DiffLines(r.out), views == ExpectedViews().end() ? std::set<std::string>{} : views->second) << r.out;
   }
 }
 
@@ -135,18 +117,6 @@ TEST(RecordedDumps, CheckedInFilesAreWhatDeriveWrites) {
           << c.name << "/" << f << " differs from what tests/recorded/derive.py writes";
 }
 
-// The known difference above, as a class of `reshard check` lines.
-enum class Known { none, vllm_fp8_channel_transposed };
-
-Known Classify(const std::string& line) {
-  static const std::regex transposed(
-      R"(rank \d+: wrong shape: model\.layers\.\d+\.[a-z_.]+_proj\.weight: the layout says fp8_e4m3\[(\d+), (\d+)\], )"
-      R"(the dump has fp8_e4m3\[(\d+), (\d+)\])");
-  std::smatch m;
-  if (std::regex_match(line, m, transposed) && m[1] == m[4] && m[2] == m[3]) return Known::vllm_fp8_channel_transposed;
-  return Known::none;
-}
-
 // The checked-in samples (what samples/regenerate.sh has init write for the
 // real Qwen3-235B, DeepSeek-V3, Kimi-K2 configs and the tiny ones) against the
 // same source-derived rules at full size, for every pipeline stage's first rank
@@ -159,27 +129,27 @@ TEST(RecordedDumps, SamplesMatchTheFrameworksSource) {
   ASSERT_EQ(r.code, 0) << r.err;
   struct SampleCase {
     std::string sample, layout;
-    Known allowed;
+    bool views;  // vLLM per-channel FP8: transposed views of the layout's memory
   };
   const std::vector<SampleCase> cases = {
-      {"tiny-dense", "train.json", Known::none},
-      {"tiny-dense", "infer.json", Known::none},
-      {"tiny-dense", "infer-tp2-dp2.json", Known::none},
-      {"tiny-dense", "infer-tp1-dp4.json", Known::none},
-      {"tiny-moe", "train.json", Known::none},
-      {"tiny-moe", "infer.json", Known::none},
-      {"tiny-moe", "infer-ep.json", Known::none},
-      {"qwen3-235b", "train-tp4-pp8-ep16.json", Known::none},
-      {"qwen3-235b", "infer-tp8-dp16.json", Known::none},
-      {"qwen3-235b", "infer-tp4-dp32.json", Known::none},
-      {"qwen3-235b", "infer-tp8-dp16-fp8-channel.json", Known::vllm_fp8_channel_transposed},
-      {"deepseek-v3", "train-pp16-ep16.json", Known::none},
-      {"deepseek-v3", "infer-tp32-dp8.json", Known::none},
-      {"deepseek-v3", "infer-tp16-dp16-fp8.json", Known::none},
-      {"kimi-k2", "train-1024.json", Known::none},
-      {"kimi-k2", "infer-512.json", Known::none},
-      {"moe-2.4t", "train-1024.json", Known::none},
-      {"moe-2.4t", "infer-512.json", Known::none},
+      {"tiny-dense", "train.json", false},
+      {"tiny-dense", "infer.json", false},
+      {"tiny-dense", "infer-tp2-dp2.json", false},
+      {"tiny-dense", "infer-tp1-dp4.json", false},
+      {"tiny-moe", "train.json", false},
+      {"tiny-moe", "infer.json", false},
+      {"tiny-moe", "infer-ep.json", false},
+      {"qwen3-235b", "train-tp4-pp8-ep16.json", false},
+      {"qwen3-235b", "infer-tp8-dp16.json", false},
+      {"qwen3-235b", "infer-tp4-dp32.json", false},
+      {"qwen3-235b", "infer-tp8-dp16-fp8-channel.json", true},
+      {"deepseek-v3", "train-pp16-ep16.json", false},
+      {"deepseek-v3", "infer-tp32-dp8.json", false},
+      {"deepseek-v3", "infer-tp16-dp16-fp8.json", false},
+      {"kimi-k2", "train-1024.json", false},
+      {"kimi-k2", "infer-512.json", false},
+      {"moe-2.4t", "train-1024.json", false},
+      {"moe-2.4t", "infer-512.json", false},
   };
   size_t dumps = 0;
   for (const auto& e : fs::recursive_directory_iterator(dir.File("dumps")))
@@ -191,11 +161,10 @@ TEST(RecordedDumps, SamplesMatchTheFrameworksSource) {
     const std::string dump = dir.File("dumps/" + c.sample + "/" + stem + ".dump.json");
     r = Reshard(dir, {"check", "--layout", Sample(c.sample + "/" + c.layout), "--model",
                       Sample(c.sample + "/model.json"), "--state-dict", dump});
-    const std::set<std::string> diffs = DiffLines(r.out);
-    EXPECT_EQ(r.code, diffs.empty() ? 0 : 1) << r.out << r.err;
-    if (c.allowed == Known::none) EXPECT_TRUE(diffs.empty()) << r.out;
-    else EXPECT_FALSE(diffs.empty()) << "the known difference is gone: drop it from the expectation\n" << r.out;
-    for (const std::string& d : diffs) EXPECT_EQ(Classify(d), c.allowed) << d;
+    const std::set<std::string> lines = DiffLines(r.out);
+    EXPECT_EQ(r.code, 0) << r.out << r.err;
+    EXPECT_EQ(lines.empty(), !c.views) << r.out;
+    for (const std::string& l : lines) EXPECT_NE(l.find(": view: "), std::string::npos) << l;
   }
 }
 

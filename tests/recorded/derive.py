@@ -202,10 +202,13 @@ class Rank:
     def __init__(self, rank, meta):
         self.rank, self.meta, self.params, self.used = rank, meta, [], {}
 
-    def add(self, name, dtype, shape, src, pattern):
+    def add(self, name, dtype, shape, src, pattern, stride=None):
         assert src in SOURCES, src
         assert all(isinstance(s, int) and s > 0 for s in shape), (name, shape)
-        self.params.append({"name": name, "dtype": dtype, "shape": list(shape)})
+        p = {"name": name, "dtype": dtype, "shape": list(shape)}
+        if stride is not None:  # a view, as tools/dump_state_dict.py records it
+            p["stride"] = list(stride)
+        self.params.append(p)
         self.used.setdefault(pattern, set()).add(src)
 
 
@@ -365,7 +368,7 @@ def vllm(d, tp, dp=1, ep=False, quant=None):
                 R.add(name, FP8, [out, inp], "v.fp8_linear", pattern)
                 R.add(name + "_scale_inv", FP32, [cdiv(out, bn), cdiv(inp, bk)], "v.fp8_linear", pattern + "_scale_inv")
             elif channel:
-                R.add(name, FP8, [inp, out], "v.fp8_channel_linear", pattern)
+                R.add(name, FP8, [inp, out], "v.fp8_channel_linear", pattern, stride=[1, inp])
                 R.add(name[:-len("weight")] + "weight_scale", FP32, [out, 1], "v.fp8_channel_linear",
                       pattern[:-len("weight")] + "weight_scale")
             R.used.setdefault(pattern, set()).add(src)
@@ -651,9 +654,15 @@ def sources_md(name, what, ranks):
 
 
 def main(argv):
-    if len(argv) == 3 and argv[1] == "--samples":
-        return write_samples(argv[2])
-    out = argv[1] if len(argv) > 1 else os.path.join(ROOT, "tests", "data", "recorded")
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", nargs="?", default=os.path.join(ROOT, "tests", "data", "recorded"),
+                    help="where to write <case>/{config.json,dump.json,SOURCES.md} (default: tests/data/recorded)")
+    ap.add_argument("--samples", metavar="OUT", help="write the samples' dumps (a few ranks each) under OUT instead")
+    a = ap.parse_args(argv[1:])
+    if a.samples:
+        return write_samples(a.samples)
+    out = a.out
     for name, (hf, what, derive) in CASES.items():
         ranks = derive(dims(hf))
         d = os.path.join(out, name)
