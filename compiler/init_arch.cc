@@ -161,6 +161,7 @@ void DeepseekV3(const Config& c, Arch& a) {
   a.mla = true;
   a.experts = c.Int("n_routed_experts");
   a.first_moe = c.IntOrZero("first_k_dense_replace");
+  a.mtp_layers = c.IntOrZero("num_nextn_predict_layers");
   if (a.first_moe >= a.layers) c.Fail("first_k_dense_replace", "must be below num_hidden_layers");
   a.kv_heads = 0;
   const int64_t nope = c.Int("qk_nope_head_dim"), rope = c.Int("qk_rope_head_dim"), vdim = c.Int("v_head_dim");

@@ -50,6 +50,7 @@ struct Arch {
   int64_t heads = 0, kv_heads = 0, head_dim = 0;  // kv_heads = 0 for MLA
   bool mla = false;
   bool tied = false;
+  int64_t mtp_layers = 0;        // num_nextn_predict_layers: not in the model spec
   /// FP8 checkpoint (`quantization_config`: quant_method fp8 with
   /// weight_block_size): its block; nullopt for BF16 checkpoints.
   std::optional<std::pair<int64_t, int64_t>> fp8_block;

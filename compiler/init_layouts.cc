@@ -26,9 +26,18 @@
 //    (DEFAULT_VOCAB_PADDING_SIZE = 64, padded vocab split evenly over TP),
 //    fused_moe/config.py FusedMoEParallelConfig (without EP, experts' intermediate
 //    dim sharded over DP x TP; with EP, ep_rank = dp_rank x TP + tp_rank, experts
-//    contiguous), models/deepseek_v2.py (fused_qkv_a_proj), quantization/fp8.py
-//    (block scales `weight_scale_inv`, per-channel `weight_scale`, the per-rank
-//    slice a multiple of the block: validate_fp8_block_shape).
+//    contiguous; uneven counts: fused_moe/expert_map_manager.py determine_expert_map,
+//    linear placement, the first ranks one more), fused_moe/routed_experts.py
+//    RoutedExperts (owns w13_weight / w2_weight and their scales, held as
+//    `routed_experts` by the FusedMoE layer / MoERunner built as `experts`),
+//    models/deepseek_v2.py DeepseekV2MLAAttention (fused_qkv_a_proj with q LoRA,
+//    kv_a_proj_with_mqa without), quantization/fp8.py (block scales
+//    `weight_scale_inv`, the per-rank slice a multiple of the block:
+//    validate_fp8_block_shape), quantization/compressed_tensors/schemes/
+//    compressed_tensors_w8a8_fp8.py (per-channel `weight_scale` [rows, 1]; after
+//    loading the weight parameter is a transposed view of the [rows, cols] storage).
+//  Both sides are checked against per-rank dumps derived from this source
+//  (tests/data/recorded/*/SOURCES.md, tests/recorded_dumps_test.cc).
 #include "compiler/init_layouts.h"
 
 #include <algorithm>
@@ -361,6 +370,10 @@ ordered_json MakeMegatron(const Arch& a, const std::string& model, Settings& s, 
   // keeps it equal to the embedding (setup_embeddings_and_output_layer): a
   // second copy of the same tensor, written by a refit like the first.
   const bool tied_copy = a.tied && pp > 1;
+  if (a.mtp_layers > 0)
+    notes.push_back(s.option + ": the checkpoint's " + S(a.mtp_layers) + " MTP layer(s) (num_nextn_predict_layers) are "
+                    "not in the layout: train without --mtp-num-layers, or refit them separately (vLLM's main model "
+                    "skips them when loading)");
   if (tied_copy)
     notes.push_back(s.option + ": tied embeddings: the last stage holds output_layer.weight, a copy of the embedding");
 
@@ -469,7 +482,8 @@ std::string VllmName(const Arch& a, const ArchTensor& t) {
       if (Find(a, Role::mla_q_a)) return Rename(Find(a, Role::mla_q_a)->name, "q_a_proj.weight", "fused_qkv_a_proj.weight");
       return t.name;
     case Role::expert_gate: case Role::expert_up: case Role::expert_down: {
-      // vLLM 0.33: FusedMoE's weights live in its MoERunner's `routed_experts`.
+      // FusedMoE's weights live in its `routed_experts` submodule (fused_moe/routed_experts.py
+      // RoutedExperts; see tests/data/recorded/vllm-moe-*/SOURCES.md).
       const std::string prefix = t.name.substr(0, t.name.find(".{expert}."));
       return prefix + (t.role == Role::expert_down ? ".routed_experts.w2_weight" : ".routed_experts.w13_weight");
     }

@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
+
+#include "compiler/expand.h"
 #include "compiler/spec.h"
 #include "compiler/test.h"
 
@@ -293,6 +296,65 @@ TEST(Init, BadSettingsNameTheOptionAndTheAllowedValues) {
             "over tensor_model_parallel_size (4)");
   EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "vllm"); }),
             "--infer 'vllm': expected vllm:key=value,... (tp, dp, ep, engines, quant)");
+}
+
+
+// The TE spec's DeepSeek-style dense first layers fuse the pre-MLP norm into
+// linear_fc1; MoE layers keep pre_mlp_layernorm: two rules narrowed by layer.
+// The MTP layer is named as left out.
+TEST(Init, TeDenseLayersNameTheirPreMlpNormInLinearFc1) {
+  json c = Tiny("deepseek_v3");
+  c["num_nextn_predict_layers"] = 1;
+  Result r = Gen(c, "megatron:tp=2,pp=2,ep=2", "hf");
+  const json t = File(r, "train.json");
+  const std::string L = "decoder.layers.{layer.local}.";
+  ASSERT_NE(Rule(t, L + "mlp.linear_fc1.layer_norm_weight"), nullptr);
+  EXPECT_EQ((*Rule(t, L + "mlp.linear_fc1.layer_norm_weight"))["range"], json::parse(R"({"layer": [0, 1]})"));
+  EXPECT_EQ((*Rule(t, L + "pre_mlp_layernorm.weight"))["range"], json::parse(R"({"layer": [1, 4]})"));
+  const std::string mtp = "--train: the checkpoint's 1 MTP layer(s) (num_nextn_predict_layers) are not in the layout: "
+                          "train without --mtp-num-layers, or refit them separately (vLLM's main model skips them "
+                          "when loading)";
+  EXPECT_NE(std::find(r.notes.begin(), r.notes.end(), mtp), r.notes.end());
+  CompileAndValidate(r);
+  // The local spec keeps pre_mlp_layernorm on every layer.
+  r = Gen(c, "megatron:tp=2,pp=2,ep=2,spec=local", "hf");
+  EXPECT_FALSE(Rule(File(r, "train.json"), L + "pre_mlp_layernorm.weight")->contains("range"));
+}
+
+// Tied embeddings at PP > 1: the last stage's output_layer copy is a second
+// buffer of the embedding (written too when Megatron is the destination).
+TEST(Init, TiedEmbeddingCopyOnTheLastStage) {
+  json c = Tiny("llama");
+  c["tie_word_embeddings"] = true;
+  Result r = Gen(c, "megatron:tp=2,pp=2", "hf");
+  const json t = File(r, "train.json");
+  EXPECT_EQ((*Place(t, "model.embed_tokens.weight"))["pp"], json::parse(R"({"at": [0, -1]})"));
+  EXPECT_EQ((*Rule(t, "embedding.word_embeddings.weight"))["at"], json::parse(R"({"pp": 0})"));
+  EXPECT_EQ((*Rule(t, "output_layer.weight"))["at"], json::parse(R"({"pp": -1})"));
+  CompileAndValidate(r);
+  r = Gen(c, "hf", "megatron:tp=2,pp=2");  // Megatron as the destination: both copies written
+  CompileAndValidate(r);
+  r = Gen(c, "megatron:tp=2", "hf");  // one stage: the output layer uses the embedding itself
+  EXPECT_EQ(Rule(File(r, "train.json"), "output_layer.weight"), nullptr);
+}
+
+// Virtual pipeline stages: chunk c of a rank under "model{c}.", its layers from 0.
+TEST(Init, VirtualPipelineChunksNamedAsMegatronSavesThem) {
+  Result r = Gen(Tiny("llama"), "megatron:pp=2,vpp=2", "hf");
+  const json t = File(r, "train.json");
+  EXPECT_NE(Rule(t, "model{layer.chunk}.decoder.layers.{layer.in_chunk}.mlp.linear_fc2.weight"), nullptr);
+  EXPECT_NE(Rule(t, "model0.embedding.word_embeddings.weight"), nullptr);
+  EXPECT_NE(Rule(t, "model1.output_layer.weight"), nullptr);
+  EXPECT_NE(Rule(t, "model1.decoder.final_layernorm.weight"), nullptr);
+  ModelSpec m = ParseModel(File(r, "model.json"), "model.json");
+  Expansion e = Expand(m, ParseLayout(t, "train.json", m));
+  std::set<std::string> rank1;  // stage 1: layers 1 and 3, each layer 0 of its chunk
+  for (const BufferDesc& b : e.ranks[1].buffers) rank1.insert(b.name);
+  EXPECT_TRUE(rank1.count("model0.decoder.layers.0.mlp.linear_fc2.weight"));
+  EXPECT_TRUE(rank1.count("model1.decoder.layers.0.mlp.linear_fc2.weight"));
+  EXPECT_FALSE(rank1.count("model0.decoder.layers.1.mlp.linear_fc2.weight"));
+  EXPECT_TRUE(rank1.count("model1.output_layer.weight"));
+  CompileAndValidate(r);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "runtime/error.h"
 
@@ -294,49 +295,71 @@ std::string Message(const std::string& what) {
 
 }  // namespace
 
-json ParseJson(const std::string& text, const std::string& file) {
-  // Duplicate keys are an error: one set of keys per open object, and the
-  // JSON path of the value being read.
+namespace {
+
+// Duplicate keys are an error: a SAX pass over the text keeps one set of keys
+// per open object and the JSON path of the value being read. (A second pass,
+// beside json::parse: nlohmann's callback parser rescans the enclosing
+// container at every object's end, quadratic in a model of 10^5 tensors.)
+class DuplicateKeys : public nlohmann::json_sax<json> {
+ public:
+  explicit DuplicateKeys(const std::string& file) : file_(file) {}
+  bool null() override { return Value(); }
+  bool boolean(bool) override { return Value(); }
+  bool number_integer(number_integer_t) override { return Value(); }
+  bool number_unsigned(number_unsigned_t) override { return Value(); }
+  bool number_float(number_float_t, const string_t&) override { return Value(); }
+  bool string(string_t&) override { return Value(); }
+  bool binary(binary_t&) override { return Value(); }
+  bool start_object(std::size_t) override { return Open(false); }
+  bool start_array(std::size_t) override { return Open(true); }
+  bool end_object() override { return Close(); }
+  bool end_array() override { return Close(); }
+  bool key(string_t& k) override {
+    Frame& f = open_.back();
+    f.key = k;
+    if (!f.keys.insert(k).second) throw Error(file_ + ": " + Escape(Path()) + ": duplicate key '" + Escape(k) + "' (each key at most once)");
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+
+ private:
   struct Frame {
     bool array = false;
     size_t index = 0;
     std::string key;
-    std::set<std::string> keys;
+    std::unordered_set<std::string> keys;
   };
-  std::vector<Frame> open;
-  auto path = [&] {
-    std::string p;
-    for (const Frame& f : open) p += "/" + (f.array ? std::to_string(f.index) : f.key);
-    return p;
-  };
-  json::parser_callback_t callback = [&](int, json::parse_event_t event, json& parsed) {
-    switch (event) {
-      case json::parse_event_t::object_start:
-      case json::parse_event_t::array_start:
-        open.emplace_back();
-        open.back().array = event == json::parse_event_t::array_start;
-        break;
-      case json::parse_event_t::key: {
-        Frame& f = open.back();
-        f.key = parsed.get<std::string>();
-        if (!f.keys.insert(f.key).second) {
-          throw Error(file + ": " + Escape(path()) + ": duplicate key '" + Escape(f.key) + "' (each key at most once)");
-        }
-        break;
-      }
-      case json::parse_event_t::object_end:
-      case json::parse_event_t::array_end:
-        open.pop_back();
-        if (!open.empty() && open.back().array) ++open.back().index;
-        break;
-      case json::parse_event_t::value:
-        if (!open.empty() && open.back().array) ++open.back().index;
-        break;
-    }
+  bool Value() {
+    if (!open_.empty() && open_.back().array) ++open_.back().index;
     return true;
-  };
+  }
+  bool Open(bool array) {
+    open_.emplace_back();
+    open_.back().array = array;
+    return true;
+  }
+  bool Close() {
+    open_.pop_back();
+    return Value();
+  }
+  std::string Path() const {
+    std::string p;
+    for (const Frame& f : open_) p += "/" + (f.array ? std::to_string(f.index) : f.key);
+    return p;
+  }
+  const std::string& file_;
+  std::vector<Frame> open_;
+};
+
+}  // namespace
+
+json ParseJson(const std::string& text, const std::string& file) {
   try {
-    return json::parse(text, callback);
+    json j = json::parse(text);
+    DuplicateKeys keys(file);
+    json::sax_parse(text, &keys);
+    return j;
   } catch (const json::parse_error& e) {
     const bool empty = text.find_first_not_of(" \t\r\n") == std::string::npos;
     FailAt(text, e.byte == 0 ? 0 : e.byte - 1, file, empty ? "the file is empty, expected a JSON object" : Message(e.what()));

@@ -108,6 +108,18 @@ RankDump ParseRank(const json& j, const std::string& file, const std::string& pa
              "expected an integer >= 0, got " + (shape[k].is_number_integer() ? shape[k].dump() : Kind(shape[k])));
       dp.shape.push_back(shape[k].get<int64_t>());
     }
+    if (p.contains("stride")) {
+      const json& stride = p["stride"];
+      if (!stride.is_array() || stride.size() != dp.shape.size())
+        Fail(file, pp + "/stride", "expected " + std::to_string(dp.shape.size()) +
+                                       " strides (one per shape dim), got " + (stride.is_array() ? stride.dump() : Kind(stride)));
+      for (size_t k = 0; k < stride.size(); ++k) {
+        if (!stride[k].is_number_integer() || stride[k].get<int64_t>() < 0)
+          Fail(file, pp + "/stride/" + std::to_string(k),
+               "expected an integer >= 0, got " + (stride[k].is_number_integer() ? stride[k].dump() : Kind(stride[k])));
+        dp.stride.push_back(stride[k].get<int64_t>());
+      }
+    }
     auto [it, fresh] = seen.emplace(dp.name, i);
     if (!fresh)
       Fail(file, pp + "/name",
@@ -116,6 +128,30 @@ RankDump ParseRank(const json& j, const std::string& file, const std::string& pa
     d.params.push_back(std::move(dp));
   }
   return d;
+}
+
+// The shape of the row-major memory behind a parameter whose strides are a
+// permutation of a contiguous layout's (dims in decreasing stride order);
+// nullopt when it has no strides or they are not such a permutation.
+std::optional<std::vector<int64_t>> StorageShape(const DumpParam& p) {
+  if (p.stride.empty()) return std::nullopt;
+  std::vector<size_t> order(p.shape.size());
+  for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return p.stride[a] > p.stride[b]; });
+  std::vector<int64_t> storage;
+  int64_t expect = 1;
+  for (size_t i = order.size(); i-- > 0;) {
+    if (p.shape[order[i]] != 1 && p.stride[order[i]] != expect) return std::nullopt;
+    expect *= p.shape[order[i]];
+  }
+  for (size_t k : order) storage.push_back(p.shape[k]);
+  return storage;
+}
+
+std::string Ints(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
 }
 
 // "fp32 (torch.float32)", or the dump's own name when reshard has no such dtype.
@@ -192,7 +228,12 @@ StateDictReport CheckStateDict(const LayoutSpec& layout, const Expansion& expans
       }
       const DumpParam& p = *it->second;
       std::string theirs = DescribeBuffer(p.dtype ? DtypeString(*p.dtype) : p.dtype_name, p.shape);
-      if (p.shape != b.shape)
+      const std::optional<std::vector<int64_t>> storage = StorageShape(p);
+      if (p.shape != b.shape && storage && *storage == b.shape)
+        rep.views.push_back(head + "view: " + b.name + ": the dump has " + theirs + " with strides " + Ints(p.stride) +
+                            ", a permuted view of the layout's row-major " + mine + "; bind its storage order" +
+                            (p.shape.size() == 2 ? " (p.t())" : ""));
+      else if (p.shape != b.shape)
         rep.diffs.push_back(
             {d->rank, DiffKind::wrong_shape, b.name, mine, theirs,
              head + "wrong shape: " + b.name + ": the layout says " + mine + ", the dump has " + theirs});

@@ -24,6 +24,10 @@ struct DumpParam {
   std::optional<Dtype> dtype;
   std::string dtype_name;  // as written in the dump
   std::vector<int64_t> shape;
+  /// Element strides when the parameter is not contiguous (empty: row-major).
+  /// vLLM's per-channel FP8 linears are, after loading, `weight.t()`: shape
+  /// [in, out], strides [1, in] over [out, in] row-major memory.
+  std::vector<int64_t> stride;
 };
 
 struct RankDump {
@@ -64,6 +68,11 @@ struct StateDictReport {
   int64_t layout_buffers = 0;        // buffers the layout binds on those ranks
   int64_t dump_params = 0;           // parameters the dump lists on those ranks
   std::vector<StateDictDiff> diffs;  // by rank, then in the layout's buffer order, then extras in the dump's order
+  /// Parameters whose shape is a permutation of the layout's but whose
+  /// strides make their memory exactly the layout's row-major buffer: no
+  /// difference for the bytes a refit writes; bind the storage order
+  /// (`p.t()` for a transposed 2-D view). One line each, as printed.
+  std::vector<std::string> views;
   bool ok() const { return diffs.empty(); }
 };
 

@@ -13,6 +13,7 @@
 
 #include "runtime/error.h"
 #include "runtime/tcp_store.h"
+#include "runtime/waiting_store.h"
 
 namespace reshard {
 namespace {
@@ -54,7 +55,7 @@ GlooTransport::GlooTransport(uint32_t rank, uint32_t size, const GlooOptions& op
         base = TcpStore::Connect(where, rank, options.timeout);
       }
     } else {
-      base = std::make_unique<gloo::rendezvous::FileStore>(where);
+      base = std::make_unique<WaitingStore>(std::make_unique<gloo::rendezvous::FileStore>(where), options.timeout);
     }
     gloo::rendezvous::PrefixStore store(options.prefix, *base);
     auto context = std::make_shared<gloo::rendezvous::Context>(static_cast<int>(rank), static_cast<int>(size));

@@ -138,6 +138,36 @@ TEST(CheckTest, RankSubsetChecksOnlyTheDumpedRanks) {
 }
 
 // Bad dumps: the file and the JSON path of what is wrong, exit 2, nothing on stdout.
+// A parameter that is a permuted view of the layout's memory (vLLM's
+// per-channel FP8 `weight.t()`) is said as such, not as a difference; strides
+// that are not a permutation of the layout's row-major memory stay one.
+TEST(CheckTest, TransposedViewsOfTheLayoutsMemory) {
+  Fixture f;
+  json r0 = TrueRank(0);
+  r0["params"][2]["shape"] = {4, 3};
+  r0["params"][2]["stride"] = {1, 4};  // layers.0.proj.weight.t(): [4, 3] over [3, 4] row-major
+  r0["params"][4]["shape"] = {4, 3};
+  r0["params"][4]["stride"] = {1, 1};  // no such memory
+  Result r = f.Check({f.Dump("v.json", r0)});
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_EQ(r.out,
+            "rank 0: wrong shape: layers.1.proj.weight: the layout says bf16[3, 4], the dump has bf16[4, 3]\n"
+            "rank 0: view: layers.0.proj.weight: the dump has bf16[4, 3] with strides [1, 4], a permuted view of the "
+            "layout's row-major bf16[3, 4]; bind its storage order (p.t())\n" +
+                f.layout + ": 1 differences from the dump: 1 of 2 ranks (0), 5 layout buffers, 5 dumped parameters\n");
+  r0["params"][4]["stride"] = {1, 4};
+  r = f.Check({f.Dump("v.json", r0)}, {"--json"});
+  EXPECT_EQ(r.code, 0) << r.out;
+  json j = json::parse(r.out);
+  EXPECT_TRUE(j["ok"].get<bool>());
+  EXPECT_EQ(j["views"].size(), 2u);
+  r0["params"][4]["stride"] = {1};
+  r = f.Check({f.Dump("v.json", r0)});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.err, "reshard: error: " + f.dir.File("v.json") +
+                       ": /params/4/stride: expected 2 strides (one per shape dim), got [1]\n");
+}
+
 TEST(CheckTest, BadDumpsNameFileAndJsonPath) {
   Fixture f;
   auto expect_error = [&](const std::vector<std::string>& dumps, const std::string& msg) {

@@ -63,15 +63,20 @@ void AddCheckCommand(CLI::App& app, int& exit_code) {
                                   {"ranks", rep.ranks},
                                   {"layout_buffers", rep.layout_buffers},
                                   {"dump_params", rep.dump_params},
-                                  {"differences", diffs}};
+                                  {"differences", diffs},
+                                  {"views", rep.views}};
       std::printf("%s\n", j.dump().c_str());
     } else {
       for (const StateDictDiff& d : rep.diffs) std::printf("%s\n", d.message.c_str());
+      for (const std::string& v : rep.views) std::printf("%s\n", v.c_str());
       std::string what = std::to_string(rep.ranks.size()) + " of " + std::to_string(ex.ranks.size()) + " ranks (" +
                          ranks + "), " + std::to_string(rep.layout_buffers) + " layout buffers, " +
                          std::to_string(rep.dump_params) + " dumped parameters";
+      const std::string views =
+          rep.views.empty() ? "" : " (" + std::to_string(rep.views.size()) + " of them permuted views of its memory)";
       if (rep.ok())
-        std::printf("%s: matches the dump: %s, same names, dtypes and shapes\n", o->layout.c_str(), what.c_str());
+        std::printf("%s: matches the dump: %s, same names, dtypes and shapes%s\n", o->layout.c_str(), what.c_str(),
+                    views.c_str());
       else
         std::printf("%s: %zu differences from the dump: %s\n", o->layout.c_str(), rep.diffs.size(), what.c_str());
     }

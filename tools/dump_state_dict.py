@@ -22,7 +22,10 @@ import sys
 
 
 def entry(name, tensor):
-    return {"name": name, "dtype": str(tensor.dtype), "shape": list(tensor.shape)}
+    e = {"name": name, "dtype": str(tensor.dtype), "shape": list(tensor.shape)}
+    if not tensor.is_contiguous():  # a view (vLLM's per-channel FP8 weight.t()): its memory order
+        e["stride"] = list(tensor.stride())
+    return e
 
 
 def persistent_buffers(module):

@@ -1,6 +1,7 @@
 // reshard: compile, check and run weight-refit plans.
 #include <cstdio>
 #include <exception>
+#include <new>
 
 #include "runtime/error.h"
 #include "tools/commands.h"
@@ -37,6 +38,10 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const reshard::Error& e) {
     std::fprintf(stderr, "reshard: error: %s\n", e.what());
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "reshard: error: out of memory: the specs need more memory than this machine (or ulimit -v) "
+                         "gives; no output was written\n");
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "reshard: internal error: %s\n", e.what());

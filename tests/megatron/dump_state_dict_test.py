@@ -60,3 +60,17 @@ def test_command_line_on_a_saved_state_dict(tmp_path):
     r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "dump_state_dict.py"), str(tmp_path / "no.pt"),
                         "-o", out], capture_output=True, text=True)
     assert r.returncode == 1 and r.stderr.startswith(f"dump_state_dict: {tmp_path / 'no.pt'}: cannot load: ")
+
+
+def test_views_record_their_strides(tmp_path):
+    """A parameter swapped for a transposed view after loading (vLLM's per-channel
+    FP8 `weight.t()`) is dumped with its strides, so `reshard check` can see that
+    its memory is the layout's."""
+    m = Block()
+    m.proj.weight = torch.nn.Parameter(m.proj.weight.data.t(), requires_grad=False)
+    path = str(tmp_path / "v.json")
+    dump_state_dict.write(path, m, 0)
+    with open(path) as f:
+        d = json.load(f)
+    assert d["params"][0] == {"name": "proj.weight", "dtype": "torch.bfloat16", "shape": [4, 3], "stride": [1, 4]}
+    assert "stride" not in d["params"][1]

@@ -1,0 +1,172 @@
+// `reshard init` against the recorded dumps of tests/data/recorded/: every
+// rank's parameters (name, dtype, shape) as Megatron-Core 0.19.2 with the
+// Transformer Engine layer spec (TEGroupedMLP, MLA) and vLLM hold them, derived
+// from the frameworks' source by tests/recorded/derive.py (each case's
+// SOURCES.md names the file and function of every name pattern), since neither
+// runs without a GPU. `reshard check` must find zero differences.
+#include <filesystem>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+#include "tests/test_util.h"
+
+namespace reshard::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct RecordedCase {
+  const char* name;
+  const char* train;  // --train (hf when the case is vLLM's)
+  const char* infer;  // --infer (hf when the case is Megatron's)
+};
+
+// The init settings that match each recorded case (derive.py's CASES).
+const std::vector<RecordedCase>& Cases() {
+  static const std::vector<RecordedCase> cases = {
+      {"megatron-te-dense-tp2-pp2", "megatron:tp=2,pp=2,spec=te", "hf"},
+      {"megatron-te-moe-grouped-tp2-pp2-ep2", "megatron:tp=2,pp=2,ep=2,etp=1,grouped-gemm,spec=te", "hf"},
+      {"megatron-te-moe-grouped-tp2-dp2-ep2-etp2", "megatron:tp=2,dp=2,ep=2,etp=2,grouped-gemm,spec=te", "hf"},
+      {"megatron-te-moe-sequential-tp2-ep2", "megatron:tp=2,ep=2,etp=1,spec=te", "hf"},
+      {"megatron-te-mla-tp2-pp2-ep2", "megatron:tp=2,pp=2,ep=2,etp=1,grouped-gemm,spec=te", "hf"},
+      {"vllm-dense-tp4", "hf", "vllm:tp=4"},
+      {"vllm-moe-tp2", "hf", "vllm:tp=2"},
+      {"vllm-moe-tp2-dp2", "hf", "vllm:tp=2,dp=2"},
+      {"vllm-moe-tp2-dp2-ep", "hf", "vllm:tp=2,dp=2,ep"},
+      {"vllm-moe-tp2-fp8-channel", "hf", "vllm:tp=2,quant=fp8-channel"},
+      {"vllm-mla-dp3-ep-uneven", "hf", "vllm:tp=1,dp=3,ep"},
+      {"vllm-mla-tp2", "hf", "vllm:tp=2"},
+      // No quant=: init takes FP8 block scales from the checkpoint's quantization_config.
+      {"vllm-mla-fp8-tp2-dp2-ep", "hf", "vllm:tp=2,dp=2,ep"},
+  };
+  return cases;
+}
+
+// Parameters that are views of the layout's memory rather than its shape:
+// vLLM's per-channel FP8 linears (compressed_tensors_w8a8_fp8.py
+// process_weights_after_loading: `weight = weight.t()`) report [in, out] over
+// [out, in] row-major storage, the layout init writes. `reshard check` reads
+// the view's strides from the dump and says so instead of a difference.
+const std::map<std::string, std::set<std::string>>& ExpectedViews() {
+  static const std::map<std::string, std::set<std::string>> views = [] {
+    std::set<std::string> lines;  // o_proj is square (64 x 64): same shape, no line
+    for (int rank : {0, 1})
+      for (int layer = 0; layer < 4; ++layer)
+        lines.insert("rank " + std::to_string(rank) + ": view: model.layers." + std::to_string(layer) +
+                     ".self_attn.qkv_proj.weight: the dump has fp8_e4m3[64, 96] with strides [1, 64], a permuted "
+                     "view of the layout's row-major fp8_e4m3[96, 64]; bind its storage order (p.t())");
+    return std::map<std::string, std::set<std::string>>{{"vllm-moe-tp2-fp8-channel", lines}};
+  }();
+  return views;
+}
+
+std::set<std::string> DiffLines(const std::string& out) {
+  std::set<std::string> lines;
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("rank ", 0) == 0) lines.insert(line);
+  return lines;
+}
+
+std::string Recorded(const std::string& name) { return SourceDir() + "/tests/data/recorded/" + name + "/"; }
+
+// What init writes for each recorded case has zero differences with the
+// recorded dump under `reshard check` (or exactly the known ones).
+TEST(RecordedDumps, InitMatchesTheFrameworksSource) {
+  TempDir dir;
+  for (const RecordedCase& c : Cases()) {
+    SCOPED_TRACE(c.name);
+    const std::string data = Recorded(c.name), out = dir.File(c.name);
+    Result r = Reshard(dir, {"init", "-q", "--hf-config", data + "config.json", "--train", c.train, "--infer",
+                             c.infer, "-o", out});
+    ASSERT_EQ(r.code, 0) << r.err;
+    const bool vllm = std::string(c.infer) != "hf";
+    r = Reshard(dir, {"check", "--layout", out + (vllm ? "/infer.json" : "/train.json"), "--model",
+                      out + "/model.json", "--state-dict", data + "dump.json"});
+    EXPECT_EQ(r.code, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find("matches the dump"), std::string::npos) << r.out;
+    auto views = ExpectedViews().find(c.name);
+    EXPECT_EQ(DiffLines(r.out), views == ExpectedViews().end() ? std::set<std::string>{} : views->second) << r.out;
+  }
+}
+
+// Every case directory is one the test above checks, with its three files.
+TEST(RecordedDumps, EveryRecordedCaseIsChecked) {
+  std::set<std::string> on_disk, tested;
+  for (const auto& e : fs::directory_iterator(SourceDir() + "/tests/data/recorded"))
+    if (e.is_directory()) on_disk.insert(e.path().filename().string());
+  for (const RecordedCase& c : Cases()) tested.insert(c.name);
+  EXPECT_EQ(on_disk, tested);
+  for (const std::string& name : on_disk)
+    for (const char* f : {"config.json", "dump.json", "SOURCES.md"})
+      EXPECT_TRUE(fs::exists(Recorded(name) + f)) << name << "/" << f;
+}
+
+// The checked-in dumps are exactly what derive.py's source-derived rules write.
+TEST(RecordedDumps, CheckedInFilesAreWhatDeriveWrites) {
+  TempDir dir;
+  if (Shell(dir, "command -v python3").code != 0) GTEST_SKIP() << "python3 not found (needed to run derive.py)";
+  Result r = Shell(dir, "python3 " + Quote(SourceDir() + "/tests/recorded/derive.py") + " " + Quote(dir.File("out")));
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const RecordedCase& c : Cases())
+    for (const char* f : {"config.json", "dump.json", "SOURCES.md"})
+      EXPECT_EQ(ReadText(dir.File("out/" + std::string(c.name) + "/" + f)), ReadText(Recorded(c.name) + f))
+          << c.name << "/" << f << " differs from what tests/recorded/derive.py writes";
+}
+
+// The checked-in samples (what samples/regenerate.sh has init write for the
+// real Qwen3-235B, DeepSeek-V3, Kimi-K2 configs and the tiny ones) against the
+// same source-derived rules at full size, for every pipeline stage's first rank
+// and the last rank: zero differences but for the known one, where it applies.
+TEST(RecordedDumps, SamplesMatchTheFrameworksSource) {
+  TempDir dir;
+  if (Shell(dir, "command -v python3").code != 0) GTEST_SKIP() << "python3 not found (needed to run derive.py)";
+  Result r = Shell(dir, "python3 " + Quote(SourceDir() + "/tests/recorded/derive.py") + " --samples " +
+                            Quote(dir.File("dumps")));
+  ASSERT_EQ(r.code, 0) << r.err;
+  struct SampleCase {
+    std::string sample, layout;
+    bool views;  // vLLM per-channel FP8: transposed views of the layout's memory
+  };
+  const std::vector<SampleCase> cases = {
+      {"tiny-dense", "train.json", false},
+      {"tiny-dense", "infer.json", false},
+      {"tiny-dense", "infer-tp2-dp2.json", false},
+      {"tiny-dense", "infer-tp1-dp4.json", false},
+      {"tiny-moe", "train.json", false},
+      {"tiny-moe", "infer.json", false},
+      {"tiny-moe", "infer-ep.json", false},
+      {"qwen3-235b", "train-tp4-pp8-ep16.json", false},
+      {"qwen3-235b", "infer-tp8-dp16.json", false},
+      {"qwen3-235b", "infer-tp4-dp32.json", false},
+      {"qwen3-235b", "infer-tp8-dp16-fp8-channel.json", true},
+      {"deepseek-v3", "train-pp16-ep16.json", false},
+      {"deepseek-v3", "infer-tp32-dp8.json", false},
+      {"deepseek-v3", "infer-tp16-dp16-fp8.json", false},
+      {"kimi-k2", "train-1024.json", false},
+      {"kimi-k2", "infer-512.json", false},
+      {"moe-2.4t", "train-1024.json", false},
+      {"moe-2.4t", "infer-512.json", false},
+  };
+  size_t dumps = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir.File("dumps")))
+    dumps += e.is_regular_file();
+  EXPECT_EQ(dumps, cases.size()) << "derive.py's SAMPLES and this list differ";
+  for (const SampleCase& c : cases) {
+    SCOPED_TRACE(c.sample + "/" + c.layout);
+    const std::string stem = c.layout.substr(0, c.layout.size() - std::string(".json").size());
+    const std::string dump = dir.File("dumps/" + c.sample + "/" + stem + ".dump.json");
+    r = Reshard(dir, {"check", "--layout", Sample(c.sample + "/" + c.layout), "--model",
+                      Sample(c.sample + "/model.json"), "--state-dict", dump});
+    const std::set<std::string> lines = DiffLines(r.out);
+    EXPECT_EQ(r.code, 0) << r.out << r.err;
+    EXPECT_EQ(lines.empty(), !c.views) << r.out;
+    for (const std::string& l : lines) EXPECT_NE(l.find(": view: "), std::string::npos) << l;
+  }
+}
+
+}  // namespace
+}  // namespace reshard::testing
