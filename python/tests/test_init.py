@@ -104,3 +104,12 @@ def test_init_bad_config_messages(tmp_path):
     assert not (tmp_path / "out").exists() and not (tmp_path / "o").exists()
     with pytest.raises(TypeError, match="train: expected a str"):
         reshard.init(CONFIG, 2, "hf")
+
+
+def test_init_out_dir_that_cannot_be_made(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("")
+    with pytest.raises(reshard.CompileError) as e:
+        reshard.init(CONFIG, "hf", "hf", out_dir=f / "specs")
+    assert str(e.value) == f"-o: cannot create directory '{f / 'specs'}': Not a directory"
+    assert str(e.value) == cli_error("--hf-config", CONFIG, "--train", "hf", "--infer", "hf", "-o", f / "specs")
