@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include <gtest/gtest.h>
 
@@ -52,12 +53,15 @@ const std::vector<RecordedCase>& Cases() {
 // the view's strides from the dump and says so instead of a difference.
 const std::map<std::string, std::set<std::string>>& ExpectedViews() {
   static const std::map<std::string, std::set<std::string>> views = [] {
-    std::set<std::string> lines;  // o_proj is square (64 x 64): same shape, no line
+    std::set<std::string> lines;  // o_proj is square (64 x 64): the same shape, a view all the same
     for (int rank : {0, 1})
       for (int layer = 0; layer < 4; ++layer)
-        lines.insert("rank " + std::to_string(rank) + ": view: model.layers." + std::to_string(layer) +
-                     ".self_attn.qkv_proj.weight: the dump has fp8_e4m3[64, 96] with strides [1, 64], a permuted "
-                     "view of the layout's row-major fp8_e4m3[96, 64]; bind its storage order (p.t())");
+        for (const auto& [proj, dump, layout] : {std::tuple{"qkv_proj", "[64, 96]", "[96, 64]"},
+                                                 std::tuple{"o_proj", "[64, 64]", "[64, 64]"}})
+          lines.insert("rank " + std::to_string(rank) + ": view: model.layers." + std::to_string(layer) +
+                       ".self_attn." + proj + ".weight: the dump has fp8_e4m3" + dump +
+                       " with strides [1, 64], a permuted view of the layout's row-major fp8_e4m3" + layout +
+                       "; bind its storage order (p.t())");
     return std::map<std::string, std::set<std::string>>{{"vllm-moe-tp2-fp8-channel", lines}};
   }();
   return views;

@@ -6,7 +6,7 @@ import difflib
 from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Tuple
 
 from . import _reshard
-from ._tensors import DTYPE_CODES, DTYPE_SIZES, DTYPES, TensorInfo, describe
+from ._tensors import DTYPE_CODES, DTYPE_SIZES, DTYPES, TensorInfo, describe, storage_view
 from .errors import BindError
 from .plan import Buffer, Plan
 from .transport import Transport
@@ -121,6 +121,10 @@ class Session:
     view into it before each run where the plan reads the buffer, and back
     after each run where it writes it — one extra pass over the view's bytes
     per direction and the view's size in extra memory (PyTorch and NumPy only).
+    A permuted view of contiguous memory shaped as the plan's buffer (vLLM's
+    per-channel FP8 linears are ``weight.t()`` after loading) binds that
+    memory in place, in its storage order: the plan writes the bytes the
+    framework's kernels read.
 
     A session is not thread-safe: bind and run from one thread at a time.
     """
@@ -176,6 +180,18 @@ class Session:
         msg = f"rank {self.rank}: the plan has no buffer '{name}' for this rank"
         close = difflib.get_close_matches(name, self._index.keys(), n=1, cutoff=0.8)
         return msg + (f" (did you mean '{close[0]}'?)" if close else "")
+
+    @staticmethod
+    def _describe(tensor: Any, b: Buffer) -> TensorInfo:
+        """The tensor's facts, seen in its memory's order when it is a permuted
+        view of contiguous memory shaped as the plan's buffer (a transposed
+        FP8 weight, square or not): binding it binds that memory in place."""
+        info = describe(tensor)
+        if not info.contiguous:  # square ones too: the memory, not the view's order, is what the plan writes
+            view = storage_view(info.keep if info.kind == "torch" else tensor, info, b.shape)
+            if view is not None:
+                return describe(view)
+        return info
 
     def _problem(self, b: Buffer, info: TensorInfo, dtype: Optional[str]) -> Tuple[Optional[str], int]:
         """Why `info` cannot be bound to `b` (None if it can), and the dtype code to bind with."""
@@ -235,7 +251,7 @@ class Session:
         """
         i = self._lookup(name)
         try:
-            info = describe(tensor)
+            info = self._describe(tensor, self._buffers[i])
         except TypeError as e:
             raise BindError(f"rank {self.rank}: buffer '{name}': {e}") from None
         problem, code = self._problem(self._buffers[i], info, dtype)
@@ -286,7 +302,7 @@ class Session:
         for i, t in found.items():
             b = buffers[i]
             try:
-                info = describe(t)
+                info = self._describe(t, b)
             except TypeError as e:
                 problems.append(f"'{b.name}': {e}")
                 continue

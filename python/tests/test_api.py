@@ -307,7 +307,7 @@ def _cpu_timed(fn) -> float:
 # -- running -------------------------------------------------------------------
 
 
-def refit_in_threads(plan, transports, strided=False, like="torch"):
+def refit_in_threads(plan, transports, strided=False, like="torch", transposed=False):
     """Every rank of `plan` as a thread: bind fresh tensors (destinations as
     strided views if asked), poison, fill, run, check every element."""
     sessions = [reshard.Session(plan, r, transports[r]) for r in range(plan.num_ranks)]
@@ -315,7 +315,14 @@ def refit_in_threads(plan, transports, strided=False, like="torch"):
     for s in sessions:
         for b in s.buffers:
             code = {"bf16": torch.bfloat16, "fp32": torch.float32}[b.dtype]
-            if strided and b.is_destination and len(b.shape) == 2 and like == "numpy" and b.dtype == "bf16":
+            if transposed and b.is_destination and len(b.shape) == 2:
+                # vLLM's per-channel FP8 linears after loading: weight.t(), a view of [out, in] memory.
+                storage = torch.zeros(b.shape, dtype=code)
+                view = storage.t()
+                s.bind(b.name, view)
+                assert s.tensor(b.name).data_ptr() == storage.data_ptr() and not s._staged  # no copy
+                pads.append(None)
+            elif strided and b.is_destination and len(b.shape) == 2 and like == "numpy" and b.dtype == "bf16":
                 big = np.full((b.shape[0], b.shape[1] + 3), 0x40E0, dtype=np.uint16)  # 7.0 in bf16 bits
                 view = big[:, 1:1 + b.shape[1]]
                 assert not view.flags.c_contiguous
@@ -340,7 +347,7 @@ def refit_in_threads(plan, transports, strided=False, like="torch"):
         c = rt.check_destinations(s)
         assert c.wrong == 0, c.first
         checked += c.checked
-    for big in pads:  # the columns around each view are untouched
+    for big in filter(lambda x: x is not None, pads):  # the columns around each view are untouched
         assert bool((big[:, 0] == 7.0).all()) and bool((big[:, -2:] == 7.0).all())
     return sessions, stats, checked
 
@@ -390,6 +397,25 @@ def test_strided_views_and_numpy(plans, tmp_path):
     sessions, _, checked = refit_in_threads(plan, mesh(plan.num_ranks, tmp_path), strided=True, like="numpy")
     assert checked > 0
     assert any(st.kind == "numpy" for s in sessions for st in s._staged.values())
+
+
+def test_transposed_views_bind_their_memory(plans, tmp_path):
+    """A parameter swapped for `weight.t()` after loading (vLLM's per-channel FP8
+    linears) binds the memory behind it, in place; a view that is no
+    permutation of the plan's buffer is still refused with its shape."""
+    plan = reshard.Plan.open(plans["tiny-dense"])
+    sessions, _, checked = refit_in_threads(plan, mesh(plan.num_ranks, tmp_path), transposed=True)
+    assert checked > 0
+    s = sessions[plan.dest_ranks[0]]
+    b = next(b for b in s.buffers if len(b.shape) == 2 and b.shape[0] != b.shape[1])
+    np_storage = np.zeros(b.shape, dtype=np.float32 if b.dtype == "fp32" else np.uint16)
+    s.bind(b.name, np_storage.T, dtype=None if b.dtype == "fp32" else "bf16")
+    assert s.tensor(b.name).__array_interface__["data"][0] == np_storage.__array_interface__["data"][0]
+    wrong = torch.zeros((b.shape[1] * 2, b.shape[0]), dtype=torch.bfloat16)[::2]  # strided, no permutation of it
+    with pytest.raises(reshard.BindError) as e:
+        s.bind(b.name, wrong)
+    assert str(e.value).endswith(f"is bound with shape [{b.shape[1]},{b.shape[0]}], the plan expects "
+                                 f"[{b.shape[0]},{b.shape[1]}]")
 
 
 def test_rebinding_between_runs(plans, tmp_path):
