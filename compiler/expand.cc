@@ -61,6 +61,17 @@ using Holding = std::vector<Pieces>;  // per logical dim
 
 std::string Quote(const std::string& s) { return "'" + s + "'"; }
 
+// Elements of a rank's holding: the product of its extents per dim.
+int64_t Elements(const Holding& h) {
+  int64_t n = 1;
+  for (const Pieces& p : h) {
+    int64_t e = 0;
+    for (const Piece& x : p) e += x.size();
+    n *= e;
+  }
+  return n;
+}
+
 // Global indices [lo, hi) of one dim of a part, held in buffer memory along
 // that dim at position pos + (c - lo) * step for index c.
 struct Seg {
@@ -338,13 +349,7 @@ void Expander::CheckRuleCover(int ti, const std::vector<int>& rules) {
   claimed.resize(layout_.ranks, 0);
   for (int64_t r = 0; r < layout_.ranks; ++r) {
     const std::optional<Holding> h = Hold(ti, r, false);
-    int64_t n = h ? 1 : 0;
-    if (h)
-      for (const Pieces& p : *h) {
-        int64_t e = 0;
-        for (const Piece& x : p) e += x.size();
-        n *= e;
-      }
+    const int64_t n = h ? Elements(*h) : 0;
     if (claimed[r] == n) continue;
     std::string paths;
     for (size_t i = 0; i < rules.size(); ++i) paths += (i ? ", " : "") + layout_.buffers[rules[i]].path;
@@ -521,13 +526,7 @@ void Expander::ExpandRule(const BufferRule& rule, const std::vector<int>& parts)
       for (size_t j = 0; j < parts.size(); ++j) {
         auto& claimed = claimed_[parts[j]];
         claimed.resize(layout_.ranks, 0);
-        int64_t n = 1;
-        for (const Pieces& p : *hs[j]) {
-          int64_t e = 0;
-          for (const Piece& x : p) e += x.size();
-          n *= e;
-        }
-        claimed[r] += n;
+        claimed[r] += Elements(*hs[j]);
       }
     }
     if (held != static_cast<int>(parts.size())) {
