@@ -1,5 +1,9 @@
 #include "runtime/kernels.h"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include <algorithm>
 #include <cstring>
 #include <new>
@@ -35,6 +39,50 @@ void Convert(const char* s, int64_t ss, char* d, int64_t ds, uint64_t n) {
     StoreFromFloat(d + i * ds * kD, D, LoadAsFloat(s + i * ss * kS, S));
   }
 }
+
+// Copies n bytes with non-temporal stores where the CPU has them: a large
+// pack or unpack writes memory nobody reads soon (staging goes out over the
+// wire from DRAM; a weight waits for the next forward pass), and streaming
+// stores skip reading each destination line first. glibc's memcpy does the
+// same only for single copies larger than a share of the last-level cache,
+// never for a strided region's runs of a few KiB: on this project's 2-core
+// Xeon host, 8 KiB runs of a 256 MiB pack went from 5.0-5.5 GB/s to
+// 7.2-8.1 GB/s. The caller fences (StreamFence) once the copy is done.
+void StreamBytes(char* d, const char* s, size_t n) {
+#if defined(__SSE2__)
+  size_t head = (16 - (reinterpret_cast<uintptr_t>(d) & 15)) & 15;
+  head = std::min(head, n);
+  std::memcpy(d, s, head);
+  d += head;
+  s += head;
+  n -= head;
+  size_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+    const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+  }
+  std::memcpy(d + i, s + i, n - i);
+#else
+  std::memcpy(d, s, n);
+#endif
+}
+
+// Orders the streaming stores before anything the caller does next (a send
+// of the staging, another thread's read).
+void StreamFence() {
+#if defined(__SSE2__)
+  _mm_sfence();
+#endif
+}
+
+// Copies at least this large stream their contiguous runs.
+constexpr uint64_t kStreamBytes = 4ull << 20;
 
 InnerFn Pick(fb::Dtype s, fb::Dtype d) {
   using fb::Dtype;
@@ -160,14 +208,21 @@ void CopyRegion(const RegionView& src_in, const RegionView& dst_in) {
   InnerFn fn = Pick(src_in.dtype, dst_in.dtype);
   RegionView src = Simplify(src_in), dst = Simplify(dst_in);
   Cursor s(src), d(dst);
+  const size_t esize = DtypeSize(dst.dtype);
+  const bool stream = src.dtype == dst.dtype && total * esize >= kStreamBytes;
   for (uint64_t done = 0; done < total;) {
     uint64_t n = std::min(s.remaining(), d.remaining());
-    fn(s.ptr(), s.step, d.ptr(), d.step, n);
+    if (stream && s.step == 1 && d.step == 1) {
+      StreamBytes(d.ptr(), s.ptr(), n * esize);
+    } else {
+      fn(s.ptr(), s.step, d.ptr(), d.step, n);
+    }
     done += n;
     if (done == total) break;
     s.Advance(n);
     d.Advance(n);
   }
+  if (stream) StreamFence();
 }
 
 void Kernels::Quant(const QuantArgs& args) {

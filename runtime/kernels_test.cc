@@ -198,6 +198,30 @@ TEST(KernelsTest, MatchesNaiveCopyOnRandomRegions) {
   }
 }
 
+// Copies of 4 MiB and more stream their contiguous runs (non-temporal
+// stores): runs of every length mod 64 bytes, at every alignment of source
+// and destination, land exactly, and nothing around them is touched.
+TEST(KernelsTest, LargeStridedCopiesStreamExactly) {
+  std::mt19937 rng(99);
+  for (uint64_t run : {4093u, 4096u, 4127u, 33u}) {
+    const uint64_t rows = (5ull << 20) / 2 / run + 1;  // over 4 MiB of bf16 in all
+    for (uint64_t misalign : {0u, 1u, 7u}) {
+      const uint64_t sstride = run + 61, dstride = run + 3;
+      std::vector<uint16_t> src(rows * sstride + 16), dst(rows * dstride + 16), want;
+      for (auto& x : src) x = static_cast<uint16_t>(rng());
+      for (auto& x : dst) x = static_cast<uint16_t>(rng());
+      want = dst;
+      for (uint64_t r = 0; r < rows; ++r)
+        for (uint64_t c = 0; c < run; ++c) want[misalign + r * dstride + c] = src[misalign + 5 + r * sstride + c];
+      char* sb[1] = {reinterpret_cast<char*>(src.data())};
+      char* db[1] = {reinterpret_cast<char*>(dst.data())};
+      CopyRegion(ViewOf(testing::MakeRegion(0, misalign + 5, {rows, run}, {sstride, 1}), sb, D::bf16),
+                 ViewOf(testing::MakeRegion(0, misalign, {rows, run}, {dstride, 1}), db, D::bf16));
+      ASSERT_EQ(dst, want) << "run " << run << ", misaligned by " << misalign << " elements";
+    }
+  }
+}
+
 TEST(KernelsTest, RejectsMismatchedCounts) {
   char* base[1] = {nullptr};
   try {

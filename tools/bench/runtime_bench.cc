@@ -10,12 +10,14 @@
 //   d. a staged plan (strided regions: pack, send, receive, unpack) in rounds
 //      over two alternating staging arenas, as the compiler lays them out,
 //      pipelined (runtime/pipeline.h) and in series (RESHARD_PIPELINE=0), vs
-//      raw Gloo sending the same bytes in as many messages.
+//      raw Gloo sending the same bytes in as many messages; and the CPU
+//      seconds both ranks spent on the pipelined plan and on raw Gloo.
 // Every number is the median of N repetitions (after one warm-up); timed
 // sections start after a barrier, and a two-rank section counts the slower rank.
 //
 // Usage: runtime_bench [--reps N] [--pack-mib M] [--e2e-mib M] [--rounds R] [--k K] [--staged-rounds R]
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -68,6 +70,15 @@ struct Config {
 };
 
 double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// CPU seconds this process (every thread: the caller's and Gloo's I/O loop)
+// has used so far.
+double CpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
 
 // --- plans ------------------------------------------------------------------
 
@@ -356,20 +367,24 @@ class Rank {
     for (int rep = -1; rep < c_.reps; ++rep) {
       Barrier();
       auto t = Clock::now();
+      double cpu = CpuSeconds();
       piped.session.run();
       Report("staged", rep, Since(t));
+      Report("staged_cpu", rep, CpuSeconds() - cpu);
       Barrier();
       t = Clock::now();
       serial.session.run();
       Report("staged_serial", rep, Since(t));
       Barrier();
       t = Clock::now();
+      cpu = CpuSeconds();
       if (rank_ == 0) {
         RawExchange(*raw_, chunks, none, peer_, tags_);
       } else {
         RawExchange(*raw_, none, chunks, peer_, tags_);
       }
       Report("staged_raw", rep, Since(t));
+      Report("staged_raw_cpu", rep, CpuSeconds() - cpu);
     }
   }
 
@@ -390,7 +405,8 @@ double Median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
-// name -> rep -> max over ranks (warm-up rep -1 dropped).
+// name -> rep -> max over ranks (wall times), or the sum over ranks for
+// names ending in "_cpu" (CPU seconds); warm-up rep -1 dropped.
 using Results = std::map<std::string, std::map<int, double>>;
 
 void Parse(const std::string& text, Results& res, uint64_t& steps) {
@@ -405,7 +421,8 @@ void Parse(const std::string& text, Results& res, uint64_t& steps) {
     }
     if (rep < 0) continue;
     double& slot = res[name][rep];
-    slot = std::max(slot, v);
+    const bool cpu = name.size() > 4 && name.compare(name.size() - 4, 4, "_cpu") == 0;
+    slot = cpu ? slot + v : std::max(slot, v);
   }
 }
 
@@ -543,6 +560,12 @@ int Main(int argc, char** argv) {
   rows.push_back({name, staged_gbps, staged_raw_gbps, "GB/s", ">= 85%", staged_gbps >= 0.85 * staged_raw_gbps});
   std::snprintf(name, sizeof name, "   info: the same in series (RESHARD_PIPELINE=0)");
   rows.push_back({name, staged_serial_gbps, staged_raw_gbps, "GB/s", "-", -1});
+  // CPU seconds both ranks' processes (every thread, Gloo's I/O loops too)
+  // spent per run: on a host whose cores the ranks share, what the staged
+  // plan adds to the raw exchange's own work.
+  const double staged_cpu = MedianOf(res, "staged_cpu"), raw_cpu = MedianOf(res, "staged_raw_cpu");
+  std::snprintf(name, sizeof name, "   info: CPU s per run, staged vs raw (2 ranks)");
+  rows.push_back({name, staged_cpu, raw_cpu, "s", "-", -1});
 
   std::printf("%-46s %10s %10s %8s %7s %8s %s\n", "metric", "reshard", "baseline", "unit", "ratio", "target", "result");
   for (const Row& r : rows) {
