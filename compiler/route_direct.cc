@@ -1,0 +1,227 @@
+// Direct routing (router.h): pieces, NVLink exchange stripes, relay trees.
+
+#include "compiler/router.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace reshard::routing {
+
+//
+// Every destination need is cut by the source cells into pieces; one replica
+// sends each piece. With exchange (the default), a piece that several GPUs
+// need enters each destination NVLink domain once: it is striped over the
+// needers (each stripe lands in the staging of the domain's least-loaded
+// needer, so all of a domain's NICs carry load). The stripe travels a binary
+// tree over the domains that need it - the source sends it once, to the root
+// domain's entry GPU; each entry forwards it from its staging, one round
+// later, to the entries of two more domains over the network (their NICs'
+// otherwise idle egress) and to the other needers of its own domain over
+// NVLink - while its NIC already receives the next round.
+
+uint32_t Router::HolderOf(const DPiece& p, int32_t h) const {
+  return h < 0 ? p.b : hop_pool_[p.hop_begin + h].rank;
+}
+
+void Router::AddPieces(int t, const Cell& cell, const Box& piece, const FragmentRef& df,
+                       const std::vector<Hop>& hops, uint32_t salt, std::vector<DPiece>& pieces) {
+  const TensorSpec& ts = model_.tensors[t];
+  const uint64_t esize = DtypeBytes(ts.dtype);
+  int k = PickReplica(cell.replicas, salt);
+  FragmentRef sf = cell.replicas[k];
+  uint32_t a = SrcGlobal(sf.rank), b = DstGlobal(df.rank);
+  const bool relayed = !hops.empty();
+  const uint32_t hop_begin = static_cast<uint32_t>(hop_pool_.size());
+  hop_pool_.insert(hop_pool_.end(), hops.begin(), hops.end());
+  if (quant_.Quantized(t)) {  // whole scale blocks: quant_route.h
+    for (const QuantPiece& q : quant_.Pieces(t, sf, cell.box, df, piece, PieceCap())) {
+      send_load_[a] += q.bytes;
+      DPiece p{t, q.need, sf, df, a, b, q.bytes, true};
+      p.hop_begin = hop_begin;
+      p.hop_count = static_cast<uint32_t>(hops.size());
+      p.quant = static_cast<int32_t>(qpieces_.size());
+      qpieces_.push_back(q);
+      pieces.push_back(p);
+    }
+    return;
+  }
+  send_load_[a] += piece.volume() * esize;
+  // Split to fit the staging arena and the 4-mode region format. A piece
+  // contiguous on both sides needs no staging: only the 4 GiB step limit.
+  StridedRegion whole_s = SrcRegion(sf, piece), whole_d = DstRegion(df, piece);
+  bool contiguous = !relayed && whole_s.contiguous() && whole_d.contiguous();
+  uint64_t max_bytes = contiguous ? (uint64_t{1} << 31) : PieceCap();
+  std::vector<Box> work = SplitBox(piece, std::max<int64_t>(1, static_cast<int64_t>(max_bytes / esize)));
+  std::reverse(work.begin(), work.end());
+  while (!work.empty()) {
+    Box x = work.back();
+    work.pop_back();
+    StridedRegion rs = SrcRegion(sf, x), rd = DstRegion(df, x);
+    bool fits = RegionFits(rs) && RegionFits(rd);
+    for (const Hop& h : hops) fits = fits && RegionFits(DstRegion(h.to, x));
+    if (!fits) {
+      std::vector<Box> slices = SliceOuter(x);
+      work.insert(work.end(), slices.rbegin(), slices.rend());
+      continue;
+    }
+    DPiece p{t, x, sf, df, a, b, static_cast<uint64_t>(x.volume()) * esize, true};
+    p.staged = relayed || !(rs.contiguous() && rd.contiguous() &&
+                            src_.ranks[sf.rank].buffers[rs.buffer].dtype == ts.dtype &&
+                            dst_.ranks[df.rank].buffers[rd.buffer - ir_.ranks[b].dst_buffer_base].dtype == ts.dtype);
+    p.hop_begin = hop_begin;
+    p.hop_count = static_cast<uint32_t>(hops.size());
+    pieces.push_back(p);
+  }
+}
+
+void Router::Direct() {
+  std::vector<DPiece> pieces;
+  const uint64_t stripe_min = 32ull << 20;
+  for (int t = 0; t < static_cast<int>(model_.tensors.size()); ++t) {
+    const TensorSpec& ts = model_.tensors[t];
+    int nd = ts.ndim();
+    CellGrid g = BuildCells(src_, t, nd);
+    uint64_t esize = DtypeBytes(ts.dtype);
+    // Per source cell: who needs which box of it.
+    std::map<int, std::vector<std::pair<FragmentRef, Box>>> wants;
+    for (const FragmentRef& df : dst_.by_tensor[t]) {
+      // A need whose blocks some source cell cuts is assembled at the receiver.
+      std::vector<std::pair<int, Box>> mine;
+      bool whole = true;
+      ForCells(t, g, df, DstFrag(df).box, [&](int ci, const Box& piece) {
+        whole = whole && (!quant_.Quantized(t) || g.cells[ci].box.contains(quant_.Cover(t, piece)));
+        mine.push_back({ci, piece});
+      });
+      if (!whole) {
+        Assemble(t, g, df, pieces);
+        continue;
+      }
+      for (const auto& [ci, piece] : mine) wants[ci].push_back({df, piece});
+    }
+    for (auto& [ci, list] : wants) {
+      const Cell& cell = g.cells[ci];
+      // Needers of identical boxes form a group; groups must not overlap.
+      std::stable_sort(list.begin(), list.end(), [](const auto& x, const auto& y) { return x.second < y.second; });
+      std::vector<std::pair<size_t, size_t>> groups;
+      for (size_t i = 0; i < list.size();) {
+        size_t j = i;
+        while (j < list.size() && list[j].second == list[i].second) ++j;
+        groups.push_back({i, j});
+        i = j;
+      }
+      bool exchange = opt_.nvlink_exchange;
+      for (size_t x = 0; exchange && x < groups.size(); ++x)
+        for (size_t y = x + 1; exchange && y < groups.size(); ++y)
+          exchange = !list[groups[x].first].second.intersects(list[groups[y].first].second);
+      std::vector<bool> has_replica;  // per domain: a replica of the cell sits there
+      for (const FragmentRef& rep : cell.replicas) {
+        uint32_t d = ir_.domain[SrcGlobal(rep.rank)];
+        if (has_replica.size() <= d) has_replica.resize(d + 1, false);
+        has_replica[d] = true;
+      }
+      auto local = [&](uint32_t d) { return d < has_replica.size() && has_replica[d]; };
+      for (auto [i, j] : groups) {
+        const Box& box = list[i].second;
+        // Needers by domain; those in a domain holding a replica take it straight from one.
+        std::map<uint32_t, std::vector<size_t>> by_domain;
+        for (size_t k = i; k < j; ++k) {
+          uint32_t d = ir_.domain[DstGlobal(list[k].first.rank)];
+          if (!exchange || local(d)) {
+            AddPieces(t, cell, box, list[k].first, {}, list[k].first.rank, pieces);
+          } else {
+            by_domain[d].push_back(k);
+          }
+        }
+        if (by_domain.empty()) continue;
+        size_t most = 0;
+        for (auto& [d, ks] : by_domain) most = std::max(most, ks.size());
+        if (by_domain.size() == 1 && most == 1) {  // one needer
+          size_t k = by_domain.begin()->second[0];
+          AddPieces(t, cell, box, list[k].first, {}, list[k].first.rank, pieces);
+          continue;
+        }
+        // Stripes, each delivered by its own tree with its own entry GPUs.
+        const uint64_t bytes = box.volume() * esize;
+        const uint64_t stripes = std::clamp<uint64_t>(bytes / stripe_min, 1, most);
+        // A quantized tensor's stripes end at block edges, so that each needer's pieces are the same.
+        const std::vector<Box> cut = quant_.Quantized(t) ? quant_.Stripes(t, box, stripes)
+                                                         : SplitBox(box, (box.volume() + stripes - 1) / stripes);
+        for (const Box& stripe : cut) {
+          const uint64_t sbytes = stripe.volume() * esize;
+          std::vector<std::pair<uint32_t, std::vector<size_t>>> doms(by_domain.begin(), by_domain.end());
+          // Fixed partner domains (a tree per consecutive kTreeDomains), roles set by load below:
+          // pieces relayed between the same two GPUs then travel in one message.
+          std::vector<size_t> entry(doms.size());
+          for (size_t x = 0; x < doms.size(); ++x) {
+            entry[x] = doms[x].second[0];
+            for (size_t k : doms[x].second)
+              if (entry_load_[DstGlobal(list[k].first.rank)] < entry_load_[DstGlobal(list[entry[x]].first.rank)])
+                entry[x] = k;
+            entry_load_[DstGlobal(list[entry[x]].first.rank)] += sbytes;
+          }
+          // Trees of at most kTreeDomains domains (one source send each), fan-out
+          // kTreeFanout. Tree positions with the most children go to the entries
+          // that have forwarded the least so far, so relaying spreads over all NICs.
+          // Deeper or wider trees save more source egress but burst a holder's
+          // NIC and tie more rounds together; pairs measured best (simulate).
+          for (size_t t0 = 0; t0 < doms.size(); t0 += kTreeDomains) {
+            const size_t m = std::min(kTreeDomains, doms.size() - t0);
+            auto kids = [m](size_t x) {
+              size_t c = 0;
+              for (size_t f = 1; f <= kTreeFanout; ++f) c += kTreeFanout * x + f < m;
+              return c;
+            };
+            std::vector<size_t> pos(m), by_load(m);
+            std::iota(pos.begin(), pos.end(), 0);
+            std::iota(by_load.begin(), by_load.end(), t0);
+            // Stable insertion sorts of at most kTreeDomains entries (gcc 12
+            // warns about std::stable_sort's paths for long ranges here).
+            auto stable_sort_small = [](std::vector<size_t>& v, auto less) {
+              for (size_t i = 1; i < v.size(); ++i)
+                for (size_t j = i; j > 0 && less(v[j], v[j - 1]); --j) std::swap(v[j], v[j - 1]);
+            };
+            stable_sort_small(pos, [&](size_t u, size_t v) { return kids(u) > kids(v); });
+            // (list is a structured binding: clang 14 captures it only through an init-capture)
+            auto relay = [&, &list = list](size_t x) { return relay_load_[DstGlobal(list[entry[x]].first.rank)]; };
+            stable_sort_small(by_load, [&](size_t u, size_t v) { return relay(u) < relay(v); });
+            std::vector<const std::vector<size_t>*> tdom(m);
+            std::vector<size_t> tentry(m);
+            for (size_t q = 0; q < m; ++q) tdom[pos[q]] = &doms[by_load[q]].second, tentry[pos[q]] = entry[by_load[q]];
+            for (size_t x = 0; x < m; ++x) relay_load_[DstGlobal(list[tentry[x]].first.rank)] += kids(x) * sbytes;
+            std::vector<Hop> hops;
+            std::vector<int32_t> entry_hop(m, -1);  // hop index of each domain's entry
+            std::vector<uint32_t> depth(m, 0);
+            for (size_t x = 1; x < m; ++x) {
+              size_t up = (x - 1) / kTreeFanout;
+              depth[x] = depth[up] + 1;
+              const FragmentRef& to = list[tentry[x]].first;
+              entry_hop[x] = static_cast<int32_t>(hops.size());
+              hops.push_back({to, DstGlobal(to.rank), entry_hop[up], depth[x]});
+            }
+            for (size_t x = 0; x < m; ++x) {
+              for (size_t k : *tdom[x]) {
+                if (k == tentry[x]) continue;
+                const FragmentRef& to = list[k].first;
+                hops.push_back({to, DstGlobal(to.rank), entry_hop[x], depth[x] + 1});
+              }
+            }
+            const FragmentRef& root = list[tentry[0]].first;
+            AddPieces(t, cell, stripe, root, hops, root.rank, pieces);
+          }
+        }
+      }
+    }
+  }
+  for (const Assembly& as : assemblies_) ++(as.amax() ? ir_.amax_assemblies : ir_.frame_assemblies);
+  Schedule(pieces);
+  // The odd rounds' arena starts where the even rounds' largest need ends
+  // (not at half the budget): a small plan stages only what it moves.
+  for (uint32_t g = 0; g < ir_.ranks.size(); ++g) {
+    uint64_t even = 0;
+    for (size_t r = 0; r < used_[g].size(); r += 2) even = std::max(even, used_[g][r]);
+    odd_base_[g] = std::min(cap_, AlignUp(even));
+  }
+  EmitDirect(pieces);
+}
+
+}  // namespace reshard::routing

@@ -1,0 +1,235 @@
+// The direct plan's steps and messages (router.h).
+
+#include "compiler/router.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace reshard::routing {
+
+// Emits messages grouped by (round, sender, receiver). The staged pieces of a
+// message lie in order in both staging areas; each hop of their trees then
+// forwards runs of them that lie contiguous at the holder in one message.
+void Router::EmitDirect(const std::vector<DPiece>& pieces) {
+  uint32_t n = static_cast<uint32_t>(ir_.ranks.size());
+  std::vector<size_t> order(pieces.size());
+  std::iota(order.begin(), order.end(), 0);
+  auto tree_less = [&](const DPiece& x, const DPiece& y) {
+    if (x.hop_count != y.hop_count) return x.hop_count < y.hop_count;
+    for (uint32_t k = 0; k < x.hop_count; ++k) {
+      const Hop &u = hop_pool_[x.hop_begin + k], &v = hop_pool_[y.hop_begin + k];
+      if (u.rank != v.rank) return u.rank < v.rank;
+      if (u.parent != v.parent) return u.parent < v.parent;
+    }
+    return false;
+  };
+  std::stable_sort(order.begin(), order.end(), [&](size_t i, size_t j) {
+    const DPiece &x = pieces[i], &y = pieces[j];
+    if (x.round != y.round) return x.round < y.round;
+    uint32_t rx = (x.b + n - x.a) % n, ry = (y.b + n - y.a) % n;
+    if (rx != ry) return rx < ry;
+    if (x.a != y.a) return x.a < y.a;
+    if (x.staged != y.staged) return x.staged > y.staged;
+    return tree_less(x, y);
+  });
+  // The staged pieces of one round, with their staging offsets at b and at
+  // each hop; their trees are emitted together once the round's messages are
+  // out, so a holder forwards, per receiver, every run of pieces that lie
+  // contiguous in its staging - whichever messages brought them - as one message.
+  std::vector<size_t> staged;
+  std::vector<std::vector<uint64_t>> at;
+  uint32_t depth = 0;
+  size_t batch_round = 0;
+  // An assembly's frame and grid area, allocated in its receiver's staging with its first part.
+  auto frame = [&](const DPiece& p) {
+    Assembly& as = assemblies_[p.assembly];
+    if (as.frame == ~uint64_t{0}) as.frame = Alloc(as.b, as.round, as.frame_bytes);
+    return as.frame;
+  };
+  auto grid_at = [&](const DPiece& p) {
+    Assembly& as = assemblies_[p.assembly];
+    if (as.area == ~uint64_t{0}) as.area = Alloc(as.b, as.round, as.grids * as.slot);
+    return as.area + static_cast<uint64_t>(p.grid) * as.slot;
+  };
+  std::map<size_t, std::vector<uint32_t>> assembled;  // per round: its assemblies
+  for (uint32_t k = 0; k < assemblies_.size(); ++k) assembled[assemblies_[k].round].push_back(k);
+  auto flush = [&] {
+    // The round's assemblies are complete once its messages and their unpacks are: quantize each frame.
+    if (auto it = assembled.find(batch_round); it != assembled.end()) {
+      for (uint32_t k : it->second) {
+        const Assembly& as = assemblies_[k];
+        if (as.amax()) {
+          const uint64_t values = as.frame_bytes ? as.frame : as.values;
+          quant_.EmitScaledQuantize(as.tensor, as.need, as.grids, as.area, as.slot, values, as.d, ir_.ranks[as.b],
+                                    as.round);
+        } else {
+          quant_.EmitUnpack(as.tensor, quant_.Assembled(as.tensor, as.need), as.d, ir_.ranks[as.b], as.round, as.frame);
+        }
+      }
+    }
+    for (uint32_t level = 1; level <= depth; ++level) {
+      const size_t round = batch_round + level;
+      struct Part {
+        uint32_t from, to;
+        uint64_t off;
+        size_t s;
+        uint32_t h;
+      };
+      std::vector<Part> parts;
+      for (size_t s = 0; s < staged.size(); ++s) {
+        const DPiece& p = pieces[staged[s]];
+        for (uint32_t h = 0; h < p.hop_count; ++h) {
+          const Hop& hop = hop_pool_[p.hop_begin + h];
+          if (hop.level == level) parts.push_back({HolderOf(p, hop.parent), hop.rank, at[s][hop.parent + 1], s, h});
+        }
+      }
+      std::sort(parts.begin(), parts.end(), [](const Part& x, const Part& y) {
+        return std::tie(x.from, x.to, x.off) < std::tie(y.from, y.to, y.off);
+      });
+      for (size_t u = 0; u < parts.size();) {
+        // A run: same holder and receiver, contiguous at the holder.
+        size_t v = u + 1;
+        uint64_t end = parts[u].off + AlignUp(pieces[staged[parts[u].s]].bytes);
+        while (v < parts.size() && parts[v].from == parts[u].from && parts[v].to == parts[u].to && parts[v].off == end)
+          end += AlignUp(pieces[staged[parts[v].s]].bytes), ++v;
+        const uint32_t from = parts[u].from, to = parts[u].to;
+        const uint64_t begin = parts[u].off, len = end - begin;
+        RankProgram& F = ir_.ranks[from];
+        RankProgram& G = ir_.ranks[to];
+        const uint64_t og = Alloc(to, round, len);
+        Step fw, fr;
+        fw.kind = StepKind::forward, fr.kind = StepKind::recv;
+        fw.channel = fr.channel = ChannelOf(from, to);
+        fw.peer = to, fr.peer = from;
+        fw.staging = begin, fr.staging = og;
+        fw.bytes = fr.bytes = len;
+        F.round(round).comm.push_back(fw);
+        G.round(round).comm.push_back(fr);
+        send_load_[from] += len;
+        Count(from, to, len);
+        for (size_t w = u; w < v; ++w) {
+          const DPiece& p = pieces[staged[parts[w].s]];
+          const uint64_t off = og + (parts[w].off - begin);
+          at[parts[w].s][parts[w].h + 1] = off;
+          if (p.quant >= 0) {
+            quant_.EmitUnpack(p.tensor, qpieces_[p.quant], hop_pool_[p.hop_begin + parts[w].h].to, G, round, off);
+            continue;
+          }
+          Step up = StagedStep(StepKind::unpack, model_.tensors[p.tensor].dtype, off, p.bytes);
+          up.dst = G.AddRegion(DstRegion(hop_pool_[p.hop_begin + parts[w].h].to, p.box));
+          G.round(round).unpack.push_back(up);
+        }
+        u = v;
+      }
+    }
+    staged.clear();
+    at.clear();
+    depth = 0;
+  };
+  for (size_t i = 0; i < order.size();) {
+    const DPiece& first = pieces[order[i]];
+    if (first.round != batch_round) flush(), batch_round = first.round;
+    size_t j = i;
+    while (j < order.size() && pieces[order[j]].round == first.round && pieces[order[j]].a == first.a &&
+           pieces[order[j]].b == first.b)
+      ++j;
+    RankProgram& A = ir_.ranks[first.a];
+    RankProgram& B = ir_.ranks[first.b];
+    Channel ch = ChannelOf(first.a, first.b);
+    if (first.a == first.b) {
+      for (size_t k = i; k < j; ++k) {
+        const DPiece& p = pieces[order[k]];
+        if (p.assembly >= 0) {
+          const Assembly& as = assemblies_[p.assembly];
+          if (p.grid >= 0)
+            quant_.EmitAmax(p.tensor, as.cover, p.box, p.s, A, p.round, grid_at(p));
+          else
+            quant_.EmitPartCopy(p.tensor, as.amax() ? as.need : as.cover, p.box, p.s, A, p.round, frame(p));
+          continue;
+        }
+        if (p.quant >= 0) {
+          quant_.EmitCopy(p.tensor, qpieces_[p.quant], p.s, p.d, A, p.round);
+          continue;
+        }
+        Step s;
+        s.kind = StepKind::copy;
+        s.wire = model_.tensors[p.tensor].dtype;
+        s.bytes = p.bytes;
+        s.src = A.AddRegion(SrcRegion(p.s, p.box));
+        s.dst = A.AddRegion(DstRegion(p.d, p.box));
+        A.round(p.round).local.push_back(s);
+      }
+      i = j;
+      continue;
+    }
+    // Staged pieces: one message, contiguous in both staging areas.
+    uint64_t total = 0;
+    for (size_t k = i; k < j; ++k)
+      if (pieces[order[k]].staged) total += AlignUp(pieces[order[k]].bytes);
+    if (total > 0) {
+      uint64_t oa = Alloc(first.a, first.round, total), ob = Alloc(first.b, first.round, total);
+      uint64_t pos = 0;
+      for (size_t k = i; k < j; ++k) {
+        const DPiece& p = pieces[order[k]];
+        if (!p.staged) continue;
+        if (p.grid >= 0) {
+          // A partial-amax grid (amax path) travels with the pair's values and is copied into the area.
+          quant_.EmitAmax(p.tensor, assemblies_[p.assembly].cover, p.box, p.s, A, p.round, oa + pos);
+          quant_.EmitGridUnpack(p.bytes, B, p.round, ob + pos, grid_at(p));
+        } else if (p.assembly >= 0) {
+          Assembly& as = assemblies_[p.assembly];
+          quant_.EmitPack(p.tensor, qpieces_[p.quant], p.s, A, p.round, oa + pos);
+          // The need's values as the amax path receives them: a part into the frame, or the one part as is.
+          if (as.frame_bytes == 0)
+            as.values = ob + pos;
+          else
+            quant_.EmitPartUnpack(p.tensor, as.amax() ? as.need : as.cover, p.box, B, p.round, ob + pos, frame(p));
+        } else if (p.quant >= 0) {
+          quant_.EmitPack(p.tensor, qpieces_[p.quant], p.s, A, p.round, oa + pos);
+          quant_.EmitUnpack(p.tensor, qpieces_[p.quant], p.d, B, p.round, ob + pos);
+        } else {
+          Dtype w = model_.tensors[p.tensor].dtype;
+          Step pk = StagedStep(StepKind::pack, w, oa + pos, p.bytes);
+          pk.src = A.AddRegion(SrcRegion(p.s, p.box));
+          A.round(p.round).local.push_back(pk);
+          Step up = StagedStep(StepKind::unpack, w, ob + pos, p.bytes);
+          up.dst = B.AddRegion(DstRegion(p.d, p.box));
+          B.round(p.round).unpack.push_back(up);
+        }
+        staged.push_back(order[k]);
+        at.push_back(std::vector<uint64_t>(p.hop_count + 1, 0));
+        at.back()[0] = ob + pos;
+        for (uint32_t h = 0; h < p.hop_count; ++h) depth = std::max(depth, hop_pool_[p.hop_begin + h].level);
+        pos += AlignUp(p.bytes);
+      }
+      Step snd, rcv;
+      snd.kind = StepKind::send, rcv.kind = StepKind::recv;
+      snd.channel = rcv.channel = ch;
+      snd.peer = first.b, rcv.peer = first.a;
+      snd.staging = oa, rcv.staging = ob;
+      snd.bytes = rcv.bytes = total;
+      A.round(first.round).comm.push_back(snd);
+      B.round(first.round).comm.push_back(rcv);
+      Count(first.a, first.b, total);
+    }
+    for (size_t k = i; k < j; ++k) {
+      const DPiece& p = pieces[order[k]];
+      if (p.staged) continue;
+      Step snd, rcv;
+      snd.kind = StepKind::send, rcv.kind = StepKind::recv;
+      snd.channel = rcv.channel = ch;
+      snd.wire = rcv.wire = model_.tensors[p.tensor].dtype;
+      snd.peer = p.b, rcv.peer = p.a;
+      snd.bytes = rcv.bytes = p.bytes;
+      snd.src = A.AddRegion(SrcRegion(p.s, p.box));
+      rcv.dst = B.AddRegion(DstRegion(p.d, p.box));
+      A.round(p.round).comm.push_back(snd);
+      B.round(p.round).comm.push_back(rcv);
+      Count(p.a, p.b, p.bytes);
+    }
+    i = j;
+  }
+  flush();
+}
+
+}  // namespace reshard::routing

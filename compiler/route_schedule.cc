@@ -1,0 +1,206 @@
+// Rounds (router.h): every piece placed in a round under the staging
+// budget, each NIC paced at its share of the busiest one.
+
+#include "compiler/router.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace reshard::routing {
+
+// Splits piece `idx` (queue[head]) so that its first part needs at most
+// `avail` bytes: the first part replaces it at the head of the queue, the
+// rest follow it. False if no part that small keeps every region in format.
+bool Router::SplitFront(std::vector<DPiece>& pieces, uint32_t idx, uint64_t avail, std::vector<uint32_t>& queue,
+                        size_t head) {
+  const DPiece p = pieces[idx];
+  if (p.quant >= 0) return false;  // pieces of quantized tensors are cut at block edges only
+  const uint64_t esize = DtypeBytes(model_.tensors[p.tensor].dtype);
+  const int64_t max_elems = static_cast<int64_t>((avail - (p.staged ? kAlign : 0)) / esize);
+  if (max_elems <= 0) return false;
+  // The first part that fits, and the rest of the piece in as few boxes as
+  // possible (adjacent parts merged back), so that filling a round adds one
+  // or two pieces, not many.
+  std::vector<Box> split = SplitBox(p.box, max_elems);
+  if (split.size() < 2) return false;
+  std::vector<Box> parts = {split[0]};
+  for (size_t i = 1; i < split.size(); ++i) {
+    Box& last = parts.back();
+    const Box& x = split[i];
+    int diff = -1, ndiff = 0;
+    for (int d = 0; d < x.ndim; ++d)
+      if (x.lo[d] != last.lo[d] || x.hi[d] != last.hi[d]) diff = d, ++ndiff;
+    if (parts.size() > 1 && ndiff == 1 && x.lo[diff] == last.hi[diff]) {
+      last.hi[diff] = x.hi[diff];
+    } else {
+      parts.push_back(x);
+    }
+  }
+  for (const Box& x : parts) {
+    bool ok = RegionFits(SrcRegion(p.s, x)) && RegionFits(DstRegion(p.d, x));
+    for (uint32_t k = 0; ok && k < p.hop_count; ++k) ok = RegionFits(DstRegion(hop_pool_[p.hop_begin + k].to, x));
+    if (!ok) return false;
+  }
+  std::vector<uint32_t> ids;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    DPiece q = p;
+    q.box = parts[i];
+    q.bytes = static_cast<uint64_t>(parts[i].volume()) * esize;
+    if (i == 0) {
+      pieces[idx] = q;
+      ids.push_back(idx);
+    } else {
+      ids.push_back(static_cast<uint32_t>(pieces.size()));
+      pieces.push_back(q);
+    }
+  }
+  queue.insert(queue.begin() + static_cast<std::ptrdiff_t>(head) + 1, ids.begin() + 1, ids.end());
+  return true;
+}
+
+// Places every piece in a round, filling rounds one at a time: each round
+// takes pieces pair by pair, the pairs whose sender or receiver has the most
+// bytes still to move first, while every GPU the piece touches - its two ends
+// in the round, each holder of its tree in the rounds after - has staging
+// budget left, and no NIC carries more than its paced share of the round. The
+// pace: R rounds are needed at least for the busiest rank's staging; every
+// NIC's bytes are spread evenly over them, so the busiest NICs carry a full
+// share in every round and finish together instead of a few stragglers
+// holding up later rounds. Rotation order (receiver minus sender) breaks ties,
+// so a round is close to a matching of senders to receivers and no NIC is
+// converged on by many senders at once. A piece that does not fit whole is
+// split to fill the round.
+void Router::Schedule(std::vector<DPiece>& pieces) {
+  const uint32_t n = static_cast<uint32_t>(ir_.ranks.size());
+  auto rot = [n](uint32_t a, uint32_t b) { return (b + n - a) % n; };
+  std::vector<uint32_t> order(pieces.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](uint32_t i, uint32_t j) {
+    const DPiece &x = pieces[i], &y = pieces[j];
+    if (rot(x.a, x.b) != rot(y.a, y.b)) return rot(x.a, x.b) < rot(y.a, y.b);
+    return x.a < y.a;
+  });
+  struct Pair {
+    uint32_t a, b;
+    std::vector<uint32_t> queue;  // pieces, in order
+    size_t head = 0;
+  };
+  std::vector<Pair> pairs;
+  std::vector<uint64_t> rem_out(n, 0), rem_in(n, 0);
+  for (uint32_t i : order) {
+    DPiece& p = pieces[i];
+    if (p.assembly >= 0) continue;  // placed by PlaceAssemblies
+    if (p.a == p.b) {  // a local copy
+      p.round = 0;
+      continue;
+    }
+    if (pairs.empty() || pairs.back().a != p.a || pairs.back().b != p.b) pairs.push_back({p.a, p.b, {}, 0});
+    pairs.back().queue.push_back(i);
+  }
+  // Bytes every NIC still has to carry, each direction (priorities of the fill).
+  auto account = [&](const DPiece& p, int64_t sign) {
+    auto add = [sign](uint64_t& x, uint64_t b) { x = sign > 0 ? x + b : x - std::min(x, b); };
+    add(rem_out[p.a], p.bytes);
+    add(rem_in[p.b], p.bytes);
+    for (uint32_t k = 0; k < p.hop_count; ++k) {
+      const Hop& h = hop_pool_[p.hop_begin + k];
+      const uint32_t from = HolderOf(p, h.parent);
+      if (ChannelOf(from, h.rank) == Channel::net) add(rem_out[from], p.bytes), add(rem_in[h.rank], p.bytes);
+    }
+  };
+  for (const DPiece& p : pieces)
+    if (p.a != p.b && p.assembly < 0) account(p, +1);
+  auto need_of = [](const DPiece& p) { return p.staged ? AlignUp(p.bytes) : p.bytes; };
+  auto is_net = [&](uint32_t x, uint32_t y) { return ChannelOf(x, y) == Channel::net; };
+  std::vector<uint64_t> held(n, 0), net_out(n, 0), net_in(n, 0);
+  for (const Assembly& as : assemblies_) held[as.b] += AlignUp(as.frame_bytes) + as.grids * as.slot;
+  for (const DPiece& p : pieces) {
+    if (p.a == p.b) continue;
+    held[p.a] += need_of(p);
+    held[p.b] += need_of(p);
+    if (is_net(p.a, p.b)) net_out[p.a] += p.bytes, net_in[p.b] += p.bytes;
+    for (uint32_t k = 0; k < p.hop_count; ++k) {
+      const Hop& h = hop_pool_[p.hop_begin + k];
+      held[h.rank] += need_of(p);
+      uint32_t from = HolderOf(p, h.parent);
+      if (is_net(from, h.rank)) net_out[from] += p.bytes, net_in[h.rank] += p.bytes;
+    }
+  }
+  uint64_t rounds = 1, busiest_net = 0;
+  for (uint32_t g = 0; g < n; ++g) {
+    rounds = std::max<uint64_t>(rounds, static_cast<uint64_t>(std::ceil(held[g] / (kFill * cap_))));
+    busiest_net = std::max({busiest_net, net_out[g], net_in[g]});
+  }
+  const uint64_t net_cap = std::clamp<uint64_t>((busiest_net + rounds - 1) / rounds, kMinSplit, cap_);
+  // Parts split off to fill a round are at least 1/16 of the round's share:
+  // smaller ones would buy little balance for many more steps.
+  const uint64_t min_split = std::max(kMinSplit, net_cap / 16);
+  std::vector<std::vector<uint64_t>> out_used(n), in_used(n);
+  PlaceAssemblies(pieces, rounds, out_used, in_used);
+  auto room = [&](uint32_t rank, size_t r) { return Used(rank, r) == 0 ? cap_ : cap_ - std::min(cap_, Used(rank, r)); };
+  auto net_room = [&](uint32_t from, uint32_t to, size_t r) -> uint64_t {
+    if (!is_net(from, to)) return cap_;
+    return net_cap - std::min(net_cap, std::max(At(out_used[from], r), At(in_used[to], r)));
+  };
+  // The bytes piece p can take in round r at every GPU it touches.
+  // The bytes piece p can take in round r at every GPU it touches: staging
+  // (hard) and the paced network share (soft).
+  auto avail = [&](const DPiece& p, size_t r, bool with_net) {
+    uint64_t v = std::min(room(p.a, r), room(p.b, r));
+    if (with_net) v = std::min(v, net_room(p.a, p.b, r));
+    for (uint32_t k = 0; k < p.hop_count; ++k) {
+      const Hop& h = hop_pool_[p.hop_begin + k];
+      v = std::min(v, room(h.rank, r + h.level));
+      if (with_net) v = std::min(v, net_room(HolderOf(p, h.parent), h.rank, r + h.level));
+    }
+    return v;
+  };
+  auto take = [&](DPiece& p, size_t r) {
+    const uint64_t need = need_of(p);
+    Used(p.a, r) += need;
+    Used(p.b, r) += need;
+    if (is_net(p.a, p.b)) At(out_used[p.a], r) += p.bytes, At(in_used[p.b], r) += p.bytes;
+    for (uint32_t k = 0; k < p.hop_count; ++k) {
+      const Hop& h = hop_pool_[p.hop_begin + k];
+      const uint32_t from = HolderOf(p, h.parent);
+      Used(h.rank, r + h.level) += need;
+      if (is_net(from, h.rank)) At(out_used[from], r + h.level) += p.bytes, At(in_used[h.rank], r + h.level) += p.bytes;
+    }
+    p.round = r;
+  };
+  std::vector<uint32_t> active(pairs.size());
+  std::iota(active.begin(), active.end(), 0);
+  for (size_t r = 0; !active.empty(); ++r) {
+    std::stable_sort(active.begin(), active.end(), [&](uint32_t x, uint32_t y) {
+      const Pair &u = pairs[x], &v = pairs[y];
+      return std::max(rem_out[u.a], rem_in[u.b]) > std::max(rem_out[v.a], rem_in[v.b]);
+    });
+    for (uint32_t pi : active) {
+      Pair& q = pairs[pi];
+      while (q.head < q.queue.size()) {
+        const uint32_t idx = q.queue[q.head];
+        const DPiece& p = pieces[idx];
+        const uint64_t free = avail(p, r, true), need = need_of(p);
+        // A piece larger than the budget (sent straight between buffers) takes a round of its own.
+        const bool alone = Used(p.a, r) == 0 && Used(p.b, r) == 0 && p.hop_count == 0;
+        // A piece that overshoots the network share by a little goes whole
+        // (fewer, larger steps) where staging allows.
+        const bool overshoot = need <= free + net_cap / 64 && need <= avail(p, r, false);
+        if (need > free && !alone && !overshoot) {
+          // Fill the round: split off the part of the piece that fits, if worth a message.
+          if (free < min_split || !SplitFront(pieces, idx, free, q.queue, q.head)) break;
+        }
+        DPiece& placed = pieces[q.queue[q.head]];
+        take(placed, r);
+        account(placed, -1);
+        ++q.head;
+      }
+    }
+    active.erase(std::remove_if(active.begin(), active.end(),
+                                [&](uint32_t pi) { return pairs[pi].head == pairs[pi].queue.size(); }),
+                 active.end());
+  }
+}
+
+}  // namespace reshard::routing

@@ -1,0 +1,254 @@
+// Passes 3 and 4: routing and scheduling.
+//
+// Both strategies work on the same picture of a tensor: the training side's
+// fragments cut the tensor into disjoint *source cells* (a grid made of every
+// source box's edges), each held by one or more replica ranks. Destination
+// needs are intersected with the cells; every intersection is a piece that one
+// replica sends. `direct` sends pieces straight to the destination; `gather`
+// first gathers each chunk of a tensor on one owner rank and then passes the
+// whole chunk down a chain of every destination that needs any of it.
+//
+// Staging: each rank's staging area is two arenas of staging/2 bytes. What a
+// rank allocates in round r lives in arena r%2 and stays valid through round
+// r+1 (so data received in round r can be forwarded in round r+1).
+//
+// The router's passes, one file each (all members of Router, router.h):
+//   route_cells.cc     source cells: the grid every source box's edges make
+//   route_direct.cc    direct: pieces, NVLink exchange stripes, relay trees
+//   route_assemble.cc  blocks several source cells share: assemblies
+//   route_schedule.cc  rounds: pieces placed under the staging budget, paced
+//   route_emit.cc      the direct plan's steps and messages
+//   route_gather.cc    gather: chunks to an owner, then down a chain
+//   route.cc           global ranks, programs, and Route() itself
+// Internal to the compiler: nothing outside compiler/route*.cc includes it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <unordered_map>
+#include <vector>
+
+#include "compiler/program.h"
+#include "compiler/quant_route.h"
+#include "runtime/error.h"
+
+namespace reshard::routing {
+
+inline constexpr uint64_t kMinSplit = 4ull << 20;  // smallest part split off a piece to fill a round
+inline constexpr size_t kTreeDomains = 2;          // destination domains one source send reaches (relay trees)
+inline constexpr size_t kTreeFanout = 1;           // domains each entry GPU forwards a piece to
+inline constexpr double kFill = 0.9;               // staging share the pace of rounds plans for
+
+// A pack or unpack step of `bytes` at byte `staging` of the rank's staging.
+Step StagedStep(StepKind kind, Dtype wire, uint64_t staging, uint64_t bytes);
+// Row-major region of `sub` inside a staging block holding `whole` (row-major)
+// at element offset `base`.
+StridedRegion StagingRegion(const Box& whole, const Box& sub, uint64_t base);
+// Splits `b` into unit slices along its outermost dim of extent > 1.
+std::vector<Box> SliceOuter(const Box& b);
+
+struct Cell {
+  Box box;
+  std::vector<FragmentRef> replicas;  // training-side (rank, fragment)
+};
+
+// The source cells of one tensor and a grid index to find them.
+struct CellGrid {
+  int nd = 0;
+  std::vector<std::vector<int64_t>> bp;  // per dim, sorted breakpoints
+  std::unordered_map<uint64_t, int> index;
+  std::vector<Cell> cells;
+
+  uint64_t Key(const std::array<int64_t, kMaxDims>& seg) const {
+    uint64_t k = 0;
+    for (int d = 0; d < nd; ++d) k = k * (bp[d].size()) + static_cast<uint64_t>(seg[d]);
+    return k;
+  }
+  // Segment range [s0, s1) of dim d overlapping [lo, hi); false if [lo, hi) leaves the grid.
+  bool Segs(int d, int64_t lo, int64_t hi, int64_t& s0, int64_t& s1) const {
+    const auto& v = bp[d];
+    if (lo < v.front() || hi > v.back()) return false;
+    s0 = std::upper_bound(v.begin(), v.end(), lo) - v.begin() - 1;
+    s1 = std::lower_bound(v.begin(), v.end(), hi) - v.begin();
+    return true;
+  }
+};
+
+// The cells of `tensor` (of `nd` dims) that the training side's fragments make.
+CellGrid BuildCells(const Expansion& src, int tensor, int nd);
+
+struct DPiece;
+
+// A delivery of a piece beyond its first receiver: the holder `parent` (an
+// index into the piece's hops, or -1 for the piece's receiver b) forwards its
+// staged copy to `to` in round (the piece's round + level).
+struct Hop {
+  FragmentRef to;
+  uint32_t rank;
+  int32_t parent;
+  uint32_t level;
+};
+
+// Blocks the destination quantizes that several source cells share
+// (quant_route.h): the group `need` of one receiver, the cover its parts
+// make up in the frame, and the round they all arrive in.
+// Two ways (quant_route.h): parts of the cover assembled in a frame, or (the
+// amax path) the need's values plus one partial-amax grid per part of the cover.
+struct Assembly {
+  int tensor;
+  FragmentRef d;
+  Box need, cover;
+  uint32_t b;                   // receiver (global rank)
+  std::vector<uint32_t> parts;  // indexes of its DPieces
+  uint64_t frame_bytes = 0;     // the frame: the cover's image, or (amax path) the need's; 0: none
+  size_t grids = 0;             // amax path: grids, one per part of the cover
+  uint64_t slot = 0;            // amax path: bytes between grids in the area
+  size_t round = 0;
+  uint64_t frame = ~uint64_t{0};   // bytes in b's staging once emitted: the frame,
+  uint64_t area = ~uint64_t{0};    // the grids,
+  uint64_t values = ~uint64_t{0};  // and (amax path) the need's values
+  bool amax() const { return grids > 0; }  // the amax path
+};
+
+class Router {
+ public:
+  Router(const ModelSpec& m, const ClusterSpec& c, const LayoutSpec& sl, const Expansion& s, const LayoutSpec& dl,
+         const Expansion& d, const RouteOptions& o)
+      : model_(m), cluster_(c), src_layout_(sl), src_(s), dst_layout_(dl), dst_(d), opt_(o),
+        quant_(m, sl, s, dl, d, o.quantize_on_sender) {}
+
+  PlanIR Run();
+
+ private:
+  [[noreturn]] void NoSource(int tensor, int dst_rank, const Box& need) const {
+    throw Error(dst_layout_.file + ": tensor '" + model_.tensors[tensor].name + "': inference rank " +
+                std::to_string(dst_rank) + " needs " + need.str() + ", which no training rank of " +
+                src_layout_.file + " holds");
+  }
+  uint32_t SrcGlobal(int r) const { return ir_.src_global[r]; }
+  uint32_t DstGlobal(int r) const { return ir_.dst_global[r]; }
+  Channel ChannelOf(uint32_t a, uint32_t b) const {
+    return ir_.domain[a] == ir_.domain[b] ? Channel::nvlink : Channel::net;
+  }
+  const Fragment& SrcFrag(const FragmentRef& f) const { return src_.ranks[f.rank].fragments[f.index]; }
+  const Fragment& DstFrag(const FragmentRef& f) const { return dst_.ranks[f.rank].fragments[f.index]; }
+  StridedRegion SrcRegion(const FragmentRef& f, const Box& b) const { return SrcFrag(f).RegionOf(b).Coalesced(); }
+  StridedRegion DstRegion(const FragmentRef& f, const Box& b) const {
+    StridedRegion r = DstFrag(f).RegionOf(b).Coalesced();
+    r.buffer += ir_.ranks[DstGlobal(f.rank)].dst_buffer_base;
+    return r;
+  }
+  int PickReplica(const std::vector<FragmentRef>& reps, uint32_t salt) const {
+    size_t best = salt % reps.size();
+    for (size_t i = 1; i < reps.size(); ++i) {
+      size_t k = (i + salt) % reps.size();
+      if (send_load_[SrcGlobal(reps[k].rank)] < send_load_[SrcGlobal(reps[best].rank)]) best = k;
+    }
+    return static_cast<int>(best);
+  }
+  static uint64_t& At(std::vector<uint64_t>& v, size_t round) {
+    if (v.size() <= round) v.resize(round + 1, 0);
+    return v[round];
+  }
+  // Bytes a rank has committed to a round (staged or sent straight from buffers).
+  uint64_t& Used(uint32_t rank, size_t round) { return At(used_[rank], round); }
+  // The largest staged piece: half a round's arena, so pieces pack into rounds.
+  uint64_t PieceCap() const { return cap_ / 2; }
+  // Bump allocation in the round's staging arena.
+  uint64_t Alloc(uint32_t rank, size_t round, uint64_t bytes) {
+    uint64_t& bump = At(arena_[rank], round);
+    uint64_t off = (round % 2 ? odd_base_[rank] : 0) + bump;
+    bump += AlignUp(bytes);
+    ir_.ranks[rank].staging_bytes = std::max(ir_.ranks[rank].staging_bytes, off + AlignUp(bytes));
+    return off;
+  }
+  void Count(uint32_t a, uint32_t b, uint64_t bytes) {
+    (ChannelOf(a, b) == Channel::net ? ir_.net_bytes : ir_.nvlink_bytes) += bytes;
+  }
+
+  void AddPieces(int t, const Cell& cell, const Box& piece, const FragmentRef& df, const std::vector<Hop>& hops,
+                 uint32_t salt, std::vector<DPiece>& pieces);
+  void Assemble(int t, const CellGrid& g, const FragmentRef& df, std::vector<DPiece>& pieces);
+  void PlaceAssemblies(std::vector<DPiece>& pieces, size_t rounds, std::vector<std::vector<uint64_t>>& out_used,
+                       std::vector<std::vector<uint64_t>>& in_used);
+  std::map<uint32_t, uint64_t> AssemblyNeed(const Assembly& as, const std::vector<DPiece>& pieces) const;
+  template <typename Fn>
+  void ForCells(int t, const CellGrid& g, const FragmentRef& df, const Box& need, Fn fn) const;
+  uint32_t HolderOf(const DPiece& p, int32_t hop) const;
+  void Schedule(std::vector<DPiece>& pieces);
+  bool SplitFront(std::vector<DPiece>& pieces, uint32_t idx, uint64_t avail, std::vector<uint32_t>& queue,
+                  size_t head);
+  void EmitDirect(const std::vector<DPiece>& pieces);
+  void Direct();
+  void Gather();
+
+  const ModelSpec& model_;
+  const ClusterSpec& cluster_;
+  const LayoutSpec& src_layout_;
+  const Expansion& src_;
+  const LayoutSpec& dst_layout_;
+  const Expansion& dst_;
+  const RouteOptions& opt_;
+  QuantRouter quant_;                         // quantized tensors' pieces and steps (quant_route.h)
+  std::vector<QuantPiece> qpieces_;           // DPiece::quant indexes these
+  std::vector<Assembly> assemblies_;          // DPiece::assembly indexes these
+  PlanIR ir_;
+  uint64_t cap_ = 0;                          // arena size
+  std::vector<uint64_t> send_load_;           // bytes each global rank sends
+  std::vector<uint64_t> entry_load_;          // bytes entering each rank's domain through it (exchange)
+  std::vector<Hop> hop_pool_;                 // delivery trees of exchanged pieces
+  std::vector<uint64_t> relay_load_;          // bytes each rank forwards to other domains
+  std::vector<uint64_t> odd_base_;            // per rank: where the odd rounds' staging arena starts
+  std::vector<std::vector<uint64_t>> used_;   // per global rank, per round: bytes scheduled
+  std::vector<std::vector<uint64_t>> arena_;  // per global rank, per round: bytes allocated
+};
+
+struct DPiece {
+  int tensor;
+  Box box;
+  FragmentRef s, d;
+  uint32_t a, b;  // global ranks
+  uint64_t bytes;
+  bool staged;
+  size_t round = 0;
+  uint32_t hop_begin = 0, hop_count = 0;  // its tree beyond b (hop_pool_)
+  int32_t quant = -1;                     // a quantized tensor's piece: index into qpieces_
+  int32_t assembly = -1;                  // a part of an assembled cover: index into assemblies_
+  int32_t grid = -1;                      // amax path: the part's grid, its index in the area
+};
+
+// Calls fn(cell index, cell ∩ need) for every source cell `need` (of
+// tensor t, for destination fragment df) touches; a part no source holds is an error.
+template <typename Fn>
+void Router::ForCells(int t, const CellGrid& g, const FragmentRef& df, const Box& need, Fn fn) const {
+  const int nd = need.ndim;
+  std::array<int64_t, kMaxDims> s0{}, s1{}, cur{};
+  for (int d = 0; d < nd; ++d) {
+    if (!g.Segs(d, need.lo[d], need.hi[d], s0[d], s1[d])) {
+      Box miss = need;  // the part of the need outside every source box
+      if (g.bp[d].empty() || need.hi[d] <= g.bp[d].front() || need.lo[d] >= g.bp[d].back()) {
+      } else if (need.lo[d] < g.bp[d].front()) {
+        miss.hi[d] = g.bp[d].front();
+      } else {
+        miss.lo[d] = g.bp[d].back();
+      }
+      NoSource(t, df.rank, miss);
+    }
+    cur[d] = s0[d];
+  }
+  while (true) {
+    auto it = g.index.find(g.Key(cur));
+    Box cellbox;
+    cellbox.ndim = nd;
+    for (int d = 0; d < nd; ++d) cellbox.lo[d] = g.bp[d][cur[d]], cellbox.hi[d] = g.bp[d][cur[d] + 1];
+    Box piece = cellbox.intersect(need);
+    if (it == g.index.end()) NoSource(t, df.rank, piece);
+    fn(it->second, piece);
+    int d = nd - 1;
+    while (d >= 0 && ++cur[d] == s1[d]) cur[d] = s0[d], --d;
+    if (d < 0) break;
+  }
+}
+
+}  // namespace reshard::routing
