@@ -60,8 +60,8 @@ bool Router::SplitFront(std::vector<DPiece>& pieces, uint32_t idx, uint64_t avai
 }
 
 // Places every piece in a round, filling rounds one at a time: each round
-// takes pieces pair by pair, the pairs whose sender or receiver has the most
-// bytes still to move first, while every GPU the piece touches - its two ends
+// takes pieces pair by pair, the pairs whose sender and receiver together
+// have the most bytes still to move first, while every GPU the piece touches - its two ends
 // in the round, each holder of its tree in the rounds after - has staging
 // budget left, and no NIC carries more than its paced share of the round. The
 // pace: R rounds are needed at least for the busiest rank's staging; every
@@ -172,9 +172,14 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
   std::vector<uint32_t> active(pairs.size());
   std::iota(active.begin(), active.end(), 0);
   for (size_t r = 0; !active.empty(); ++r) {
+    // Pairs whose two NICs together have the most left go first. (Ordering
+    // by the busier of the two let a pair with one busy NIC spend the
+    // round's share of an idle-ish partner that a busier pair needed:
+    // simulate predicted refits 0.8-2.8% slower on every seed row, 4.6% on
+    // the Qwen3-235B per-channel FP8 plan.)
     std::stable_sort(active.begin(), active.end(), [&](uint32_t x, uint32_t y) {
       const Pair &u = pairs[x], &v = pairs[y];
-      return std::max(rem_out[u.a], rem_in[u.b]) > std::max(rem_out[v.a], rem_in[v.b]);
+      return rem_out[u.a] + rem_in[u.b] > rem_out[v.a] + rem_in[v.b];
     });
     for (uint32_t pi : active) {
       Pair& q = pairs[pi];
