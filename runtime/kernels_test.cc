@@ -203,10 +203,10 @@ TEST(KernelsTest, MatchesNaiveCopyOnRandomRegions) {
 // and destination, land exactly, and nothing around them is touched.
 TEST(KernelsTest, LargeStridedCopiesStreamExactly) {
   std::mt19937 rng(99);
-  for (uint64_t run : {4093u, 4096u, 4127u, 33u}) {
-    const uint64_t rows = (5ull << 20) / 2 / run + 1;  // over 4 MiB of bf16 in all
+  for (uint32_t run : {4093u, 4096u, 4127u, 33u}) {
+    const uint32_t rows = static_cast<uint32_t>((5ull << 20) / 2 / run + 1);  // over 4 MiB of bf16 in all
     for (uint64_t misalign : {0u, 1u, 7u}) {
-      const uint64_t sstride = run + 61, dstride = run + 3;
+      const uint32_t sstride = run + 61, dstride = run + 3;
       std::vector<uint16_t> src(rows * sstride + 16), dst(rows * dstride + 16), want;
       for (auto& x : src) x = static_cast<uint16_t>(rng());
       for (auto& x : dst) x = static_cast<uint16_t>(rng());
