@@ -8,8 +8,9 @@
 # targets created after it.
 option(RESHARD_SANITIZE "Build everything with -fsanitize=address,undefined" OFF)
 
+# The flags, also what cmake/fuzz.cmake builds its harnesses' code with.
+set(RESHARD_SANITIZE_FLAGS -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer)
 if(RESHARD_SANITIZE)
-  set(RESHARD_SANITIZE_FLAGS -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer)
   add_compile_options(${RESHARD_SANITIZE_FLAGS})
   add_link_options(${RESHARD_SANITIZE_FLAGS})
   add_compile_definitions(RESHARD_SANITIZE=1)

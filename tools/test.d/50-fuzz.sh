@@ -13,7 +13,7 @@ seconds=${RESHARD_FUZZ_SECONDS:-30}
 build=$(tools/sanitize_build.sh)
 export ASAN_OPTIONS=abort_on_error=1:detect_leaks=0
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-mkdir -p $build/findings
+mkdir -p "$build/findings"
 for h in plan spec; do
   bin=$build/reshard_${h}_fuzz
   echo "== 50-fuzz: $h: regression corpus"
@@ -23,7 +23,7 @@ for h in plan spec; do
   cp tests/fuzz/seeds/$h/* "$scratch"/
   log=$build/findings/$h.log
   if ! "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 \
-      -artifact_prefix=$build/findings/$h- -dict=tests/fuzz/$h.dict "$scratch" >"$log" 2>&1; then
+      -artifact_prefix="$build/findings/$h-" -dict=tests/fuzz/$h.dict "$scratch" >"$log" 2>&1; then
     tail -80 "$log"
     echo "50-fuzz: $h found a problem; its input is in $build/findings/"
     exit 1
