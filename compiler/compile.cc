@@ -62,7 +62,10 @@ PlanIR BuildPlan(const CompileInputs& in, const CompileOptions& opt) {
   ro.nvlink_exchange = opt.nvlink_exchange;
   ro.quantize_on_sender = opt.quantize_on_sender;
   PlanIR ir = Route(in.model, in.cluster, in.src, src, in.dst, dst, ro);
-  SharePacks(ir);  // one pack, many sends
+  const SharedPacks shared = SharePacks(ir);  // one pack, many sends
+  ir.shared_packs = shared.packs;
+  ir.shared_quant_packs = shared.quant_packs;
+  ir.shared_pack_bytes = shared.bytes;
   ir.scales = src.scales;
   ir.scales.insert(ir.scales.end(), dst.scales.begin(), dst.scales.end());
   return ir;

@@ -246,6 +246,34 @@ TEST(QuantE2eTest, AmaxPathColocated) {
   EXPECT_EQ(out.value("ok", false), true);
 }
 
+// One pack, many sends: four TP1 replicas without NVLink exchange each get
+// the same blocks from every source, which quantizes each block (FP8 values
+// and scales) and computes each amax grid once for all four; the refit is
+// still exact.
+TEST(QuantE2eTest, ReplicasShareOneQuantizePerRound) {
+  json infer = LoadSample("tiny-dense/infer-tp1-dp4.json");
+  Quantize(infer, kGateUp, Quant(kGateUpScale, "fp8_e4m3", "block", {32, 32}));
+  Quantize(infer, "model.layers.{layer}.mlp.down_proj.weight",
+           Quant("model.layers.{layer}.mlp.down_proj.weight_scale", "fp8_e4m3", "channel"));
+  TempDir dir;
+  std::ofstream(dir.File("infer.json")) << infer.dump();
+  const std::string plan = dir.File("q.rsplan");
+  Result c = Shell(kBinary + " compile --json --no-nvlink-exchange --model " + kSamples + "/tiny-dense/model.json --from " +
+                   kSamples + "/tiny-dense/train.json --to " + dir.File("infer.json") + " --cluster " + kSamples +
+                   "/clusters/dgx-h100.json -o " + plan);
+  ASSERT_EQ(c.exit_code, 0) << c.out;
+  const json shared = json::parse(c.out)["shared_packs"];
+  // Each source sends the same pieces to the replicas it serves, in one round.
+  EXPECT_GT(shared.value("quantizing", 0), 0) << c.out;
+  EXPECT_GT(shared.value("steps", 0), shared.value("quantizing", 0)) << c.out;
+  EXPECT_EQ(Shell(kBinary + " validate " + plan).exit_code, 0);
+  Result r = Shell(kBinary + " run " + plan + " --local --timeout 20 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const json out = json::parse(r.out.substr(r.out.find('{')), nullptr, false);
+  EXPECT_EQ(out.value("wrong", -1), 0) << r.out;
+  EXPECT_GT(out.value("checked", 0), 0) << r.out;
+}
+
 // vLLM's stacked experts (w13_weight[E_local, 2I, H], the expert dim kept as a
 // physical dim): block scales per expert, TP4 cutting the 32-row blocks of
 // the 96-row experts, or EP8 with whole experts; MXFP8 attention.
