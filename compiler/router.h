@@ -39,8 +39,9 @@ inline constexpr uint64_t kMinSplit = 4ull << 20;  // smallest part split off a 
 inline constexpr size_t kTreeDomains = 2;          // destination domains one source send reaches (relay trees)
 inline constexpr size_t kTreeFanout = 1;           // domains each entry GPU forwards a piece to
 inline constexpr double kFill = 0.9;               // staging share the pace of rounds plans for
-inline constexpr double kPaceSlack = 1.3;          // a NIC's pace: this times its bytes left per round left
-inline constexpr uint64_t kUnpacedRounds = 2;      // NICs with at most this many rounds' share are not paced
+inline constexpr double kPaceSlack = 1.3;          // a sender's pace: this times its bytes left per round left,
+inline constexpr double kPaceFloor = 0.8;          //   and at least this share of the busiest NIC's
+inline constexpr uint64_t kUnpacedRounds = 2;      // senders with at most this many rounds' share are not paced
 
 // A pack or unpack step of `bytes` at byte `staging` of the rank's staging.
 Step StagedStep(StepKind kind, Dtype wire, uint64_t staging, uint64_t bytes);

@@ -274,9 +274,9 @@ TEST(SimulateTest, LowerBoundNeverExceedsThePredictionOfRandomValidPlans) {
 }
 
 // The round filling's quality on a seed row (README, simulated refit):
-// Qwen3-235B TP4 PP8 EP16 -> TP8 DP16 on DGX H100 is predicted at 1.013x of
-// its bound with per-NIC pacing (1.054x before it). A schedule change that
-// loses more than a few percent here fails.
+// Qwen3-235B TP4 PP8 EP16 -> TP8 DP16 on DGX H100 is predicted at 1.021x of
+// its bound with senders paced (1.054x before). A schedule change that loses
+// more than about 1% here fails.
 TEST(SimulateTest, Qwen3SeedRowStaysNearItsBound) {
   TempDir dir;
   const std::string s = std::string(RESHARD_SOURCE_DIR) + "/samples/";
