@@ -62,10 +62,7 @@ PlanIR BuildPlan(const CompileInputs& in, const CompileOptions& opt) {
   ro.nvlink_exchange = opt.nvlink_exchange;
   ro.quantize_on_sender = opt.quantize_on_sender;
   PlanIR ir = Route(in.model, in.cluster, in.src, src, in.dst, dst, ro);
-  const SharedPacks shared = SharePacks(ir);  // one pack, many sends
-  ir.shared_packs = shared.packs;
-  ir.shared_quant_packs = shared.quant_packs;
-  ir.shared_pack_bytes = shared.bytes;
+  ir.shared_packs = SharePacks(ir);  // one pack, many sends
   ir.scales = src.scales;
   ir.scales.insert(ir.scales.end(), dst.scales.begin(), dst.scales.end());
   return ir;

@@ -85,6 +85,13 @@ struct RankProgram {
   }
 };
 
+/// One pack, many sends (share_packs.h): pack steps dropped because their
+/// round packs the same bytes already, of them block-scaled ones, and the
+/// staging bytes they would have written.
+struct SharedPacks {
+  uint64_t packs = 0, quant_packs = 0, bytes = 0;
+};
+
 struct PlanIR {
   std::string strategy;
   uint64_t staging_limit = 0;
@@ -98,10 +105,7 @@ struct PlanIR {
   /// Needs whose scale blocks several training ranks hold parts of: assembled
   /// in a frame, or quantized with scales from partial amaxes (quant_route.h).
   size_t frame_assemblies = 0, amax_assemblies = 0;
-  /// One pack, many sends (share_packs.h): pack steps dropped because the
-  /// same round packs the same bytes already, of them block-scaled ones, and
-  /// the staging bytes they would have written.
-  uint64_t shared_packs = 0, shared_quant_packs = 0, shared_pack_bytes = 0;
+  SharedPacks shared_packs;
 };
 
 struct RouteOptions {

@@ -75,7 +75,7 @@ bool Router::SplitFront(std::vector<DPiece>& pieces, uint32_t idx, uint64_t avai
 // all are not paced. (simulate, against one pace for all: Qwen3-235B
 // 1.054x -> 1.021x of the bound, DeepSeek-V3 DGX 1.077x -> 1.051x, GB200
 // 1.095x -> 1.075x. Pacing receivers changed nothing; without the floor
-// predictions were up to 0.4% better, but plans 28% larger - Kimi-K2 75 MiB;
+// predictions were up to 0.4% better, but plans 27% larger - Kimi-K2 75 MiB;
 // a fixed own share instead of the bytes left fell behind and needed 50%
 // more rounds.) Rotation order (receiver minus sender) breaks ties,
 // so a round is close to a matching of senders to receivers and no NIC is

@@ -24,7 +24,6 @@ Span HullOf(const StridedRegion& r, size_t esize) {
 // A pack that may repeat another: where its bytes start, and everything they
 // depend on (equal keys: equal bytes at equal offsets from `base`).
 struct Pack {
-  size_t step = 0;  // index in Round::local
   uint64_t base = 0, bytes = 0;
   std::string key;
   bool quant = false;
@@ -46,7 +45,6 @@ bool AsPack(const RankProgram& p, const std::vector<Step>& local, size_t i, Pack
   const Step& s = local[i];
   if (s.kind != StepKind::pack || s.src == kNoRegion || p.regions[s.src].buffer == kStaging) return false;
   out = Pack{};
-  out.step = i;
   std::vector<Span> parts;
   if (s.quant < 0) {
     if (s.dst != kNoRegion) return false;
@@ -146,7 +144,6 @@ class Writes {
       if (w_[i].span.overlaps(s)) fn(w_[i]);
     }
   }
-  const std::vector<Access>& all() const { return w_; }
 
  private:
   std::vector<Access> w_;
@@ -171,11 +168,10 @@ SharedPacks SharePacks(PlanIR& ir) {
         first_of.push_back(inserted ? -1 : it->second);
         packs.push_back(std::move(k));
       }
-      std::vector<char> drop(packs.size(), 0), kept_first(packs.size(), 1);
+      std::vector<char> drop(packs.size(), 0);
       for (size_t k = 0; k < packs.size(); ++k) drop[k] = first_of[k] >= 0;
       if (std::find(drop.begin(), drop.end(), 1) == drop.end()) continue;
       auto is_dup = [&](int k) { return k >= 0 && first_of[k] >= 0; };
-      auto is_first = [&](int k) { return k >= 0 && first_of[k] < 0; };
       auto delta = [&](int k) { return packs[first_of[k]].base - packs[k].base; };  // modulo 2^64
 
       std::vector<Access> acc;
@@ -187,15 +183,6 @@ SharedPacks SharePacks(PlanIR& ir) {
         if (a.write && a.span.lo < a.span.hi) w.push_back(a);
       const Writes writes(std::move(w));
 
-      // A first copy must hold its bytes alone; a repeat's bytes are read
-      // at staging offsets only.
-      auto spoil = [&](int k) { (is_dup(k) ? drop[k] : kept_first[k]) = 0; };
-      for (const Access& a : writes.all()) {
-        if (a.owner < 0) continue;
-        writes.Overlapping(a.span, [&](const Access& b) {
-          if (b.owner != a.owner) spoil(a.owner);
-        });
-      }
       // A reader at an offset whose span holds repeats' bytes reads the
       // first copies' instead: every write in its span must be a repeat
       // moved by the same distance, and every write in the span it then
@@ -217,8 +204,7 @@ SharedPacks SharePacks(PlanIR& ir) {
         if (ok) {
           const uint64_t d = delta(dups[0]);
           writes.Overlapping({a.span.lo + d, a.span.hi + d}, [&](const Access& b) {
-            ok = ok && is_first(b.owner) &&
-                 std::any_of(dups.begin(), dups.end(), [&](int k) { return first_of[k] == b.owner; });
+            ok = ok && std::any_of(dups.begin(), dups.end(), [&](int k) { return first_of[k] == b.owner; });
           });
         }
         if (ok) {
@@ -227,8 +213,6 @@ SharedPacks SharePacks(PlanIR& ir) {
           for (int k : dups) drop[k] = 0;
         }
       }
-      for (size_t k = 0; k < packs.size(); ++k)
-        if (drop[k] && !kept_first[first_of[k]]) drop[k] = 0;
       // A reader redirected reads all its repeats from their first copies,
       // or none: one kept repeat keeps them all.
       for (bool changed = true; changed;) {

@@ -7,11 +7,13 @@
 // and the same staging layout, writes the same bytes, so it is done once.
 //
 // A copy is dropped only where that is provably the same: its staging bytes
-// are dense runs, every step of the round that reads them reads them at a
-// staging offset and lies within one run (it is redirected), and no other step
-// of the round writes or reads them through a region, or writes the first
-// copy's bytes. Packs in different rounds are not merged (the staging arenas
-// of router.h hold a round's bytes for one round after it only).
+// are dense runs, and every step of the round that reads any of them reads
+// them at a staging offset (not through a region), in a span holding nothing
+// but repeats moved by one distance; it is redirected there, and the span it
+// then reads holds nothing but their first copies. A reader redirected keeps
+// all its repeats dropped, or none. Packs in different rounds are not merged
+// (the staging arenas of router.h hold a round's bytes for one round after
+// it only).
 #pragma once
 
 #include <cstdint>
@@ -19,12 +21,6 @@
 #include "compiler/program.h"
 
 namespace reshard {
-
-struct SharedPacks {
-  uint64_t packs = 0;        // pack steps dropped
-  uint64_t bytes = 0;        // staging bytes they would have written
-  uint64_t quant_packs = 0;  // of them, block-scaled ones (quantize, amax)
-};
 
 SharedPacks SharePacks(PlanIR& ir);
 

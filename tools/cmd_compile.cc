@@ -71,7 +71,7 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
       // Groups of scale blocks that several training ranks hold parts of, by the way they are quantized.
       j["split_blocks"] = {{"partial_amaxes", ir.amax_assemblies}, {"assembled_frames", ir.frame_assemblies}};
       // Pack steps dropped because their round packs the same bytes already (one pack, many sends).
-      j["shared_packs"] = {{"steps", ir.shared_packs}, {"quantizing", ir.shared_quant_packs}, {"bytes", ir.shared_pack_bytes}};
+      j["shared_packs"] = {{"steps", ir.shared_packs.packs}, {"quantizing", ir.shared_packs.quant_packs}, {"bytes", ir.shared_packs.bytes}};
       std::printf("%s\n", j.dump().c_str());
     } else if (!o->quiet) {
       std::printf("compiled %s -> %s (%s): %zu ranks, %zu rounds, %.3f GB over the network, %.3f GB over NVLink, "
@@ -84,10 +84,10 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
             "receivers: %zu with scales from partial amaxes, %zu assembled whole in a frame (FP8 sources)\n",
             ir.amax_assemblies + ir.frame_assemblies, ir.amax_assemblies, ir.frame_assemblies);
       }
-      if (ir.shared_packs > 0) {
+      if (ir.shared_packs.packs > 0) {
         std::printf("  %llu packs (%llu of them quantizing) done once for several sends: %.3f GB of staging writes saved\n",
-                    static_cast<unsigned long long>(ir.shared_packs), static_cast<unsigned long long>(ir.shared_quant_packs),
-                    ir.shared_pack_bytes / 1e9);
+                    static_cast<unsigned long long>(ir.shared_packs.packs),
+                    static_cast<unsigned long long>(ir.shared_packs.quant_packs), ir.shared_packs.bytes / 1e9);
       }
     }
     exit_code = 0;
