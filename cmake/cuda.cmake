@@ -96,8 +96,10 @@ if(RESHARD_HAVE_CUDA)
   set_target_properties(reshard_runtime PROPERTIES CUDA_ARCHITECTURES "${RESHARD_CUDA_ARCHITECTURES}")
   set_target_properties(reshard_runtime PROPERTIES CUDA_SEPARABLE_COMPILATION OFF)
 
-  # tools/bench/*.cu: kernel throughput against a device-to-device copy.
-  file(GLOB RESHARD_GPU_BENCH_SRC CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tools/bench/*.cu)
+  # tools/bench/*.cu and gpu_*.cc: the kernels against a device-to-device
+  # copy, the executor against raw NCCL.
+  file(GLOB RESHARD_GPU_BENCH_SRC CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tools/bench/*.cu
+       ${CMAKE_SOURCE_DIR}/tools/bench/gpu_*.cc)
   foreach(src ${RESHARD_GPU_BENCH_SRC})
     get_filename_component(name ${src} NAME_WE)
     add_executable(${name} ${src})

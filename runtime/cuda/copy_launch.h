@@ -28,6 +28,9 @@ struct Side {
   int32_t ndim = 1;
   uint64_t block = 1;        // elements that share one buffer
   uint64_t first_block = 0;  // begin / block
+  /// 1 when the view has fewer than 2^32 elements: its index math then runs
+  /// in 32 bits (a 64-bit division costs a GPU several times as much).
+  uint32_t narrow = 0;
   char* slot[kMaxSlots] = {};
 };
 
@@ -47,15 +50,20 @@ struct CopyLaunch {
 
 /// Byte address of element `i` of a side, elements of `esize` bytes. The
 /// unravel mirrors the CPU kernels' row-major pairing (kernels.h).
-RESHARD_HD inline char* ElementAddress(const Side& s, uint64_t i, uint32_t esize) {
-  char* base = s.slot[i / s.block - s.first_block];
+template <typename I>
+RESHARD_HD inline char* ElementAddressIn(const Side& s, I i, uint32_t esize) {
+  char* base = s.slot[i / static_cast<I>(s.block) - static_cast<I>(s.first_block)];
   int64_t off = static_cast<int64_t>(s.offset);
   for (int k = s.ndim - 1; k >= 0; --k) {
-    const uint64_t n = s.shape[k];
+    const I n = static_cast<I>(s.shape[k]);
     off += static_cast<int64_t>(i % n) * s.stride[k];
     i /= n;
   }
   return base + off * static_cast<int64_t>(esize);
+}
+
+RESHARD_HD inline char* ElementAddress(const Side& s, uint64_t i, uint32_t esize) {
+  return s.narrow ? ElementAddressIn<uint32_t>(s, static_cast<uint32_t>(i), esize) : ElementAddressIn<uint64_t>(s, i, esize);
 }
 
 struct Bf16 {

@@ -49,7 +49,7 @@ void DeviceKernels::CheckMemory(const void* p, size_t bytes, const std::string& 
 }
 
 void DeviceKernels::Copy(const RegionView& src, const RegionView& dst) {
-  const CopyPlan plan = PlanCopy(src, dst);
+  const CopyPlan plan = PlanCopy(src, dst, memcpy2d_);
   if (plan.kind == CopyKind::kNone) return;
   DeviceGuard guard(device_);
   switch (plan.kind) {

@@ -1,6 +1,6 @@
 // The kernels of a CUDA device: staging from cudaMalloc (exactly the plan's
-// staging_bytes), region copies on one stream as cudaMemcpyAsync,
-// cudaMemcpy2DAsync or the strided copy kernel (region_plan.h decides).
+// staging_bytes), region copies on one stream as cudaMemcpyAsync or the
+// strided copy kernel (region_plan.h decides).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -42,10 +42,13 @@ class DeviceKernels : public Kernels {
 
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_; }
+  /// Whether row copies go to cudaMemcpy2DAsync or (default) the copy kernel.
+  void set_memcpy2d(bool on) { memcpy2d_ = on; }
 
  private:
   int device_;
   cudaStream_t stream_;
+  bool memcpy2d_ = false;
 };
 
 }  // namespace reshard::cuda

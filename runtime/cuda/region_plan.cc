@@ -91,6 +91,9 @@ bool FillSide(const RegionView& v, uint64_t block, uint64_t begin, uint64_t coun
   }
   side->block = block;
   side->first_block = begin / block;
+  uint64_t elements = 1;
+  for (int k = 0; k < v.ndim; ++k) elements *= v.shape[k];
+  side->narrow = elements <= UINT32_MAX ? 1 : 0;
   const uint64_t last_block = (begin + count - 1) / block;
   const size_t align = static_cast<size_t>(vec) * DtypeSize(v.dtype);
   for (uint64_t q = side->first_block; q <= last_block; ++q) {
@@ -141,7 +144,7 @@ const char* CopyKindName(CopyKind k) {
   }
 }
 
-CopyPlan PlanCopy(const RegionView& src_in, const RegionView& dst_in) {
+CopyPlan PlanCopy(const RegionView& src_in, const RegionView& dst_in, bool memcpy2d) {
   const uint64_t total = ViewElements(src_in);
   if (total != ViewElements(dst_in)) {
     throw Error("region copy of " + std::to_string(total) + " elements into " +
@@ -175,7 +178,8 @@ CopyPlan PlanCopy(const RegionView& src_in, const RegionView& dst_in) {
         plan.height = 1;
         plan.spitch = plan.dpitch = plan.width;
       }
-      return plan;
+      if (plan.kind == CopyKind::kMemcpy || memcpy2d) return plan;
+      plan = CopyPlan();
     }
   }
   const int widest = static_cast<int>(std::max(es, DtypeSize(d.dtype)));

@@ -1,7 +1,9 @@
 // How a region copy (pack, unpack, copy) runs on a device, decided on the
-// host: nothing, one cudaMemcpyAsync (contiguous on both sides, one dtype),
-// one cudaMemcpy2DAsync (rows on both sides, one dtype), or launches of the
-// strided copy kernel (copy_launch.h). Plain C++: the CPU tests check every
+// host: nothing, one cudaMemcpyAsync (contiguous on both sides, one dtype), or
+// launches of the strided copy kernel (copy_launch.h); rows of one dtype may
+// go to cudaMemcpy2DAsync instead, which on an H200 moves them at half the
+// kernel's rate (tools/bench/gpu_kernel_bench.cu: 40% of a device-to-device
+// copy against 78%), so only when asked. Plain C++: the CPU tests check every
 // decision and run the kernel's launches on the host against CopyRegion.
 #pragma once
 
@@ -35,7 +37,9 @@ struct CopyPlan {
 /// The plan of copying `src` into `dst` with CopyRegion's contract (pairing by
 /// row-major index, converting bf16/fp16/fp32). Throws reshard::Error when the
 /// element counts differ or a dtype is one the kernels do not convert.
-CopyPlan PlanCopy(const RegionView& src, const RegionView& dst);
+/// `memcpy2d`: rows of one dtype (both sides) become one cudaMemcpy2DAsync
+/// rather than kernel launches (benchmarks compare the two).
+CopyPlan PlanCopy(const RegionView& src, const RegionView& dst, bool memcpy2d = false);
 
 /// Blocks and threads per block of a kernel launch of `groups` groups: one
 /// group per thread, at most kMaxBlocks blocks (threads then loop).

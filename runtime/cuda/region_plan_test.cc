@@ -61,14 +61,14 @@ RegionView View(Memory& m, uint64_t offset, std::vector<uint64_t> shape, std::ve
 // Copies with CopyRegion and with the device plan run on the host from the
 // same poisoned destination; every byte must agree, and the result must not
 // be all poison.
-CopyPlan ExpectSameAsCpu(const RegionView& src, Memory& dst_mem, const RegionView& dst) {
+CopyPlan ExpectSameAsCpu(const RegionView& src, Memory& dst_mem, const RegionView& dst, bool memcpy2d = false) {
   dst_mem.Poison();
   const std::vector<char> poisoned = dst_mem.Bytes();
   CopyRegion(src, dst);
   const std::vector<char> want = dst_mem.Bytes();
   EXPECT_NE(want, poisoned);
   dst_mem.Restore(poisoned);
-  CopyPlan plan = PlanCopy(src, dst);
+  CopyPlan plan = PlanCopy(src, dst, memcpy2d);
   RunOnHost(plan);
   const std::vector<char> got = dst_mem.Bytes();
   size_t wrong = 0;
@@ -87,21 +87,27 @@ TEST(RegionPlanTest, ContiguousSameDtypeIsOneMemcpy) {
   EXPECT_EQ(p.src, a.ptrs[0] + 16);
 }
 
-TEST(RegionPlanTest, RowsOfOneDtypeAreOneMemcpy2D) {
+TEST(RegionPlanTest, RowsOfOneDtypeAreOneMemcpy2DWhenAsked) {
   std::mt19937_64 rng(2);
   Memory a(1, 8192), b(1, 8192);
   a.Fill(rng);
   // Columns 4..12 of an [8,16] fp32 matrix into a contiguous [8,8].
-  CopyPlan p = ExpectSameAsCpu(View(a, 4, {8, 8}, {16, 1}, D::fp32), b, View(b, 0, {64}, {1}, D::fp32));
+  CopyPlan p = ExpectSameAsCpu(View(a, 4, {8, 8}, {16, 1}, D::fp32), b, View(b, 0, {64}, {1}, D::fp32), true);
   EXPECT_EQ(p.kind, CopyKind::kMemcpy2D);
   EXPECT_EQ(p.height, 8u);
   EXPECT_EQ(p.width, 32u);
   EXPECT_EQ(p.spitch, 64u);
   EXPECT_EQ(p.dpitch, 32u);
   // Strided on both sides, with another pitch.
-  p = ExpectSameAsCpu(View(a, 4, {8, 8}, {16, 1}, D::fp32), b, View(b, 2, {8, 8}, {24, 1}, D::fp32));
+  p = ExpectSameAsCpu(View(a, 4, {8, 8}, {16, 1}, D::fp32), b, View(b, 2, {8, 8}, {24, 1}, D::fp32), true);
   EXPECT_EQ(p.kind, CopyKind::kMemcpy2D);
   EXPECT_EQ(p.dpitch, 96u);
+  // By default the same rows go through the copy kernel.
+  p = ExpectSameAsCpu(View(a, 4, {8, 8}, {16, 1}, D::fp32), b, View(b, 2, {8, 8}, {24, 1}, D::fp32));
+  EXPECT_EQ(p.kind, CopyKind::kKernel);
+  EXPECT_EQ(p.launches.at(0).vec, 2);  // offsets 4 and 2 fp32: 8-byte groups
+  // Contiguous copies stay one memcpy.
+  EXPECT_EQ(PlanCopy(View(a, 0, {64}, {1}, D::fp32), View(b, 0, {8, 8}, {8, 1}, D::fp32)).kind, CopyKind::kMemcpy);
 }
 
 TEST(RegionPlanTest, ConversionTransposeAndBufferModesAreKernels) {
@@ -185,6 +191,10 @@ TEST(RegionPlanTest, RandomLayoutsMatchCopyRegion) {
     RegionView dst = layout(&dm, dd, keep);
     sm->Fill(rng);
     CopyPlan p = ExpectSameAsCpu(src, *dm, dst);
+    if (PlanCopy(src, dst, true).kind == CopyKind::kMemcpy2D) {
+      EXPECT_EQ(p.kind, CopyKind::kKernel);
+      p = ExpectSameAsCpu(src, *dm, dst, true);
+    }
     ++kinds[static_cast<int>(p.kind)];
     if (::testing::Test::HasFailure()) {
       ADD_FAILURE() << "iteration " << iter;
@@ -195,6 +205,37 @@ TEST(RegionPlanTest, RandomLayoutsMatchCopyRegion) {
   EXPECT_GT(kinds[static_cast<int>(CopyKind::kMemcpy)], 0);
   EXPECT_GT(kinds[static_cast<int>(CopyKind::kMemcpy2D)], 0);
   EXPECT_GT(kinds[static_cast<int>(CopyKind::kKernel)], 0);
+}
+
+// Views of 2^32 elements or more keep 64-bit index math; smaller ones run it
+// in 32 bits. Both must address what the row-major unravel says (addresses
+// only: nothing is read or written, so no memory of that size is needed).
+TEST(RegionPlanTest, IndexMathIsNarrowOnlyBelowTwoToThe32Elements) {
+  alignas(16) static char base_s[16], base_d[16];
+  char* const s_ptrs[1] = {base_s};
+  char* const d_ptrs[1] = {base_d};
+  struct Case {
+    std::vector<uint64_t> shape, stride;
+    uint32_t narrow;
+  };
+  const Case cases[] = {{{65536, 65535}, {131072, 2}, 1}, {{65536, 65536}, {131072, 2}, 0}, {{3, 1u << 31}, {1ull << 33, 2}, 0}};
+  for (const Case& c : cases) {
+    // bf16 -> fp32 with a strided source: always the kernel.
+    const RegionView src = ViewOver(s_ptrs, 8, c.shape, c.stride, D::bf16);
+    const uint64_t total = c.shape[0] * c.shape[1];
+    const RegionView dst = ViewOver(d_ptrs, 0, {total}, {1}, D::fp32);
+    const CopyPlan p = PlanCopy(src, dst);
+    ASSERT_EQ(p.kind, CopyKind::kKernel);
+    ASSERT_EQ(p.launches.size(), 1u);
+    const Side& side = p.launches[0].src;
+    EXPECT_EQ(side.narrow, c.narrow) << c.shape[0] << "x" << c.shape[1];
+    EXPECT_EQ(p.launches[0].dst.narrow, c.narrow);
+    for (uint64_t i : {uint64_t{0}, uint64_t{1}, c.shape[1] - 1, c.shape[1], total / 2 + 7, total - 1}) {
+      const uint64_t want = 2 * (8 + (i / c.shape[1]) * c.stride[0] + (i % c.shape[1]) * c.stride[1]);
+      EXPECT_EQ(static_cast<uint64_t>(ElementAddress(side, i, 2) - base_s), want) << "element " << i;
+      EXPECT_EQ(static_cast<uint64_t>(ElementAddress(p.launches[0].dst, i, 4) - base_d), 4 * i) << "element " << i;
+    }
+  }
 }
 
 TEST(RegionPlanTest, MismatchedCountsAndFp8ConversionsAreRefused) {

@@ -100,14 +100,21 @@ int main() {
   std::printf("%-34s %-9s %10.0f %9.1f %8.0f%%\n", "cudaMemcpyAsync d2d", "memcpy", 2.0 * copy_bytes / (1 << 20),
               copy_gbs, 100.0);
   for (const Row& r : rows) {
-    const auto plan = reshard::cuda::PlanCopy(r.src, r.dst);
-    const double bytes = static_cast<double>(reshard::ViewElements(r.src)) *
-                         (reshard::DtypeSize(r.src.dtype) + reshard::DtypeSize(r.dst.dtype));
-    const double ms = Time(stream, [&] { kernels.Copy(r.src, r.dst); });
-    const double gbs = bytes / (ms * 1e-3) / 1e9;
-    std::printf("%-34s %-9s %10.0f %9.1f %8.0f%%\n", r.name.c_str(), reshard::cuda::CopyKindName(plan.kind),
-                bytes / (1 << 20), gbs, 100.0 * gbs / copy_gbs);
+    // Row copies twice: through the copy kernel (the default) and as
+    // cudaMemcpy2DAsync.
+    for (const bool memcpy2d : {false, true}) {
+      const auto plan = reshard::cuda::PlanCopy(r.src, r.dst, memcpy2d);
+      if (memcpy2d && plan.kind != reshard::cuda::CopyKind::kMemcpy2D) continue;
+      kernels.set_memcpy2d(memcpy2d);
+      const double bytes = static_cast<double>(reshard::ViewElements(r.src)) *
+                           (reshard::DtypeSize(r.src.dtype) + reshard::DtypeSize(r.dst.dtype));
+      const double ms = Time(stream, [&] { kernels.Copy(r.src, r.dst); });
+      const double gbs = bytes / (ms * 1e-3) / 1e9;
+      std::printf("%-34s %-9s %10.0f %9.1f %8.0f%%\n", r.name.c_str(), reshard::cuda::CopyKindName(plan.kind),
+                  bytes / (1 << 20), gbs, 100.0 * gbs / copy_gbs);
+    }
   }
+  kernels.set_memcpy2d(false);
   kernels.Finish();
   cudaFree(a);
   cudaFree(b);
