@@ -106,6 +106,8 @@ struct PlanIR {
   /// in a frame, or quantized with scales from partial amaxes (quant_route.h).
   size_t frame_assemblies = 0, amax_assemblies = 0;
   SharedPacks shared_packs;
+  /// Rounds filled with every pair's proportional share first (route_schedule.cc), not greedily.
+  bool proportional_fill = false;
 };
 
 struct RouteOptions {

@@ -42,6 +42,8 @@ inline constexpr double kFill = 0.9;               // staging share the pace of 
 inline constexpr double kPaceSlack = 1.3;          // a sender's pace: this times its bytes left per round left,
 inline constexpr double kPaceFloor = 0.8;          //   and at least this share of the busiest NIC's
 inline constexpr uint64_t kUnpacedRounds = 2;      // senders with at most this many rounds' share are not paced
+inline constexpr size_t kProportionalMaxPieces = 16384;  // larger plans are filled greedily only
+inline constexpr double kProportionalGain = 0.005;  // proportional filling kept only if this much better
 
 // A pack or unpack step of `bytes` at byte `staging` of the rank's staging.
 Step StagedStep(StepKind kind, Dtype wire, uint64_t staging, uint64_t bytes);
@@ -180,6 +182,7 @@ class Router {
   void ForCells(int t, const CellGrid& g, const FragmentRef& df, const Box& need, Fn fn) const;
   uint32_t HolderOf(const DPiece& p, int32_t hop) const;
   void Schedule(std::vector<DPiece>& pieces);
+  double FillRounds(std::vector<DPiece>& pieces, bool proportional);
   bool SplitFront(std::vector<DPiece>& pieces, uint32_t idx, uint64_t avail, std::vector<uint32_t>& queue,
                   size_t head);
   void EmitDirect(const std::vector<DPiece>& pieces);

@@ -72,6 +72,8 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
       j["split_blocks"] = {{"partial_amaxes", ir.amax_assemblies}, {"assembled_frames", ir.frame_assemblies}};
       // Pack steps dropped because their round packs the same bytes already (one pack, many sends).
       j["shared_packs"] = {{"steps", ir.shared_packs.packs}, {"quantizing", ir.shared_packs.quant_packs}, {"bytes", ir.shared_packs.bytes}};
+      // How the rounds were filled: "greedy" pair by pair, or "proportional" (every pair its share of each round).
+      j["round_fill"] = ir.proportional_fill ? "proportional" : "greedy";
       std::printf("%s\n", j.dump().c_str());
     } else if (!o->quiet) {
       std::printf("compiled %s -> %s (%s): %zu ranks, %zu rounds, %.3f GB over the network, %.3f GB over NVLink, "
@@ -88,6 +90,9 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
         std::printf("  %llu packs (%llu of them quantizing) done once for several sends: %.3f GB of staging writes saved\n",
                     static_cast<unsigned long long>(ir.shared_packs.packs),
                     static_cast<unsigned long long>(ir.shared_packs.quant_packs), ir.shared_packs.bytes / 1e9);
+      }
+      if (ir.proportional_fill) {
+        std::printf("  rounds filled with every pair's proportional share (fuller rounds than the greedy fill)\n");
       }
     }
     exit_code = 0;
