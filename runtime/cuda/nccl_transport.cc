@@ -78,14 +78,14 @@ NcclTransport::NcclTransport(const NcclOptions& options)
 }
 
 std::unique_ptr<NcclTransport> NcclTransport::Loopback(int device, uint32_t rank, uint32_t size,
-                                                       std::chrono::milliseconds timeout) {
+                                                       std::chrono::milliseconds timeout, bool blocking) {
   cuda::DeviceGuard guard(device);
   ncclComm_t comms[2] = {nullptr, nullptr};
   for (ncclComm_t& comm : comms) {
     ncclUniqueId id;
     RESHARD_NCCL_CHECK(ncclGetUniqueId(&id));
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
+    config.blocking = blocking ? 1 : 0;
     RESHARD_NCCL_CHECK(ncclCommInitRankConfig(&comm, 1, id, 0, &config));
     ncclResult_t state = ncclInProgress;
     const auto deadline = Clock::now() + timeout;

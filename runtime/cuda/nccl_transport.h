@@ -54,10 +54,11 @@ class NcclTransport : public Transport {
   /// Checks the communicators (same rank, size and device). Throws
   /// reshard::Error naming the failed CUDA or NCCL call.
   explicit NcclTransport(const NcclOptions& options);
-  /// New one-rank, non-blocking communicators on `device` (one per channel),
-  /// owned, in loopback as rank `rank` of `size`: for tests and benchmarks.
+  /// New one-rank communicators on `device` (one per channel), owned, in
+  /// loopback as rank `rank` of `size`: for tests and benchmarks.
+  /// Non-blocking unless `blocking`.
   static std::unique_ptr<NcclTransport> Loopback(int device, uint32_t rank, uint32_t size,
-                                                 std::chrono::milliseconds timeout);
+                                                 std::chrono::milliseconds timeout, bool blocking = false);
   /// Never throws. After a failure the communicators are aborted (and must
   /// not be destroyed by their owner).
   ~NcclTransport() override;

@@ -236,6 +236,14 @@ int main(int argc, char** argv) {
     row("staged plan, in series (RESHARD_PIPELINE=0)", t_serial);
     row("packs + unpacks alone (no NCCL)", t_kernels);
     std::printf("pipelined / serial: %.2fx faster\n", t_serial / t_piped);
+    {
+      // The same pipelined plan on blocking communicators (ncclConfig_t.blocking
+      // = 1, NCCL's default): no settling after each round's group.
+      auto blocking_t = reshard::NcclTransport::Loopback(0, 0, 2, std::chrono::milliseconds(60000), true);
+      reshard::Session blocking(plan, 0, *blocking_t);
+      blocking.bind("w", w, Dtype::bf16, shape);
+      row("staged plan, pipelined, blocking communicators", Time(c.reps, [&] { blocking.run(); }));
+    }
     // Where a pipelined run's time goes, by its RunStats: rounds' messages
     // from posting to landing (host view), the rest (enqueueing kernels,
     // waiting for the last unpack).
@@ -245,6 +253,28 @@ int main(int argc, char** argv) {
       for (const auto& r : st.rounds) comm += r.comm_seconds;
       std::printf("%s run: %.3f ms, of which %.3f ms with a round's messages in flight (%.1f us a round)\n",
                   s == &piped ? "pipelined" : "serial", st.seconds * 1e3, comm * 1e3, comm * 1e6 / c.rounds);
+    }
+    // Host time of posting a round (the group, its settling) and of landing
+    // it, apart: one round's messages at a time, through the transport alone.
+    {
+      auto& t = *piped_t;
+      std::vector<double> post_us, land_us;
+      for (int i = 0; i < 50; ++i) {
+        const auto a = Clock::now();
+        t.reset();
+        const size_t hs = t.post(true, 0, 1, 0, src, slice);
+        const size_t hr = t.post(false, 0, 1, 0, dst, slice);
+        t.start();
+        const auto b = Clock::now();
+        t.wait(hs, b + std::chrono::seconds(60));
+        t.wait(hr, b + std::chrono::seconds(60));
+        const auto e = Clock::now();
+        post_us.push_back(std::chrono::duration<double, std::micro>(b - a).count());
+        land_us.push_back(std::chrono::duration<double, std::micro>(e - b).count());
+      }
+      t.reset();
+      std::printf("one round through the transport (non-blocking): post %.1f us, land %.1f us (medians of 50)\n",
+                  Median(post_us), Median(land_us));
     }
 
     ncclCommDestroy(comm);
