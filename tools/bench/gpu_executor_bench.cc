@@ -28,6 +28,7 @@
 #include "runtime/plan.h"
 #include "runtime/session.h"
 #include "runtime/test.h"
+#include "tools/bench/gpu_bench_check.h"
 
 namespace {
 
@@ -39,23 +40,6 @@ using reshard::testing::MakeStep;
 using reshard::testing::PlanSpec;
 using reshard::testing::ProgramSpec;
 using Clock = std::chrono::steady_clock;
-
-#define CHECK_CUDA(call)                                                                          \
-  do {                                                                                            \
-    cudaError_t e_ = (call);                                                                      \
-    if (e_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
-#define CHECK_NCCL(call)                                                                          \
-  do {                                                                                            \
-    ncclResult_t r_ = (call);                                                                     \
-    if (r_ != ncclSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, ncclGetErrorString(r_)); \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
 
 struct Config {
   uint64_t mib = 1024;  // bytes moved (left halves of the buffer)

@@ -11,20 +11,13 @@
 #include "runtime/cuda/device_kernels.h"
 #include "runtime/cuda/region_plan.h"
 #include "runtime/plan.h"
+#include "tools/bench/gpu_bench_check.h"
 
 namespace {
 
 using reshard::RegionView;
 using D = reshard::fb::Dtype;
 
-#define CHECK(call)                                                                          \
-  do {                                                                                       \
-    cudaError_t e_ = (call);                                                                 \
-    if (e_ != cudaSuccess) {                                                                 \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                          \
-    }                                                                                        \
-  } while (0)
 
 RegionView View(char* const* ptrs, std::vector<uint64_t> shape, std::vector<uint64_t> stride, D dtype,
                 uint8_t buffer_modes = 0) {
@@ -34,16 +27,16 @@ RegionView View(char* const* ptrs, std::vector<uint64_t> shape, std::vector<uint
 // Milliseconds per call of `fn` on `stream`, the mean of 10 after 2 warm-ups.
 double Time(cudaStream_t stream, const std::function<void()>& fn) {
   cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
+  CHECK_CUDA(cudaEventCreate(&a));
+  CHECK_CUDA(cudaEventCreate(&b));
   for (int i = 0; i < 2; ++i) fn();
-  CHECK(cudaEventRecord(a, stream));
+  CHECK_CUDA(cudaEventRecord(a, stream));
   constexpr int kReps = 10;
   for (int i = 0; i < kReps; ++i) fn();
-  CHECK(cudaEventRecord(b, stream));
-  CHECK(cudaEventSynchronize(b));
+  CHECK_CUDA(cudaEventRecord(b, stream));
+  CHECK_CUDA(cudaEventSynchronize(b));
   float ms = 0;
-  CHECK(cudaEventElapsedTime(&ms, a, b));
+  CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
   cudaEventDestroy(a);
   cudaEventDestroy(b);
   return ms / kReps;
@@ -58,18 +51,18 @@ int main() {
     return 0;
   }
   cudaDeviceProp prop{};
-  CHECK(cudaGetDeviceProperties(&prop, 0));
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   cudaStream_t stream;
-  CHECK(cudaStreamCreate(&stream));
+  CHECK_CUDA(cudaStreamCreate(&stream));
   reshard::cuda::DeviceKernels kernels(0, stream);
   constexpr size_t kBig = size_t{512} << 20;
   char *a = nullptr, *b = nullptr;
-  CHECK(cudaMalloc(&a, kBig));
-  CHECK(cudaMalloc(&b, kBig));
-  CHECK(cudaMemsetAsync(a, 0x3c, kBig, stream));
+  CHECK_CUDA(cudaMalloc(&a, kBig));
+  CHECK_CUDA(cudaMalloc(&b, kBig));
+  CHECK_CUDA(cudaMemsetAsync(a, 0x3c, kBig, stream));
   // 256 expert buffers of 1 MiB inside `a`, for the buffer-selecting case.
   std::vector<char*> experts;
-  for (int e = 0; e < 256; ++e) experts.push_back(a + (size_t{e} << 20));
+  for (int e = 0; e < 256; ++e) experts.push_back(a + (static_cast<size_t>(e) << 20));
   char* const pa[1] = {a};
   char* const pb[1] = {b};
 
@@ -93,7 +86,7 @@ int main() {
   };
 
   const size_t copy_bytes = size_t{256} << 20;
-  const double copy_ms = Time(stream, [&] { CHECK(cudaMemcpyAsync(b, a, copy_bytes, cudaMemcpyDeviceToDevice, stream)); });
+  const double copy_ms = Time(stream, [&] { CHECK_CUDA(cudaMemcpyAsync(b, a, copy_bytes, cudaMemcpyDeviceToDevice, stream)); });
   const double copy_gbs = 2.0 * copy_bytes / (copy_ms * 1e-3) / 1e9;
   std::printf("device: %s\n", prop.name);
   std::printf("%-34s %-9s %10s %9s %9s\n", "case", "path", "MiB moved", "GB/s", "of d2d");
