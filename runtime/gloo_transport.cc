@@ -1,7 +1,9 @@
 #include "runtime/gloo_transport.h"
 
 #include <csignal>
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 
 #include <gloo/barrier.h>
 #include <gloo/common/error.h>
@@ -36,12 +38,23 @@ std::string SecondsString(std::chrono::milliseconds ms) {
 
 }  // namespace
 
+size_t GlooChunkBytes(const GlooOptions& options) {
+  const char* v = std::getenv("RESHARD_GLOO_CHUNK_BYTES");
+  if (v == nullptr) return options.chunk_bytes;
+  const std::string s = v;
+  if (s.empty() || s.size() > 19 || s.find_first_not_of("0123456789") != std::string::npos) {
+    throw Error("RESHARD_GLOO_CHUNK_BYTES must be a byte count (0 sends messages whole), not '" + s + "'");
+  }
+  return static_cast<size_t>(std::stoull(s));
+}
+
 GlooTransport::GlooTransport(uint32_t rank, uint32_t size, const GlooOptions& options)
-    : rank_(rank), size_(size), timeout_(options.timeout) {
+    : rank_(rank), size_(size), timeout_(options.timeout), chunk_bytes_(GlooChunkBytes(options)) {
   struct sigaction old {};
   if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) std::signal(SIGPIPE, SIG_IGN);
   if (rank >= size) throw Error("gloo: rank " + std::to_string(rank) + " out of range for " + std::to_string(size) + " ranks");
   const std::string where = options.rendezvous.empty() ? options.store_dir : options.rendezvous;
+  std::string mismatch;  // of the part sizes, found once connected
   if (where.empty()) throw Error("gloo: no rendezvous given (a shared directory or HOST:PORT)");
   try {
     gloo::transport::tcp::attr attr;
@@ -62,6 +75,21 @@ GlooTransport::GlooTransport(uint32_t rank, uint32_t size, const GlooOptions& op
     context->setTimeout(options.timeout);
     context->connectFullMesh(store, device);
     context_ = std::move(context);
+    // A receive completes on the first part that arrives, however short: ranks
+    // that cut messages differently would take parts for whole messages. Each
+    // rank checks that it cuts them as rank 0 does.
+    const std::string mine = std::to_string(chunk_bytes_);
+    if (rank == 0) {
+      store.set("gloo_chunk_bytes", std::vector<char>(mine.begin(), mine.end()));
+    } else {
+      const std::vector<char> v = store.get("gloo_chunk_bytes");
+      const std::string theirs(v.begin(), v.end());
+      if (theirs != mine) {
+        mismatch = "rank " + std::to_string(rank) + " cuts messages into parts of " + mine +
+                   " bytes but rank 0 into parts of " + theirs +
+                   " (0: whole messages); every rank must use the same RESHARD_GLOO_CHUNK_BYTES";
+      }
+    }
     if (!options.nvlink_hostname.empty()) {
       gloo::transport::tcp::attr nv_attr;
       nv_attr.hostname = options.nvlink_hostname;
@@ -77,6 +105,7 @@ GlooTransport::GlooTransport(uint32_t rank, uint32_t size, const GlooOptions& op
                 " ranks through '" + where + "' within " + SecondsString(options.timeout) + ": " +
                 Clean(e.what()));
   }
+  if (!mismatch.empty()) throw Error(mismatch);
 }
 
 GlooTransport::~GlooTransport() {
@@ -92,16 +121,21 @@ GlooTransport::~GlooTransport() {
 
 size_t GlooTransport::Post(gloo::Context& context, bool send, uint32_t peer, uint64_t seq, void* data,
                            size_t bytes) {
-  Op op{nullptr, send, peer, bytes};
+  Op op{nullptr, send, peer, bytes, 0};
   // Both sides skip empty messages alike (they agree on the byte count), and
-  // Gloo needs a non-empty buffer.
+  // Gloo needs a non-empty buffer. Both cut a message into the same parts,
+  // on one slot: Gloo matches a slot's sends and receives in order.
   if (bytes > 0) {
     try {
       op.buffer = context.createUnboundBuffer(data, bytes);
-      if (send) {
-        op.buffer->send(static_cast<int>(peer), seq);
-      } else {
-        op.buffer->recv(static_cast<int>(peer), seq);
+      const size_t part = chunk_bytes_ == 0 ? bytes : chunk_bytes_;
+      for (size_t offset = 0; offset < bytes; offset += part, ++op.parts) {
+        const size_t n = std::min(part, bytes - offset);
+        if (send) {
+          op.buffer->send(static_cast<int>(peer), seq, offset, n);
+        } else {
+          op.buffer->recv(static_cast<int>(peer), seq, offset, n);
+        }
       }
     } catch (const gloo::Exception& e) {
       throw Error(Clean(e.what()) + (send ? " (sending " : " (receiving ") + std::to_string(bytes) + " bytes)");
@@ -127,12 +161,15 @@ size_t GlooTransport::post(bool send, int channel, uint32_t peer, uint64_t seq, 
 void GlooTransport::wait(size_t handle, Clock::time_point deadline) {
   Op& op = ops_.at(handle);
   if (!op.buffer) return;
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-  // Gloo reads a zero timeout as "wait forever".
-  if (left < std::chrono::milliseconds(1)) left = std::chrono::milliseconds(1);
   const std::string what = std::to_string(op.bytes) + " bytes";
   try {
-    bool ok = op.send ? op.buffer->waitSend(nullptr, left) : op.buffer->waitRecv(nullptr, left);
+    bool ok = true;
+    for (size_t k = 0; k < op.parts && ok; ++k) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      // Gloo reads a zero timeout as "wait forever".
+      if (left < std::chrono::milliseconds(1)) left = std::chrono::milliseconds(1);
+      ok = op.send ? op.buffer->waitSend(nullptr, left) : op.buffer->waitRecv(nullptr, left);
+    }
     if (!ok) throw Error("aborted while " + std::string(op.send ? "sending " : "receiving ") + what);
   } catch (const gloo::IoException& e) {
     std::string msg = Clean(e.what());
