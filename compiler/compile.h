@@ -22,6 +22,7 @@ struct CompileOptions {
   uint64_t staging_mb = 512;
   bool nvlink_exchange = true;
   bool quantize_on_sender = true;
+  bool search_fills = false;  // RouteOptions::search_fills
 };
 
 /// Pass 1: reads and validates the four spec files.

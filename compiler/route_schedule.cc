@@ -5,6 +5,8 @@
 
 #include "compiler/router.h"
 
+#include "compiler/round_estimate.h"
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -83,7 +85,7 @@ bool Router::SplitFront(std::vector<DPiece>& pieces, uint32_t idx, uint64_t avai
 // so a round is close to a matching of senders to receivers and no NIC is
 // converged on by many senders at once. A piece that does not fit whole is
 // split to fill the round.
-double Router::FillRounds(std::vector<DPiece>& pieces, bool proportional) {
+double Router::FillRounds(std::vector<DPiece>& pieces, bool proportional, double fill) {
   const uint32_t n = static_cast<uint32_t>(ir_.ranks.size());
   auto rot = [n](uint32_t a, uint32_t b) { return (b + n - a) % n; };
   std::vector<uint32_t> order(pieces.size());
@@ -141,7 +143,7 @@ double Router::FillRounds(std::vector<DPiece>& pieces, bool proportional) {
   }
   uint64_t rounds = 1, busiest_net = 0;
   for (uint32_t g = 0; g < n; ++g) {
-    rounds = std::max<uint64_t>(rounds, static_cast<uint64_t>(std::ceil(held[g] / (kFill * cap_))));
+    rounds = std::max<uint64_t>(rounds, static_cast<uint64_t>(std::ceil(held[g] / (fill * cap_))));
     busiest_net = std::max({busiest_net, net_out[g], net_in[g]});
   }
   const uint64_t net_cap = std::clamp<uint64_t>((busiest_net + rounds - 1) / rounds, kMinSplit, cap_);
@@ -179,16 +181,21 @@ double Router::FillRounds(std::vector<DPiece>& pieces, bool proportional) {
     }
     return v;
   };
+  RoundTraffic traffic(n);  // every message placed, for the estimate
+  auto link = [&](uint32_t from, uint32_t to, size_t r, uint64_t bytes) {
+    const bool net = is_net(from, to);
+    if (net) At(out_used[from], r) += bytes, At(in_used[to], r) += bytes;
+    traffic.Add(static_cast<uint32_t>(r), from, to, bytes, net);
+  };
   auto take = [&](DPiece& p, size_t r) {
     const uint64_t need = need_of(p);
     Used(p.a, r) += need;
     Used(p.b, r) += need;
-    if (is_net(p.a, p.b)) At(out_used[p.a], r) += p.bytes, At(in_used[p.b], r) += p.bytes;
+    link(p.a, p.b, r, p.bytes);
     for (uint32_t k = 0; k < p.hop_count; ++k) {
       const Hop& h = hop_pool_[p.hop_begin + k];
-      const uint32_t from = HolderOf(p, h.parent);
       Used(h.rank, r + h.level) += need;
-      if (is_net(from, h.rank)) At(out_used[from], r + h.level) += p.bytes, At(in_used[h.rank], r + h.level) += p.bytes;
+      link(HolderOf(p, h.parent), h.rank, r + h.level, p.bytes);
     }
     p.round = r;
   };
@@ -265,52 +272,67 @@ double Router::FillRounds(std::vector<DPiece>& pieces, bool proportional) {
                                 [&](uint32_t pi) { return pairs[pi].head == pairs[pi].queue.size(); }),
                  active.end());
   }
-  // Each round lasts about as long as its busiest NIC direction: their sum.
-  double seconds_proxy = 0;
-  size_t nrounds = 0;
-  for (uint32_t g = 0; g < n; ++g) nrounds = std::max({nrounds, out_used[g].size(), in_used[g].size()});
-  for (size_t r = 0; r < nrounds; ++r) {
-    uint64_t busiest = 0;
-    for (uint32_t g = 0; g < n; ++g) {
-      if (r < out_used[g].size()) busiest = std::max(busiest, out_used[g][r]);
-      if (r < in_used[g].size()) busiest = std::max(busiest, in_used[g][r]);
-    }
-    seconds_proxy += static_cast<double>(busiest);
-  }
-  return seconds_proxy;
+  // Assemblies' transfers (PlaceAssemblies) are in out_used/in_used only;
+  // they are the same in every fill.
+  return traffic.ReplaySeconds(cluster_.nic_gbps * 1e9 / 8, cluster_.nvlink_GBps * 1e9);
 }
 
-// Fills the rounds greedily; for a plan of at most kProportionalMaxPieces
-// pieces, also with proportional shares, keeping whichever has the smaller
-// sum over rounds of the busiest NIC's bytes (the proportional fill only if
-// at least kProportionalGain smaller: it makes more, smaller steps). Where
-// every NIC has about as much to move as the busiest (Qwen3-30B-A3B), the
-// greedy fill leaves holes the shares avoid: simulate 1.134x -> 1.071x of
-// the bound, 1.124x -> 1.077x with EP. In larger plans it buys less than its
-// cost: DeepSeek-V3 1.051x -> 1.026x, but a 146 MiB plan instead of 53 and a
-// second fill of 1.5 s; Kimi-K2 1.084x -> 1.093x.
+// Fills the rounds in one or more ways and keeps the one whose rounds a
+// replay estimate (round_estimate.h) says end soonest: greedily, planned for
+// kFill of the staging budget; for plans of at most kProportionalMaxPieces
+// pieces also with proportional shares; with RouteOptions::search_fills also
+// greedily at the staging fills kOtherFills. Another fill is kept only if
+// kFillGain faster than the first: the proportional one makes more, smaller
+// steps, and the estimate is not `simulate`. Where every NIC has about as
+// much to move as the busiest (Qwen3-30B-A3B), the greedy fill leaves holes
+// the shares avoid: simulate 1.134x -> 1.071x of the bound, 1.124x -> 1.077x
+// with EP. Trying the other staging fills on these small plans too made both
+// worse (1.073x, 1.083x), so only --search-fills tries them. On DeepSeek-V3
+// (107k pieces) a fill takes about 2 s; with --search-fills 1.051x -> 1.030x
+// on DGX H100.
 void Router::Schedule(std::vector<DPiece>& pieces) {
-  if (pieces.size() > kProportionalMaxPieces) {
-    FillRounds(pieces, false);
+  struct Candidate {
+    bool proportional;
+    double fill;
+  };
+  std::vector<Candidate> candidates = {{false, kFill}};
+  if (pieces.size() <= kProportionalMaxPieces) candidates.push_back({true, kFill});
+  if (opt_.search_fills) {
+    for (double f : kOtherFills) candidates.push_back({false, f});
+  }
+  if (candidates.size() == 1) {
+    FillRounds(pieces, false, kFill);
     return;
   }
   const std::vector<DPiece> pieces0 = pieces;
   const auto used0 = used_;
   const std::vector<Assembly> assemblies0 = assemblies_;
-  const double greedy = FillRounds(pieces, false);
-  std::vector<DPiece> greedy_pieces = std::move(pieces);
-  auto greedy_used = std::move(used_);
-  std::vector<Assembly> greedy_assemblies = std::move(assemblies_);
-  pieces = pieces0;
-  used_ = used0;
-  assemblies_ = assemblies0;
-  if (FillRounds(pieces, true) < greedy * (1.0 - kProportionalGain)) {
-    ir_.proportional_fill = true;
-    return;
+  std::vector<DPiece> best_pieces;
+  decltype(used_) best_used;
+  std::vector<Assembly> best_assemblies;
+  double first = 0, best = 0;
+  Candidate kept = candidates[0];
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    if (i > 0) {
+      pieces = pieces0;
+      used_ = used0;
+      assemblies_ = assemblies0;
+    }
+    const double seconds = FillRounds(pieces, candidates[i].proportional, candidates[i].fill);
+    if (i == 0) first = seconds;
+    if (i == 0 || (seconds < best && seconds < first * (1.0 - kFillGain))) {
+      best = seconds;
+      kept = candidates[i];
+      best_pieces = std::move(pieces);
+      best_used = std::move(used_);
+      best_assemblies = std::move(assemblies_);
+    }
   }
-  pieces = std::move(greedy_pieces);
-  used_ = std::move(greedy_used);
-  assemblies_ = std::move(greedy_assemblies);
+  pieces = std::move(best_pieces);
+  used_ = std::move(best_used);
+  assemblies_ = std::move(best_assemblies);
+  ir_.proportional_fill = kept.proportional;
+  ir_.staging_fill = kept.fill;
 }
 
 }  // namespace reshard::routing

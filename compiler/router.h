@@ -38,12 +38,13 @@ namespace reshard::routing {
 inline constexpr uint64_t kMinSplit = 4ull << 20;  // smallest part split off a piece to fill a round
 inline constexpr size_t kTreeDomains = 2;          // destination domains one source send reaches (relay trees)
 inline constexpr size_t kTreeFanout = 1;           // domains each entry GPU forwards a piece to
-inline constexpr double kFill = 0.9;               // staging share the pace of rounds plans for
+inline constexpr double kFill = kDefaultStagingFill;  // staging share the pace of rounds plans for
 inline constexpr double kPaceSlack = 1.3;          // a sender's pace: this times its bytes left per round left,
 inline constexpr double kPaceFloor = 0.8;          //   and at least this share of the busiest NIC's
 inline constexpr uint64_t kUnpacedRounds = 2;      // senders with at most this many rounds' share are not paced
-inline constexpr size_t kProportionalMaxPieces = 16384;  // larger plans are filled greedily only
-inline constexpr double kProportionalGain = 0.005;  // proportional filling kept only if this much better
+inline constexpr double kOtherFills[2] = {0.8, 0.95};  // staging fills also tried (Schedule)
+inline constexpr size_t kProportionalMaxPieces = 16384;  // larger plans: one greedy fill, unless search_fills
+inline constexpr double kFillGain = 0.005;  // another fill is kept only if its estimate is this much better
 
 // A pack or unpack step of `bytes` at byte `staging` of the rank's staging.
 Step StagedStep(StepKind kind, Dtype wire, uint64_t staging, uint64_t bytes);
@@ -182,7 +183,7 @@ class Router {
   void ForCells(int t, const CellGrid& g, const FragmentRef& df, const Box& need, Fn fn) const;
   uint32_t HolderOf(const DPiece& p, int32_t hop) const;
   void Schedule(std::vector<DPiece>& pieces);
-  double FillRounds(std::vector<DPiece>& pieces, bool proportional);
+  double FillRounds(std::vector<DPiece>& pieces, bool proportional, double fill);
   bool SplitFront(std::vector<DPiece>& pieces, uint32_t idx, uint64_t avail, std::vector<uint32_t>& queue,
                   size_t head);
   void EmitDirect(const std::vector<DPiece>& pieces);

@@ -332,5 +332,75 @@ TEST(SimulateTest, SmallPlansTakeTheBetterRoundFill) {
   }
 }
 
+// The netem bench's staged plan (tools/bench/netem_bench.sh): tiny-dense
+// scaled x16 per dim, TP2 -> TP4 with 4 MiB of staging, on a cluster whose
+// NVLink is only 4x its NICs. By the sum of its rounds' NIC peaks the
+// proportional fill looked 1.3% better, and was predicted 8% slower (2.69 s
+// against 2.48 s; measured 2.74 s on the shaped links). The replay estimate
+// (compiler/round_estimate.h) keeps the greedy fill; --search-fills keeps it
+// too, and every plan is proven by validate.
+TEST(SimulateTest, FillIsChosenByItsReplayNotByItsPeaks) {
+  TempDir dir;
+  const std::string s = std::string(RESHARD_SOURCE_DIR) + "/samples/tiny-dense/";
+  for (const char* f : {"model.json", "train.json", "infer.json"}) {
+    nlohmann::json j = nlohmann::json::parse(std::ifstream(s + f));
+    for (const char* key : {"tensors", "buffers"}) {
+      if (!j.contains(key)) continue;
+      for (auto& t : j[key])
+        if (t.contains("shape"))
+          for (auto& d : t["shape"]) d = d.get<int64_t>() * 16;
+    }
+    std::ofstream(dir.File(f)) << j.dump();
+  }
+  std::ofstream(dir.File("netem-4.json"))
+      << R"({"format": "reshard.cluster/1", "name": "netem-4", "gpus_per_domain": 4, "nic_gbps": 0.1,
+             "nvlink_GBps": 0.05, "hbm_GBps": 2.0, "nic_latency_us": 200.0, "nvlink_latency_us": 200.0,
+             "placement": "disjoint"})";
+  const std::string specs = "--model " + dir.File("model.json") + " --from " + dir.File("train.json") + " --to " +
+                            dir.File("infer.json") + " --cluster " + dir.File("netem-4.json") + " --staging-mb 4";
+  for (const std::string flag : {"", " --search-fills"}) {
+    SCOPED_TRACE(flag);
+    const std::string plan = dir.File("p.rsplan");
+    Result k = Reshard("compile --json " + specs + flag + " -o " + plan, dir);
+    ASSERT_EQ(k.exit_code, 0) << k.err;
+    const auto c = nlohmann::json::parse(k.out);
+    EXPECT_EQ(c["round_fill"], "greedy") << k.out;
+    EXPECT_DOUBLE_EQ(c["staging_fill"].get<double>(), 0.9) << k.out;
+    Result v = Reshard("validate " + plan, dir);
+    EXPECT_EQ(v.exit_code, 0) << v.out << v.err;
+    Result r = Reshard("simulate -q --json " + plan + " --cluster " + dir.File("netem-4.json"), dir);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_LE(j["predicted_seconds"].get<double>(), 2.5) << r.out;
+  }
+}
+
+// --search-fills on Kimi-K2 (1536 ranks): the round fill planned for 80% of
+// the staging budget replays faster by the estimate and is kept; simulate
+// agrees (1.0725x of the bound, against 1.0839x with the default fill, as
+// measured for the README). Skipped under the sanitizers: three fills of
+// this plan and its simulation take minutes there; every plain build runs it.
+TEST(SimulateTest, SearchFillsKeepsTheFasterStagingFill) {
+#ifdef RESHARD_SANITIZE
+  GTEST_SKIP() << "three 1536-rank fills and a simulation: minutes under AddressSanitizer";
+#endif
+  TempDir dir;
+  const std::string s = std::string(RESHARD_SOURCE_DIR) + "/samples/";
+  const std::string plan = dir.File("k.rsplan");
+  Result c = Reshard("compile --json --search-fills --model " + s + "kimi-k2/model.json --from " + s +
+                         "kimi-k2/train-1024.json --to " + s + "kimi-k2/infer-512.json --cluster " + s +
+                         "clusters/dgx-h100.json -o " + plan,
+                     dir);
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  const auto k = nlohmann::json::parse(c.out);
+  EXPECT_DOUBLE_EQ(k["staging_fill"].get<double>(), 0.8) << c.out;
+  EXPECT_EQ(k["round_fill"], "greedy") << c.out;
+  Result r = Reshard("simulate -q --json " + plan + " --cluster " + s + "clusters/dgx-h100.json", dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_LE(j["ratio_to_bound"].get<double>(), 1.078) << r.out;
+  EXPECT_GE(j["ratio_to_bound"].get<double>(), 1.0) << r.out;
+}
+
 }  // namespace
 }  // namespace reshard
