@@ -125,8 +125,9 @@ struct RouteOptions {
   /// values and scales quantized by the sender (false: BF16, requantized on
   /// the receiver).
   bool quantize_on_sender = true;
-  /// Try every round fill on large plans too (small plans always do): about
-  /// 2 s more per fill for DeepSeek-V3, for a schedule up to 2% faster.
+  /// Also fill the rounds planned for the other staging fills (kOtherFills,
+  /// route_schedule.cc) and keep the fastest by the replay estimate: about
+  /// 2 s more per fill for DeepSeek-V3, for a refit predicted 2% faster.
   bool search_fills = false;
 };
 

@@ -85,7 +85,7 @@ bool Router::SplitFront(std::vector<DPiece>& pieces, uint32_t idx, uint64_t avai
 // so a round is close to a matching of senders to receivers and no NIC is
 // converged on by many senders at once. A piece that does not fit whole is
 // split to fill the round.
-double Router::FillRounds(std::vector<DPiece>& pieces, bool proportional, double fill) {
+double Router::FillRounds(std::vector<DPiece>& pieces, bool proportional, double fill, bool estimate) {
   const uint32_t n = static_cast<uint32_t>(ir_.ranks.size());
   auto rot = [n](uint32_t a, uint32_t b) { return (b + n - a) % n; };
   std::vector<uint32_t> order(pieces.size());
@@ -181,11 +181,11 @@ double Router::FillRounds(std::vector<DPiece>& pieces, bool proportional, double
     }
     return v;
   };
-  RoundTraffic traffic(n);  // every message placed, for the estimate
+  RoundTraffic traffic(n);  // every message placed, where the estimate is asked for
   auto link = [&](uint32_t from, uint32_t to, size_t r, uint64_t bytes) {
     const bool net = is_net(from, to);
     if (net) At(out_used[from], r) += bytes, At(in_used[to], r) += bytes;
-    traffic.Add(static_cast<uint32_t>(r), from, to, bytes, net);
+    if (estimate) traffic.Add(static_cast<uint32_t>(r), from, to, bytes, net);
   };
   auto take = [&](DPiece& p, size_t r) {
     const uint64_t need = need_of(p);
@@ -274,7 +274,7 @@ double Router::FillRounds(std::vector<DPiece>& pieces, bool proportional, double
   }
   // Assemblies' transfers (PlaceAssemblies) are in out_used/in_used only;
   // they are the same in every fill.
-  return traffic.ReplaySeconds(cluster_.nic_gbps * 1e9 / 8, cluster_.nvlink_GBps * 1e9);
+  return estimate ? traffic.ReplaySeconds(cluster_.nic_gbps * 1e9 / 8, cluster_.nvlink_GBps * 1e9) : 0;
 }
 
 // Fills the rounds in one or more ways and keeps the one whose rounds a
@@ -301,7 +301,7 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
     for (double f : kOtherFills) candidates.push_back({false, f});
   }
   if (candidates.size() == 1) {
-    FillRounds(pieces, false, kFill);
+    FillRounds(pieces, false, kFill, false);  // nothing to compare: no estimate
     return;
   }
   const std::vector<DPiece> pieces0 = pieces;
@@ -318,7 +318,7 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
       used_ = used0;
       assemblies_ = assemblies0;
     }
-    const double seconds = FillRounds(pieces, candidates[i].proportional, candidates[i].fill);
+    const double seconds = FillRounds(pieces, candidates[i].proportional, candidates[i].fill, true);
     if (i == 0) first = seconds;
     if (i == 0 || (seconds < best && seconds < first * (1.0 - kFillGain))) {
       best = seconds;

@@ -334,8 +334,9 @@ TEST(SimulateTest, SmallPlansTakeTheBetterRoundFill) {
 
 // The netem bench's staged plan (tools/bench/netem_bench.sh): tiny-dense
 // scaled x16 per dim, TP2 -> TP4 with 4 MiB of staging, on a cluster whose
-// NVLink is only 4x its NICs. By the sum of its rounds' NIC peaks the
-// proportional fill looked 1.3% better, and was predicted 8% slower (2.69 s
+// NVLink is only 4x its NICs. By the sum of its rounds' peaks the
+// proportional fill looked better (1.3% counting NVLink ports at their
+// bandwidth), and was predicted 8% slower (2.69 s
 // against 2.48 s; measured 2.74 s on the shaped links). The replay estimate
 // (compiler/round_estimate.h) keeps the greedy fill; --search-fills keeps it
 // too, and every plan is proven by validate.
