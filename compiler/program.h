@@ -111,6 +111,8 @@ struct PlanIR {
   SharedPacks shared_packs;
   /// Rounds filled with every pair's proportional share first (route_schedule.cc), not greedily.
   bool proportional_fill = false;
+  /// Proportional fills: no pair's share of a round below this part of the round's share.
+  double proportional_min_share = 0;
   /// The share of the staging budget the rounds were planned to fill (route_schedule.cc).
   double staging_fill = kDefaultStagingFill;
 };
@@ -125,9 +127,10 @@ struct RouteOptions {
   /// values and scales quantized by the sender (false: BF16, requantized on
   /// the receiver).
   bool quantize_on_sender = true;
-  /// Also fill the rounds planned for the other staging fills (kOtherFills,
-  /// route_schedule.cc) and keep the fastest by the replay estimate: about
-  /// 2 s more per fill for DeepSeek-V3, for a refit predicted 2% faster.
+  /// Also try the fills kSearchedFills (router.h, route_schedule.cc) and
+  /// keep the fastest by the replay estimate: a fill each (about 0.5 s for
+  /// DeepSeek-V3, as many at once as the machine has threads), for a refit
+  /// predicted up to 2% faster.
   bool search_fills = false;
 };
 

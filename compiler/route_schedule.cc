@@ -10,7 +10,10 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
+#include <future>
+#include <memory>
 #include <numeric>
+#include <thread>
 
 namespace reshard::routing {
 
@@ -86,7 +89,8 @@ bool Router::SplitFront(std::vector<DPiece>& pieces, uint32_t idx, uint64_t avai
 // so a round is close to a matching of senders to receivers and no NIC is
 // converged on by many senders at once. A piece that does not fit whole is
 // split to fill the round.
-double Router::FillRounds(std::vector<DPiece>& pieces, bool proportional, double fill, bool estimate) {
+double Router::FillRounds(std::vector<DPiece>& pieces, const FillMode& mode, bool estimate) {
+  const double fill = mode.fill;
   const uint32_t n = static_cast<uint32_t>(ir_.ranks.size());
   auto rot = [n](uint32_t a, uint32_t b) { return (b + n - a) % n; };
   std::vector<uint32_t> order(pieces.size());
@@ -284,7 +288,11 @@ double Router::FillRounds(std::vector<DPiece>& pieces, bool proportional, double
     if (placed > 0) refresh(pi);
     return placed;
   };
-  std::vector<std::pair<uint64_t, uint32_t>> keyed;  // (both NICs' bytes left, pair)
+  struct Keyed {
+    uint64_t key;  // both NICs' bytes left
+    uint32_t pos, pair;
+  };
+  std::vector<Keyed> keyed;
   for (size_t r = 0; !active.empty(); ++r) {
     // Pairs whose two NICs together have the most left go first. (Ordering
     // by the busier of the two let a pair with one busy NIC spend the
@@ -293,13 +301,18 @@ double Router::FillRounds(std::vector<DPiece>& pieces, bool proportional, double
     // the Qwen3-235B per-channel FP8 plan.)
     // (Keys gathered first: a comparator reading the pairs made this sort a
     // tenth of a large plan's compile.)
+    // Ties keep their order of the previous round (a stable sort, done as
+    // a plain sort on the key and the previous position).
     keyed.clear();
-    for (uint32_t pi : active) keyed.push_back({rem_out[pairs[pi].a] + rem_in[pairs[pi].b], pi});
-    std::stable_sort(keyed.begin(), keyed.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
-    for (size_t i = 0; i < keyed.size(); ++i) active[i] = keyed[i].second;
+    for (uint32_t i = 0; i < active.size(); ++i) {
+      keyed.push_back({rem_out[pairs[active[i]].a] + rem_in[pairs[active[i]].b], i, active[i]});
+    }
+    std::sort(keyed.begin(), keyed.end(),
+              [](const Keyed& x, const Keyed& y) { return x.key != y.key ? x.key > y.key : x.pos < y.pos; });
+    for (size_t i = 0; i < keyed.size(); ++i) active[i] = keyed[i].pair;
     repace(r);
     size_t placed = 0;
-    if (proportional) {
+    if (mode.proportional) {
       // Every net pair first gets its share of the round: its bytes left
       // over the rounds the busiest NIC still needs (at least min_split), so
       // that all NICs finish with the busiest one instead of some idling
@@ -307,9 +320,10 @@ double Router::FillRounds(std::vector<DPiece>& pieces, bool proportional, double
       uint64_t crit = 0;
       for (uint32_t g = 0; g < n; ++g) crit = std::max({crit, rem_in[g], rem_out[g]});
       const uint64_t rounds_left = std::max<uint64_t>(1, (crit + net_cap - 1) / net_cap);
+      const uint64_t min_share = std::max(min_split, static_cast<uint64_t>(mode.min_share * static_cast<double>(net_cap)));
       for (uint32_t pi : active) {
         if (!is_net(pairs[pi].a, pairs[pi].b)) continue;
-        placed += place(pi, r, std::max(min_split, pair_left[pi] / rounds_left), true, true);
+        placed += place(pi, r, std::max(min_share, pair_left[pi] / rounds_left), true, true);
       }
     }
     // Otherwise (or where the shares placed nothing), pair by pair, the
@@ -330,61 +344,69 @@ double Router::FillRounds(std::vector<DPiece>& pieces, bool proportional, double
   return estimate ? traffic.ReplaySeconds(cluster_.nic_gbps * 1e9 / 8, cluster_.nvlink_GBps * 1e9) : 0;
 }
 
-// Fills the rounds in one or more ways and keeps the one whose rounds a
+// Fills the rounds in two or more ways and keeps the one whose rounds a
 // replay estimate (round_estimate.h) says end soonest: greedily, planned for
-// kFill of the staging budget; for plans of at most kProportionalMaxPieces
-// pieces also with proportional shares; with RouteOptions::search_fills also
-// greedily at the staging fills kOtherFills. Another fill is kept only if
-// kFillGain faster than the first: the proportional one makes more, smaller
-// steps, and the estimate is not `simulate`. Where every NIC has about as
-// much to move as the busiest (Qwen3-30B-A3B), the greedy fill leaves holes
-// the shares avoid: simulate 1.134x -> 1.071x of the bound, 1.124x -> 1.077x
-// with EP. Trying the other staging fills on these small plans too made both
-// worse (1.073x, 1.083x), so only --search-fills tries them. On DeepSeek-V3
-// (107k pieces) a fill takes about 2 s; with --search-fills 1.051x -> 1.030x
-// on DGX H100.
+// kFill of the staging budget; with proportional shares (large plans, of
+// more than kProportionalMaxPieces pieces: shares of at least kCoarseShare of
+// a round's, since finer ones make plans two to three times larger); with
+// RouteOptions::search_fills also kSearchedFills. Another fill is kept only
+// if kFillGain faster than the first: the proportional ones make more,
+// smaller steps, and the estimate is not `simulate`. Where every NIC has
+// about as much to move as the busiest, the greedy fill leaves holes the
+// shares avoid: simulate 1.134x -> 1.071x of the bound for Qwen3-30B-A3B,
+// 1.075x -> 1.037x for DeepSeek-V3 on GB200 NVL72. Trying other staging
+// fills on the small plans made them worse (Qwen3-30B-A3B 1.073x, 1.083x),
+// so only --search-fills tries them.
+//
+// The fills are independent: each fills a copy of the router (its pieces,
+// staging in use and assemblies), as many at once as the machine has
+// threads, and the kept one is moved back. The plan does not depend on
+// their timing.
 void Router::Schedule(std::vector<DPiece>& pieces) {
-  struct Candidate {
-    bool proportional;
-    double fill;
-  };
-  std::vector<Candidate> candidates = {{false, kFill}};
-  if (pieces.size() <= kProportionalMaxPieces) candidates.push_back({true, kFill});
+  std::vector<FillMode> candidates = {{false, kFill, 0}};
+  candidates.push_back({true, kFill, pieces.size() <= kProportionalMaxPieces ? 0 : kCoarseShare});
   if (opt_.search_fills) {
-    for (double f : kOtherFills) candidates.push_back({false, f});
-  }
-  if (candidates.size() == 1) {
-    FillRounds(pieces, false, kFill, false);  // nothing to compare: no estimate
-    return;
-  }
-  const std::vector<DPiece> pieces0 = pieces;
-  const auto used0 = used_;
-  const std::vector<Assembly> assemblies0 = assemblies_;
-  std::vector<DPiece> best_pieces;
-  decltype(used_) best_used;
-  std::vector<Assembly> best_assemblies;
-  double first = 0, best = 0;
-  Candidate kept = candidates[0];
-  for (size_t i = 0; i < candidates.size(); ++i) {
-    if (i > 0) {
-      pieces = pieces0;
-      used_ = used0;
-      assemblies_ = assemblies0;
-    }
-    const double seconds = FillRounds(pieces, candidates[i].proportional, candidates[i].fill, true);
-    if (i == 0) first = seconds;
-    if (i == 0 || (seconds < best && seconds < first * (1.0 - kFillGain))) {
-      best = seconds;
-      kept = candidates[i];
-      best_pieces = std::move(pieces);
-      best_used = std::move(used_);
-      best_assemblies = std::move(assemblies_);
+    for (const FillMode& m : kSearchedFills) {
+      if (!m.proportional || pieces.size() > kProportionalMaxPieces) candidates.push_back(m);
     }
   }
-  pieces = std::move(best_pieces);
-  used_ = std::move(best_used);
-  assemblies_ = std::move(best_assemblies);
+  struct Trial {
+    std::unique_ptr<Router> router;
+    std::vector<DPiece> pieces;
+    double seconds = 0;
+    size_t candidate = 0;
+  };
+  const size_t n = candidates.size();
+  const size_t workers = std::max(1u, std::thread::hardware_concurrency());
+  Trial best;
+  double first = 0;
+  for (size_t wave = 0; wave < n; wave += workers) {
+    std::vector<Trial> trials;
+    std::vector<std::future<double>> futures;
+    for (size_t i = wave; i < std::min(n, wave + workers); ++i) {
+      trials.push_back({std::make_unique<Router>(*this), pieces, 0, i});
+    }
+    for (Trial& t : trials) {
+      futures.push_back(std::async(std::launch::async, [&t, &candidates] {
+        return t.router->FillRounds(t.pieces, candidates[t.candidate], true);
+      }));
+    }
+    for (size_t k = 0; k < trials.size(); ++k) trials[k].seconds = futures[k].get();
+    for (Trial& t : trials) {
+      if (t.candidate == 0) {
+        first = t.seconds;
+        best = std::move(t);
+      } else if (t.seconds < best.seconds && t.seconds < first * (1.0 - kFillGain)) {
+        best = std::move(t);
+      }
+    }
+  }
+  pieces = std::move(best.pieces);
+  used_ = std::move(best.router->used_);
+  assemblies_ = std::move(best.router->assemblies_);
+  const FillMode& kept = candidates[best.candidate];
   ir_.proportional_fill = kept.proportional;
+  ir_.proportional_min_share = kept.min_share;
   ir_.staging_fill = kept.fill;
 }
 

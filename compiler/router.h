@@ -42,8 +42,8 @@ inline constexpr double kFill = kDefaultStagingFill;  // staging share the pace 
 inline constexpr double kPaceSlack = 1.3;          // a sender's pace: this times its bytes left per round left,
 inline constexpr double kPaceFloor = 0.8;          //   and at least this share of the busiest NIC's
 inline constexpr uint64_t kUnpacedRounds = 2;      // senders with at most this many rounds' share are not paced
-inline constexpr double kOtherFills[2] = {0.8, 0.95};  // staging fills also tried (Schedule)
-inline constexpr size_t kProportionalMaxPieces = 16384;  // larger plans: one greedy fill, unless search_fills
+inline constexpr size_t kProportionalMaxPieces = 16384;  // larger plans: coarse shares (kCoarseShare) only
+inline constexpr double kCoarseShare = 0.25;  // larger plans' proportional shares: at least this part of a round's
 inline constexpr double kFillGain = 0.005;  // another fill is kept only if its estimate is this much better
 
 // A pack or unpack step of `bytes` at byte `staging` of the rank's staging.
@@ -53,6 +53,19 @@ Step StagedStep(StepKind kind, Dtype wire, uint64_t staging, uint64_t bytes);
 StridedRegion StagingRegion(const Box& whole, const Box& sub, uint64_t base);
 // Splits `b` into unit slices along its outermost dim of extent > 1.
 std::vector<Box> SliceOuter(const Box& b);
+
+// How FillRounds fills the rounds (route_schedule.cc).
+struct FillMode {
+  bool proportional = false;  // every net pair first gets its proportional share of each round
+  double fill = kFill;        // the share of the staging budget the rounds are planned for
+  double min_share = 0;       // proportional: no share below this part of the round's share
+};
+
+// The fills Schedule tries besides the greedy one at kFill: with
+// RouteOptions::search_fills, greedy at other staging fills and coarser or
+// finer proportional shares on large plans.
+inline constexpr FillMode kSearchedFills[] = {
+    {false, 0.8, 0}, {false, 0.85, 0}, {false, 0.95, 0}, {true, kFill, 0.125}, {true, kFill, 0.375}};
 
 struct Cell {
   Box box;
@@ -184,7 +197,7 @@ class Router {
   uint32_t HolderOf(const DPiece& p, int32_t hop) const;
   void Schedule(std::vector<DPiece>& pieces);
   /// Returns the replay estimate of the rounds in seconds where `estimate`, else 0.
-  double FillRounds(std::vector<DPiece>& pieces, bool proportional, double fill, bool estimate);
+  double FillRounds(std::vector<DPiece>& pieces, const FillMode& mode, bool estimate);
   bool SplitFront(std::vector<DPiece>& pieces, uint32_t idx, uint64_t avail, std::vector<uint32_t>& queue,
                   size_t head);
   void EmitDirect(const std::vector<DPiece>& pieces);

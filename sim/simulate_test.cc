@@ -403,5 +403,37 @@ TEST(SimulateTest, SearchFillsKeepsTheFasterStagingFill) {
   EXPECT_GE(j["ratio_to_bound"].get<double>(), 1.0) << r.out;
 }
 
+// DeepSeek-V3 on GB200 NVL72, where every NIC has about as much to move as the
+// busiest: the large plan's second fill, proportional shares of at least a
+// quarter of a round's, replays faster by the estimate and is kept; simulate
+// agrees (1.037x of the bound, against 1.075x with the greedy fill, as
+// measured for the README). The fills run on threads of their own: two
+// compiles write the same bytes. Skipped under the sanitizers: two 512-rank
+// fills and a simulation take minutes there; every plain build runs it.
+TEST(SimulateTest, LargePlansTakeCoarseSharesWhereTheyReplayFaster) {
+#ifdef RESHARD_SANITIZE
+  GTEST_SKIP() << "two 512-rank fills, twice, and a simulation: minutes under AddressSanitizer";
+#endif
+  TempDir dir;
+  const std::string s = std::string(RESHARD_SOURCE_DIR) + "/samples/";
+  const std::string specs = " --model " + s + "deepseek-v3/model.json --from " + s +
+                            "deepseek-v3/train-pp16-ep16.json --to " + s + "deepseek-v3/infer-tp32-dp8.json --cluster " +
+                            s + "clusters/gb200-nvl72.json";
+  Result c = Reshard("compile --json" + specs + " -o " + dir.File("a.rsplan"), dir);
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  const auto k = nlohmann::json::parse(c.out);
+  EXPECT_EQ(k["round_fill"], "proportional") << c.out;
+  EXPECT_DOUBLE_EQ(k["min_share"].get<double>(), 0.25) << c.out;
+  EXPECT_DOUBLE_EQ(k["staging_fill"].get<double>(), 0.9) << c.out;
+  Result again = Reshard("compile -q" + specs + " -o " + dir.File("b.rsplan"), dir);
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_EQ(testing::Shell("cmp " + dir.File("a.rsplan") + " " + dir.File("b.rsplan")).exit_code, 0);
+  Result r = Reshard("simulate -q --json " + dir.File("a.rsplan") + " --cluster " + s + "clusters/gb200-nvl72.json", dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_LE(j["ratio_to_bound"].get<double>(), 1.045) << r.out;
+  EXPECT_GE(j["ratio_to_bound"].get<double>(), 1.0) << r.out;
+}
+
 }  // namespace
 }  // namespace reshard
