@@ -290,7 +290,7 @@ double Router::FillRounds(std::vector<DPiece>& pieces, const FillMode& mode, boo
   };
   struct Keyed {
     uint64_t key;  // both NICs' bytes left
-    uint32_t pos, pair;
+    uint32_t pair;
   };
   std::vector<Keyed> keyed;
   for (size_t r = 0; !active.empty(); ++r) {
@@ -301,14 +301,12 @@ double Router::FillRounds(std::vector<DPiece>& pieces, const FillMode& mode, boo
     // the Qwen3-235B per-channel FP8 plan.)
     // (Keys gathered first: a comparator reading the pairs made this sort a
     // tenth of a large plan's compile.)
-    // Ties keep their order of the previous round (a stable sort, done as
-    // a plain sort on the key and the previous position).
+    // Ties keep their order of the previous round. (A plain sort on the key
+    // and the previous position took half again as long: the order changes
+    // little from round to round.)
     keyed.clear();
-    for (uint32_t i = 0; i < active.size(); ++i) {
-      keyed.push_back({rem_out[pairs[active[i]].a] + rem_in[pairs[active[i]].b], i, active[i]});
-    }
-    std::sort(keyed.begin(), keyed.end(),
-              [](const Keyed& x, const Keyed& y) { return x.key != y.key ? x.key > y.key : x.pos < y.pos; });
+    for (uint32_t pi : active) keyed.push_back({rem_out[pairs[pi].a] + rem_in[pairs[pi].b], pi});
+    std::stable_sort(keyed.begin(), keyed.end(), [](const Keyed& x, const Keyed& y) { return x.key > y.key; });
     for (size_t i = 0; i < keyed.size(); ++i) active[i] = keyed[i].pair;
     repace(r);
     size_t placed = 0;
