@@ -1,7 +1,8 @@
 // Rounds (router.h): every piece placed in a round under the staging
 // budget, each NIC paced at its share of the busiest one. Two ways to fill
 // them (FillRounds): greedy, pair by pair, or with every pair first given
-// its proportional share of the round; Schedule keeps the better.
+// its proportional share of the round; Schedule tries several and keeps the
+// fastest by a replay estimate.
 
 #include "compiler/router.h"
 
@@ -299,11 +300,10 @@ double Router::FillRounds(std::vector<DPiece>& pieces, const FillMode& mode, boo
     // round's share of an idle-ish partner that a busier pair needed:
     // simulate predicted refits 0.8-2.8% slower on every seed row, 4.6% on
     // the Qwen3-235B per-channel FP8 plan.)
-    // (Keys gathered first: a comparator reading the pairs made this sort a
-    // tenth of a large plan's compile.)
-    // Ties keep their order of the previous round. (A plain sort on the key
-    // and the previous position took half again as long: the order changes
-    // little from round to round.)
+    // Ties keep their order of the previous round. The keys are gathered
+    // first (a comparator reading the pairs made this sort a tenth of a
+    // large plan's compile); a plain sort on the key and the previous
+    // position, the same order, took half again as long.
     keyed.clear();
     for (uint32_t pi : active) keyed.push_back({rem_out[pairs[pi].a] + rem_in[pairs[pi].b], pi});
     std::stable_sort(keyed.begin(), keyed.end(), [](const Keyed& x, const Keyed& y) { return x.key > y.key; });
