@@ -90,7 +90,7 @@ bool Router::SplitFront(std::vector<DPiece>& pieces, uint32_t idx, uint64_t avai
 // so a round is close to a matching of senders to receivers and no NIC is
 // converged on by many senders at once. A piece that does not fit whole is
 // split to fill the round.
-double Router::FillRounds(std::vector<DPiece>& pieces, const FillMode& mode, bool estimate) {
+double Router::FillRounds(std::vector<DPiece>& pieces, const FillMode& mode) {
   const double fill = mode.fill;
   const uint32_t n = static_cast<uint32_t>(ir_.ranks.size());
   auto rot = [n](uint32_t a, uint32_t b) { return (b + n - a) % n; };
@@ -187,11 +187,11 @@ double Router::FillRounds(std::vector<DPiece>& pieces, const FillMode& mode, boo
     }
     return v;
   };
-  RoundTraffic traffic(n);  // every message placed, where the estimate is asked for
+  RoundTraffic traffic(n);  // every message placed, for the estimate
   auto link = [&](uint32_t from, uint32_t to, size_t r, uint64_t bytes) {
     const bool net = is_net(from, to);
     if (net) At(out_used[from], r) += bytes, At(in_used[to], r) += bytes;
-    if (estimate) traffic.Add(static_cast<uint32_t>(r), from, to, bytes, net);
+    traffic.Add(static_cast<uint32_t>(r), from, to, bytes, net);
   };
   auto take = [&](DPiece& p, size_t r) {
     const uint64_t need = need_of(p);
@@ -339,7 +339,7 @@ double Router::FillRounds(std::vector<DPiece>& pieces, const FillMode& mode, boo
   }
   // Assemblies' transfers (PlaceAssemblies) are in out_used/in_used only;
   // they are the same in every fill.
-  return estimate ? traffic.ReplaySeconds(cluster_.nic_gbps * 1e9 / 8, cluster_.nvlink_GBps * 1e9) : 0;
+  return traffic.ReplaySeconds(cluster_.nic_gbps * 1e9 / 8, cluster_.nvlink_GBps * 1e9);
 }
 
 // Fills the rounds in two or more ways and keeps the one whose rounds a
@@ -386,7 +386,7 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
     }
     for (Trial& t : trials) {
       futures.push_back(std::async(std::launch::async, [&t, &candidates] {
-        return t.router->FillRounds(t.pieces, candidates[t.candidate], true);
+        return t.router->FillRounds(t.pieces, candidates[t.candidate]);
       }));
     }
     for (size_t k = 0; k < trials.size(); ++k) trials[k].seconds = futures[k].get();

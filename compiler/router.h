@@ -196,8 +196,8 @@ class Router {
   void ForCells(int t, const CellGrid& g, const FragmentRef& df, const Box& need, Fn fn) const;
   uint32_t HolderOf(const DPiece& p, int32_t hop) const;
   void Schedule(std::vector<DPiece>& pieces);
-  /// Returns the replay estimate of the rounds in seconds where `estimate`, else 0.
-  double FillRounds(std::vector<DPiece>& pieces, const FillMode& mode, bool estimate);
+  /// Returns the replay estimate of the rounds, in seconds (round_estimate.h).
+  double FillRounds(std::vector<DPiece>& pieces, const FillMode& mode);
   bool SplitFront(std::vector<DPiece>& pieces, uint32_t idx, uint64_t avail, std::vector<uint32_t>& queue,
                   size_t head);
   void EmitDirect(const std::vector<DPiece>& pieces);
