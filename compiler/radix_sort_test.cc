@@ -1,0 +1,46 @@
+#include "compiler/radix_sort.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+
+namespace reshard::routing {
+namespace {
+
+struct Item {
+  uint64_t key;
+  uint32_t id;
+  bool operator==(const Item& o) const { return key == o.key && id == o.id; }
+};
+
+// The same order as std::stable_sort by descending key, ties included, for
+// keys of every width (one digit, several, the full 64 bits) and sizes.
+TEST(RadixSortTest, MatchesStableSortDescending) {
+  std::mt19937_64 rng(7);
+  for (uint64_t range : {uint64_t{1}, uint64_t{5}, uint64_t{2048}, uint64_t{1} << 35, ~uint64_t{0}}) {
+    for (size_t n : {size_t{0}, size_t{1}, size_t{3}, size_t{1000}, size_t{50000}}) {
+      std::vector<Item> v(n), tmp;
+      for (size_t i = 0; i < n; ++i) {
+        const uint64_t r = rng();
+        v[i] = {range == ~uint64_t{0} ? r : r % range, static_cast<uint32_t>(i)};
+      }
+      std::vector<Item> want = v;
+      std::stable_sort(want.begin(), want.end(), [](const Item& a, const Item& b) { return a.key > b.key; });
+      SortByKeyDescending(v, tmp);
+      ASSERT_EQ(v, want) << "range " << range << ", n " << n;
+    }
+  }
+}
+
+// Keys that differ only in their top digit, and the extremes 0 and 2^64-1.
+TEST(RadixSortTest, HighDigitsAndExtremes) {
+  std::vector<Item> v = {{uint64_t{1} << 60, 0}, {0, 1}, {~uint64_t{0}, 2}, {uint64_t{1} << 60, 3}, {0, 4}};
+  std::vector<Item> tmp;
+  SortByKeyDescending(v, tmp);
+  const std::vector<Item> want = {{~uint64_t{0}, 2}, {uint64_t{1} << 60, 0}, {uint64_t{1} << 60, 3}, {0, 1}, {0, 4}};
+  EXPECT_EQ(v, want);
+}
+
+}  // namespace
+}  // namespace reshard::routing
