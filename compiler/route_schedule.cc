@@ -343,19 +343,22 @@ double Router::FillRounds(std::vector<DPiece>& pieces, const FillMode& mode) {
   return traffic.ReplaySeconds(cluster_.nic_gbps * 1e9 / 8, cluster_.nvlink_GBps * 1e9);
 }
 
-// Fills the rounds in two or more ways and keeps the one whose rounds a
+// Fills the rounds in three or more ways and keeps the one whose rounds a
 // replay estimate (round_estimate.h) says end soonest: greedily, planned for
 // kFill of the staging budget; with proportional shares (large plans, of
 // more than kProportionalMaxPieces pieces: shares of at least kCoarseShare of
-// a round's, since finer ones make plans two to three times larger); with
-// RouteOptions::search_fills also kSearchedFills. Another fill is kept only
-// if kFillGain faster than the first: the proportional ones make more,
-// smaller steps, and the estimate is not `simulate`. Where every NIC has
-// about as much to move as the busiest, the greedy fill leaves holes the
-// shares avoid: simulate 1.134x -> 1.071x of the bound for Qwen3-30B-A3B,
-// 1.075x -> 1.037x for DeepSeek-V3 on GB200 NVL72. Trying other staging
-// fills on the small plans made them worse (Qwen3-30B-A3B 1.073x, 1.083x),
-// so only --search-fills tries them.
+// a round's, since finer ones make plans two to three times larger);
+// greedily at kFillHigh; with RouteOptions::search_fills also
+// kSearchedFills. Another fill is kept only if kFillGain faster than the
+// first: the proportional ones make more, smaller steps, and the estimate is
+// not `simulate`. Where every NIC has about as much to move as the busiest,
+// the greedy fill leaves holes the shares avoid: simulate 1.134x -> 1.071x
+// of the bound for Qwen3-30B-A3B, 1.075x -> 1.037x for DeepSeek-V3 on GB200
+// NVL72. Rounds planned for more of the staging took DeepSeek-V3 on DGX
+// H100 from 1.0505x to 1.044x (and its FP8 plan requantized on the
+// receiver 2.126x -> 2.090x); no other row keeps them. Lower fills (0.8,
+// 0.85) also help some rows, but the estimate keeps them on Kimi-K2 too,
+// whose plan then passes 64 MiB, so only --search-fills tries them.
 //
 // The fills are independent: each fills a copy of the router (its pieces,
 // staging in use and assemblies), as many at once as the machine has
@@ -364,6 +367,7 @@ double Router::FillRounds(std::vector<DPiece>& pieces, const FillMode& mode) {
 void Router::Schedule(std::vector<DPiece>& pieces) {
   std::vector<FillMode> candidates = {{false, kFill, 0}};
   candidates.push_back({true, kFill, pieces.size() <= kProportionalMaxPieces ? 0 : kCoarseShare});
+  candidates.push_back({false, kFillHigh, 0});
   if (opt_.search_fills) {
     for (const FillMode& m : kSearchedFills) {
       if (!m.proportional || pieces.size() > kProportionalMaxPieces) candidates.push_back(m);

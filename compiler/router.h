@@ -39,6 +39,7 @@ inline constexpr uint64_t kMinSplit = 4ull << 20;  // smallest part split off a 
 inline constexpr size_t kTreeDomains = 2;          // destination domains one source send reaches (relay trees)
 inline constexpr size_t kTreeFanout = 1;           // domains each entry GPU forwards a piece to
 inline constexpr double kFill = kDefaultStagingFill;  // staging share the pace of rounds plans for
+inline constexpr double kFillHigh = 0.95;  // and the greedy fill Schedule also tries
 inline constexpr double kPaceSlack = 1.3;          // a sender's pace: this times its bytes left per round left,
 inline constexpr double kPaceFloor = 0.8;          //   and at least this share of the busiest NIC's
 inline constexpr uint64_t kUnpacedRounds = 2;      // senders with at most this many rounds' share are not paced
@@ -61,11 +62,11 @@ struct FillMode {
   double min_share = 0;       // proportional: no share below this part of the round's share
 };
 
-// The fills Schedule tries besides the greedy one at kFill: with
-// RouteOptions::search_fills, greedy at other staging fills and coarser or
+// The fills Schedule tries besides its default ones with
+// RouteOptions::search_fills: greedy at lower staging fills, and coarser or
 // finer proportional shares on large plans.
 inline constexpr FillMode kSearchedFills[] = {
-    {false, 0.8, 0}, {false, 0.85, 0}, {false, 0.95, 0}, {true, kFill, 0.125}, {true, kFill, 0.375}};
+    {false, 0.8, 0}, {false, 0.85, 0}, {true, kFill, 0.125}, {true, kFill, 0.375}};
 
 struct Cell {
   Box box;

@@ -435,5 +435,31 @@ TEST(SimulateTest, LargePlansTakeCoarseSharesWhereTheyReplayFaster) {
   EXPECT_GE(j["ratio_to_bound"].get<double>(), 1.0) << r.out;
 }
 
+// DeepSeek-V3 on DGX H100: the greedy fill planned for 95% of the staging
+// budget replays faster by the estimate and is kept; simulate agrees
+// (1.044x of the bound, against 1.0505x planned for 90%, as measured for the
+// README): issue 16's 1.05x. Skipped under the sanitizers, as above.
+TEST(SimulateTest, DeepSeekV3OnDgxKeepsTheHigherStagingFill) {
+#ifdef RESHARD_SANITIZE
+  GTEST_SKIP() << "three 512-rank fills and a simulation: minutes under AddressSanitizer";
+#endif
+  TempDir dir;
+  const std::string s = std::string(RESHARD_SOURCE_DIR) + "/samples/";
+  const std::string plan = dir.File("d.rsplan");
+  Result c = Reshard("compile --json --model " + s + "deepseek-v3/model.json --from " + s +
+                         "deepseek-v3/train-pp16-ep16.json --to " + s + "deepseek-v3/infer-tp32-dp8.json --cluster " +
+                         s + "clusters/dgx-h100.json -o " + plan,
+                     dir);
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  const auto k = nlohmann::json::parse(c.out);
+  EXPECT_EQ(k["round_fill"], "greedy") << c.out;
+  EXPECT_DOUBLE_EQ(k["staging_fill"].get<double>(), 0.95) << c.out;
+  Result r = Reshard("simulate -q --json " + plan + " --cluster " + s + "clusters/dgx-h100.json", dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_LE(j["ratio_to_bound"].get<double>(), 1.05) << r.out;
+  EXPECT_GE(j["ratio_to_bound"].get<double>(), 1.0) << r.out;
+}
+
 }  // namespace
 }  // namespace reshard

@@ -50,12 +50,13 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
                 "values plus scales: about half the bytes). Blocks that several training ranks hold parts of\n"
                 "are quantized by the receiver either way, from the parts' partial amaxes");
   cmd->add_flag("--search-fills", o->search_fills,
-                "direct: besides the two default fills (greedy, and every pair's proportional share: on plans\n"
-                "of more than 16384 pieces at least a quarter of a round's), also fill the rounds greedily for\n"
-                "80%, 85% and 95% of the staging budget (not only 90%) and, on large plans, with shares of at\n"
-                "least 1/8 and 3/8 of a round's; keep the fill an estimate of the replay finds fastest. Costs a\n"
-                "fill each, as many at once as the machine has threads (DeepSeek-V3: about 0.5 s each; its\n"
-                "refit predicted 2% faster on DGX H100, Kimi-K2 1%; plans up to 10% larger)");
+                "direct: besides the three default fills (greedy for 90% and for 95% of the staging budget,\n"
+                "and every pair's proportional share: on plans of more than 16384 pieces at least a quarter\n"
+                "of a round's), also fill the rounds greedily for 80% and 85% of the staging budget and, on\n"
+                "large plans, with shares of at least 1/8 and 3/8 of a round's; keep the fill an estimate of\n"
+                "the replay finds fastest. Costs a fill each, as many at once as the machine has threads\n"
+                "(DeepSeek-V3: about 0.5 s each; its refit predicted 1.4% faster on DGX H100, Kimi-K2 1%;\n"
+                "plans up to 10% larger)");
   cmd->add_flag("-q,--quiet", o->quiet, "print nothing on success");
   cmd->add_flag("--json", o->json, "print the summary as JSON");
   cmd->callback([o, &exit_code] {
