@@ -434,11 +434,11 @@ class Rank {
     const uint64_t bytes = c_.e2e_mib << 20;
     const size_t cols = c_.pack_cols, row = cols * 2;
     const size_t rows = bytes / row;
-    static std::vector<char> w;
+    std::vector<char>& w = fused_w_;
     w.resize(rows * row * 2);
     const size_t part = part_ ? part_ : (1u << 20), per = part / row, nparts = rows / per;
     constexpr size_t kRing = 8;
-    static std::vector<char> ring;
+    std::vector<char>& ring = fused_ring_;
     ring.resize(kRing * part);
     auto buf = raw_->createUnboundBuffer(ring.data(), ring.size());
     Barrier();
@@ -473,6 +473,7 @@ class Rank {
   size_t part_ = 0;                                 // transport_'s part size
   std::shared_ptr<gloo::Context> raw_;
   Tags tags_;
+  std::vector<char> fused_w_, fused_ring_;  // FusedByHand's rows and ring, kept across repetitions
 };
 
 // --- the parent ---------------------------------------------------------------
