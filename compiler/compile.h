@@ -23,6 +23,7 @@ struct CompileOptions {
   bool nvlink_exchange = true;
   bool quantize_on_sender = true;
   bool search_fills = false;  // RouteOptions::search_fills
+  int fill_candidate = -1;     // RouteOptions::fill_candidate
 };
 
 /// Pass 1: reads and validates the four spec files.

@@ -115,6 +115,9 @@ struct PlanIR {
   double proportional_min_share = 0;
   /// The share of the staging budget the rounds were planned to fill (route_schedule.cc).
   double staging_fill = kDefaultStagingFill;
+  /// direct: how many ways to fill the rounds Schedule had to choose from
+  /// (RouteOptions::fill_candidate counts in this list).
+  size_t fill_candidates = 0;
 };
 
 struct RouteOptions {
@@ -132,6 +135,11 @@ struct RouteOptions {
   /// DeepSeek-V3, as many at once as the machine has threads), for a refit
   /// predicted up to 2% faster.
   bool search_fills = false;
+  /// direct: >= 0 fills the rounds only the way of this entry of the list
+  /// Schedule would try (route_schedule.cc; the longer list with
+  /// search_fills) instead of keeping the fastest by the estimate, so that
+  /// `compile --simulate-fills` can compile and simulate each. -1: choose.
+  int fill_candidate = -1;
 };
 
 /// Passes 3 and 4: route every destination need to its sources and schedule

@@ -374,6 +374,14 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
       if (!m.proportional || pieces.size() > kProportionalMaxPieces) candidates.push_back(m);
     }
   }
+  ir_.fill_candidates = candidates.size();
+  if (opt_.fill_candidate >= 0) {
+    const auto c = static_cast<size_t>(opt_.fill_candidate);
+    if (c >= candidates.size())
+      throw Error("fill " + std::to_string(c) + " does not exist: this plan's rounds can be filled " +
+                  std::to_string(candidates.size()) + " ways (0-" + std::to_string(candidates.size() - 1) + ")");
+    candidates = {candidates[c]};
+  }
   // A fill's result: what FillRounds changes in the router and the pieces.
   struct Trial {
     std::vector<DPiece> pieces;

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <tuple>
@@ -459,6 +460,72 @@ TEST(SimulateTest, DeepSeekV3OnDgxKeepsTheHigherStagingFill) {
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_LE(j["ratio_to_bound"].get<double>(), 1.05) << r.out;
   EXPECT_GE(j["ratio_to_bound"].get<double>(), 1.0) << r.out;
+}
+
+// compile --simulate-fills on Qwen3-30B-A3B (from `reshard init`): every
+// fill --search-fills tries is compiled and simulated, the fastest is kept,
+// and `simulate` of the written plan predicts exactly what the compile said.
+// No temporary file is left beside the plan.
+TEST(SimulateTest, SimulateFillsKeepsTheFillPredictedFastest) {
+  TempDir dir;
+  const std::string c = std::string(RESHARD_SOURCE_DIR) + "/tools/bench/configs/";
+  const std::string specs = dir.File("specs");
+  Result i = Reshard("init -q --hf-config " + c +
+                         "qwen3-30b-a3b.json --train megatron:tp=2,pp=2,ep=8,etp=1,grouped-gemm --infer vllm:tp=2,dp=8 "
+                         "--cluster dgx-h100 -o " + specs,
+                     dir);
+  ASSERT_EQ(i.exit_code, 0) << i.err;
+  const std::string args = "--model " + specs + "/model.json --from " + specs + "/train.json --to " + specs +
+                           "/infer.json --cluster " + specs + "/cluster.json";
+  std::filesystem::create_directory(dir.File("out"));
+  const std::string plan = dir.File("out/p.rsplan");
+  Result k = Reshard("compile --json --simulate-fills " + args + " -o " + plan, dir);
+  ASSERT_EQ(k.exit_code, 0) << k.err;
+  const auto j = nlohmann::json::parse(k.out);
+  ASSERT_EQ(j["fills"].size(), 5u) << k.out;  // a small plan: the three default fills, greedy 80% and 85%
+  size_t fastest = 0;
+  for (size_t f = 0; f < j["fills"].size(); ++f) {
+    EXPECT_EQ(j["fills"][f]["fill"], f) << k.out;
+    if (j["fills"][f]["predicted_seconds"].get<double>() < j["fills"][fastest]["predicted_seconds"].get<double>())
+      fastest = f;
+  }
+  EXPECT_EQ(j["kept_fill"], fastest) << k.out;
+  EXPECT_EQ(j["round_fill"], j["fills"][fastest]["round_fill"]) << k.out;
+  EXPECT_EQ(j["staging_fill"], j["fills"][fastest]["staging_fill"]) << k.out;
+  std::vector<std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir.File("out"))) files.push_back(e.path().filename());
+  EXPECT_EQ(files, std::vector<std::string>{"p.rsplan"});
+  Result v = Reshard("validate " + plan, dir);
+  EXPECT_EQ(v.exit_code, 0) << v.out << v.err;
+  Result r = Reshard("simulate -q --json " + plan + " --cluster " + specs + "/cluster.json", dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto s = nlohmann::json::parse(r.out);
+  EXPECT_DOUBLE_EQ(s["predicted_seconds"].get<double>(), j["predicted_seconds"].get<double>()) << r.out;
+  EXPECT_DOUBLE_EQ(s["lower_bound_seconds"].get<double>(), j["lower_bound_seconds"].get<double>()) << r.out;
+  // No worse than the estimate's pick, which is one of the fills simulated.
+  Result d = Reshard("compile -q " + args + " -o " + dir.File("d.rsplan"), dir);
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  Result ds = Reshard("simulate -q --json " + dir.File("d.rsplan") + " --cluster " + specs + "/cluster.json", dir);
+  ASSERT_EQ(ds.exit_code, 0) << ds.err;
+  EXPECT_LE(j["predicted_seconds"].get<double>(), nlohmann::json::parse(ds.out)["predicted_seconds"].get<double>());
+}
+
+// --simulate-fills refuses gather plans, and a fill that cannot be written
+// fails the compile with its reason, leaving nothing behind.
+TEST(SimulateTest, SimulateFillsFailsCleanly) {
+  TempDir dir;
+  const std::string s = std::string(RESHARD_SOURCE_DIR) + "/samples/";
+  const std::string args = "--model " + s + "tiny-moe/model.json --from " + s + "tiny-moe/train.json --to " + s +
+                           "tiny-moe/infer.json --cluster " + s + "clusters/dgx-h100.json";
+  std::filesystem::create_directory(dir.File("out"));
+  Result g = Reshard("compile --simulate-fills --strategy gather " + args + " -o " + dir.File("out/g.rsplan"), dir);
+  EXPECT_NE(g.exit_code, 0);
+  EXPECT_NE(g.err.find("--simulate-fills: the rounds of a gather plan are not filled"), std::string::npos) << g.err;
+  Result w = Reshard("compile --simulate-fills " + args + " -o " + dir.File("out/missing/p.rsplan"), dir);
+  EXPECT_NE(w.exit_code, 0);
+  EXPECT_NE(w.err.find("fill "), std::string::npos) << w.err;
+  EXPECT_NE(w.err.find("missing"), std::string::npos) << w.err;
+  EXPECT_TRUE(std::filesystem::is_empty(dir.File("out")));
 }
 
 }  // namespace

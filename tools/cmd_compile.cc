@@ -1,4 +1,6 @@
 // reshard compile: specs in, plan out.
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 
@@ -7,6 +9,7 @@
 #include "compiler/compile.h"
 #include "runtime/error.h"
 #include "tools/commands.h"
+#include "tools/simulate_fills.h"
 
 namespace reshard::cli {
 
@@ -20,7 +23,8 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
   struct Opts {
     std::string model, from, to, cluster, out, strategy = "direct";
     uint64_t staging_mb = 512;
-    bool quiet = false, json = false, no_exchange = false, requantize_on_receiver = false, search_fills = false;
+    bool quiet = false, json = false, no_exchange = false, requantize_on_receiver = false, search_fills = false,
+         simulate_fills = false;
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("--model", o->model, "model spec (reshard.model/1)")->required()->check(CLI::ExistingFile);
@@ -57,6 +61,13 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
                 "the replay finds fastest. Costs a fill each, as many at once as the machine has threads\n"
                 "(DeepSeek-V3: about 0.5 s each; its refit predicted 1.4% faster on DGX H100, Kimi-K2 1%;\n"
                 "plans up to 10% larger)");
+  cmd->add_flag("--simulate-fills", o->simulate_fills,
+                "direct: compile the plan once for each fill --search-fills tries, simulate each on --cluster\n"
+                "(as `reshard simulate` does) and keep the one predicted fastest, instead of the one the\n"
+                "estimate picks (it cannot tell some fills apart: DeepSeek-V3 FP8 1.053x of the bound by the\n"
+                "estimate's pick, 1.037x by simulation). Slow: a compile and a simulation per fill (5 or 7),\n"
+                "each in a process of its own, as many at once as the machine has cores; for CI, not for job\n"
+                "start. --json lists every fill's prediction (\"fills\") and the one kept (\"kept_fill\")");
   cmd->add_flag("-q,--quiet", o->quiet, "print nothing on success");
   cmd->add_flag("--json", o->json, "print the summary as JSON");
   cmd->callback([o, &exit_code] {
@@ -68,51 +79,64 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
     opt.nvlink_exchange = !o->no_exchange;
     opt.quantize_on_sender = !o->requantize_on_receiver;
     opt.search_fills = o->search_fills;
-    PlanIR ir = BuildPlan(in, opt);
-    std::vector<uint8_t> bytes = EmitPlan(in, ir);
-    WriteFileAtomic(o->out, bytes);
-    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    nlohmann::ordered_json j;
+    if (o->simulate_fills) {
+      const bool show = !o->quiet && !o->json && isatty(STDERR_FILENO);
+      j = SimulateFills(in, opt, o->out, [show](size_t done, size_t total) {
+        if (show) std::fprintf(stderr, "\rsimulating fills: %zu of %zu done", done, total);
+      });
+      if (show) std::fprintf(stderr, "\r\033[K");
+    } else {
+      PlanIR ir = BuildPlan(in, opt);
+      std::vector<uint8_t> bytes = EmitPlan(in, ir);
+      WriteFileAtomic(o->out, bytes);
+      j = CompileSummary(o->out, o->strategy, ir, bytes.size());
+    }
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    j["seconds"] = secs;
     if (o->json) {
-      nlohmann::ordered_json j = {{"plan", o->out},           {"strategy", o->strategy},
-                                  {"ranks", ir.ranks.size()}, {"rounds", ir.num_rounds},
-                                  {"net_bytes", ir.net_bytes}, {"nvlink_bytes", ir.nvlink_bytes},
-                                  {"plan_bytes", bytes.size()}, {"seconds", secs}};
-      // Groups of scale blocks that several training ranks hold parts of, by the way they are quantized.
-      j["split_blocks"] = {{"partial_amaxes", ir.amax_assemblies}, {"assembled_frames", ir.frame_assemblies}};
-      // Pack steps dropped because their round packs the same bytes already (one pack, many sends).
-      j["shared_packs"] = {{"steps", ir.shared_packs.packs}, {"quantizing", ir.shared_packs.quant_packs}, {"bytes", ir.shared_packs.bytes}};
-      // How the rounds were filled: "greedy" pair by pair, or "proportional" (every pair its share of each round).
-      j["round_fill"] = ir.proportional_fill ? "proportional" : "greedy";
-      // Proportional fills: no pair's share of a round below this part of the round's share (0: the smallest split).
-      j["min_share"] = ir.proportional_min_share;
-      // The share of the staging budget the rounds were planned to fill.
-      j["staging_fill"] = ir.staging_fill;
       std::printf("%s\n", j.dump().c_str());
     } else if (!o->quiet) {
       std::printf("compiled %s -> %s (%s): %zu ranks, %zu rounds, %.3f GB over the network, %.3f GB over NVLink, "
                   "plan %.2f MiB, %.2f s\n",
-                  in.src.name.c_str(), in.dst.name.c_str(), o->strategy.c_str(), ir.ranks.size(), ir.num_rounds,
-                  ir.net_bytes / 1e9, ir.nvlink_bytes / 1e9, bytes.size() / 1048576.0, secs);
-      if (ir.amax_assemblies + ir.frame_assemblies > 0) {
+                  in.src.name.c_str(), in.dst.name.c_str(), o->strategy.c_str(), j["ranks"].get<size_t>(),
+                  j["rounds"].get<size_t>(), j["net_bytes"].get<uint64_t>() / 1e9,
+                  j["nvlink_bytes"].get<uint64_t>() / 1e9, j["plan_bytes"].get<size_t>() / 1048576.0, secs);
+      const size_t amax = j["split_blocks"]["partial_amaxes"], frames = j["split_blocks"]["assembled_frames"];
+      if (amax + frames > 0) {
         std::printf(
             "  %zu groups of scale blocks that several training ranks hold parts of, quantized by their "
             "receivers: %zu with scales from partial amaxes, %zu assembled whole in a frame (FP8 sources)\n",
-            ir.amax_assemblies + ir.frame_assemblies, ir.amax_assemblies, ir.frame_assemblies);
+            amax + frames, amax, frames);
       }
-      if (ir.shared_packs.packs > 0) {
+      const uint64_t shared = j["shared_packs"]["steps"];
+      if (shared > 0) {
         std::printf("  %llu packs (%llu of them quantizing) done once for several sends: %.3f GB of staging writes saved\n",
-                    static_cast<unsigned long long>(ir.shared_packs.packs),
-                    static_cast<unsigned long long>(ir.shared_packs.quant_packs), ir.shared_packs.bytes / 1e9);
+                    static_cast<unsigned long long>(shared),
+                    static_cast<unsigned long long>(j["shared_packs"]["quantizing"].get<uint64_t>()),
+                    j["shared_packs"]["bytes"].get<uint64_t>() / 1e9);
       }
-      if (ir.proportional_fill || ir.staging_fill != kDefaultStagingFill) {
-        const std::string how =
-            !ir.proportional_fill ? "greedily"
-            : ir.proportional_min_share > 0
-                ? "with every pair's proportional share, at least " +
-                      std::to_string(static_cast<int>(ir.proportional_min_share * 100 + 0.5)) + "% of a round's"
-                : "with every pair's proportional share";
+      const bool proportional = j["round_fill"] == "proportional";
+      const double share = j["min_share"], fill = j["staging_fill"];
+      const std::string how = !proportional ? "greedily"
+                              : share > 0   ? "with every pair's proportional share, at least " +
+                                                std::to_string(static_cast<int>(share * 100 + 0.5)) + "% of a round's"
+                                            : "with every pair's proportional share";
+      if (o->simulate_fills) {
+        std::printf("  rounds filled %s, planned for %.0f%% of the staging budget: predicted %.5g s (%.3fx of the "
+                    "bound), the fastest of %zu fills simulated:\n",
+                    how.c_str(), fill * 100, j["predicted_seconds"].get<double>(),
+                    j["predicted_seconds"].get<double>() / j["lower_bound_seconds"].get<double>(), j["fills"].size());
+        for (const auto& f : j["fills"]) {
+          std::printf("    fill %zu: %-12s planned for %3.0f%%, min share %.3f: %.5g s, plan %.2f MiB%s\n",
+                      f["fill"].get<size_t>(), f["round_fill"].get<std::string>().c_str(),
+                      f["staging_fill"].get<double>() * 100, f["min_share"].get<double>(),
+                      f["predicted_seconds"].get<double>(), f["plan_bytes"].get<size_t>() / 1048576.0,
+                      f["fill"] == j["kept_fill"] ? "  (kept)" : "");
+        }
+      } else if (proportional || fill != kDefaultStagingFill) {
         std::printf("  rounds filled %s, planned for %.0f%% of the staging budget (the fastest of the fills tried)\n",
-                    how.c_str(), ir.staging_fill * 100);
+                    how.c_str(), fill * 100);
       }
     }
     exit_code = 0;
