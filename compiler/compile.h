@@ -41,6 +41,11 @@ PlanIR BuildPlan(const CompileInputs& in, const CompileOptions& opt);
 /// Pass 5: the FlatBuffers plan. Same inputs give the same bytes.
 std::vector<uint8_t> EmitPlan(const CompileInputs& in, const PlanIR& ir);
 
+/// What `reshard compile --json` prints about a plan written to `out` (and
+/// `reshard.compile` returns), but for its wall time ("seconds").
+nlohmann::ordered_json CompileSummary(const std::string& out, const std::string& strategy, const PlanIR& ir,
+                                      size_t plan_bytes);
+
 /// Writes `bytes` to `path` through a temporary file and a rename, so a failed
 /// write never leaves a partial plan behind.
 void WriteFileAtomic(const std::string& path, const std::vector<uint8_t>& bytes);

@@ -104,29 +104,6 @@ std::string ReadAll(int fd) {
 
 }  // namespace
 
-nlohmann::ordered_json CompileSummary(const std::string& out, const std::string& strategy, const PlanIR& ir,
-                                      size_t plan_bytes) {
-  nlohmann::ordered_json j = {{"plan", out},
-                              {"strategy", strategy},
-                              {"ranks", ir.ranks.size()},
-                              {"rounds", ir.num_rounds},
-                              {"net_bytes", ir.net_bytes},
-                              {"nvlink_bytes", ir.nvlink_bytes},
-                              {"plan_bytes", plan_bytes}};
-  // Groups of scale blocks that several training ranks hold parts of, by the way they are quantized.
-  j["split_blocks"] = {{"partial_amaxes", ir.amax_assemblies}, {"assembled_frames", ir.frame_assemblies}};
-  // Pack steps dropped because their round packs the same bytes already (one pack, many sends).
-  j["shared_packs"] = {
-      {"steps", ir.shared_packs.packs}, {"quantizing", ir.shared_packs.quant_packs}, {"bytes", ir.shared_packs.bytes}};
-  // How the rounds were filled: "greedy" pair by pair, or "proportional" (every pair its share of each round).
-  j["round_fill"] = ir.proportional_fill ? "proportional" : "greedy";
-  // Proportional fills: no pair's share of a round below this part of the round's share (0: the smallest split).
-  j["min_share"] = ir.proportional_min_share;
-  // The share of the staging budget the rounds were planned to fill.
-  j["staging_fill"] = ir.staging_fill;
-  return j;
-}
-
 nlohmann::ordered_json SimulateFills(const CompileInputs& in, const CompileOptions& opt, const std::string& out,
                                      const std::function<void(size_t, size_t)>& progress) {
   if (opt.strategy != "direct") throw Error("--simulate-fills: the rounds of a gather plan are not filled; use --strategy direct");

@@ -16,10 +16,6 @@
 
 namespace reshard::cli {
 
-/// What `compile --json` prints about a plan (also what a child reports).
-nlohmann::ordered_json CompileSummary(const std::string& out, const std::string& strategy, const PlanIR& ir,
-                                      size_t plan_bytes);
-
 /// Compiles every fill into a temporary file beside `out`, simulates each on
 /// the inputs' cluster and renames the fastest to `out` (ties: the earlier
 /// fill); the others are removed, also on failure. Returns the kept plan's

@@ -15,7 +15,7 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 def compile(model: PathLike, from_: PathLike, to: PathLike, cluster: PathLike, output: PathLike, *,
             strategy: str = "direct", staging_mb: int = 512, nvlink_exchange: bool = True,
-            requantize_on_receiver: bool = False) -> Dict[str, Any]:
+            requantize_on_receiver: bool = False, search_fills: bool = False) -> Dict[str, Any]:
     """Compiles the refit from the training layout `from_` to the inference
     layout `to` of `model` on `cluster` into the plan file `output` (written
     whole or not at all), with the GIL released.
@@ -23,10 +23,15 @@ def compile(model: PathLike, from_: PathLike, to: PathLike, cluster: PathLike, o
     The options are ``reshard compile``'s: `strategy` (--strategy: "direct"
     or "gather"), `staging_mb` (--staging-mb, 2..4095), `nvlink_exchange`
     (False: --no-nvlink-exchange), `requantize_on_receiver`
-    (--requantize-on-receiver). Returns the summary ``reshard compile --json``
+    (--requantize-on-receiver), `search_fills` (--search-fills: more ways to
+    fill the rounds, the fastest by an estimate kept). ``reshard compile
+    --simulate-fills``, which forks a process per fill to simulate it, is
+    left to the CLI (a CI step): forking a Python process that runs PyTorch
+    threads is not safe. Returns the summary ``reshard compile --json``
     prints (plan, strategy, ranks, rounds, net_bytes, nvlink_bytes,
-    plan_bytes, seconds, split_blocks) plus "summary", the CLI's line.
-    Raises CompileError with the CLI's message (naming the file and JSON path).
+    plan_bytes, split_blocks, shared_packs, round_fill, min_share,
+    staging_fill, seconds) plus "summary", the CLI's line. Raises
+    CompileError with the CLI's message (naming the file and JSON path).
     """
     paths = {}
     for flag, value in (("--model", model), ("--from", from_), ("--to", to), ("--cluster", cluster)):
@@ -40,8 +45,12 @@ def compile(model: PathLike, from_: PathLike, to: PathLike, cluster: PathLike, o
         raise CompileError(f"--strategy: {strategy} not in {{direct,gather}}")
     if isinstance(staging_mb, bool) or not isinstance(staging_mb, int) or not 2 <= staging_mb <= 4095:
         raise CompileError(f"--staging-mb: Value {staging_mb} not in range 2 to 4095")
-    return _reshard._compile(paths["--model"], paths["--from"], paths["--to"], paths["--cluster"], os.fspath(output),
-                             strategy, staging_mb, bool(nvlink_exchange), not requantize_on_receiver)
+    text, line = _reshard._compile(paths["--model"], paths["--from"], paths["--to"], paths["--cluster"],
+                                   os.fspath(output), strategy, staging_mb, bool(nvlink_exchange),
+                                   not requantize_on_receiver, bool(search_fills))
+    summary: Dict[str, Any] = json.loads(text)
+    summary["summary"] = line
+    return summary
 
 
 def init(hf_config: Union[PathLike, Mapping[str, Any]], train: str, infer: str, cluster: Optional[PathLike] = None,

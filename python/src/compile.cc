@@ -14,16 +14,14 @@
 namespace reshard::py {
 
 void BindCompile(nb::module_& m) {
+  // Returns the summary `reshard compile --json` prints (as JSON text, the
+  // wall time included) and the CLI's human line.
   m.def(
       "_compile",
       [](const std::string& model, const std::string& from, const std::string& to, const std::string& cluster,
          const std::string& output, const std::string& strategy, uint64_t staging_mb, bool nvlink_exchange,
-         bool quantize_on_sender) {
-        std::string summary;
-        nb::dict d;
-        size_t ranks = 0, rounds = 0, plan_bytes = 0, amax = 0, frames = 0;
-        uint64_t net = 0, nvlink = 0;
-        double secs = 0;
+         bool quantize_on_sender, bool search_fills) {
+        std::string json, line;
         {
           nb::gil_scoped_release release;
           Tagged(ErrorKind::kCompile, [&] {
@@ -34,44 +32,28 @@ void BindCompile(nb::module_& m) {
             opt.staging_mb = staging_mb;
             opt.nvlink_exchange = nvlink_exchange;
             opt.quantize_on_sender = quantize_on_sender;
+            opt.search_fills = search_fills;
             PlanIR ir = BuildPlan(in, opt);
             std::vector<uint8_t> bytes = EmitPlan(in, ir);
             WriteFileAtomic(output, bytes);
-            secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-            ranks = ir.ranks.size();
-            rounds = ir.num_rounds;
-            net = ir.net_bytes;
-            nvlink = ir.nvlink_bytes;
-            plan_bytes = bytes.size();
-            amax = ir.amax_assemblies;
-            frames = ir.frame_assemblies;
+            const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            nlohmann::ordered_json j = CompileSummary(output, strategy, ir, bytes.size());
+            j["seconds"] = secs;
+            json = j.dump();
             // The CLI's summary line, word for word.
-            char line[1024];
-            std::snprintf(line, sizeof line,
+            char buf[1024];
+            std::snprintf(buf, sizeof buf,
                           "compiled %s -> %s (%s): %zu ranks, %zu rounds, %.3f GB over the network, %.3f GB over "
                           "NVLink, plan %.2f MiB, %.2f s",
-                          in.src.name.c_str(), in.dst.name.c_str(), strategy.c_str(), ranks, rounds, net / 1e9,
-                          nvlink / 1e9, plan_bytes / 1048576.0, secs);
-            summary = line;
+                          in.src.name.c_str(), in.dst.name.c_str(), strategy.c_str(), ir.ranks.size(), ir.num_rounds,
+                          ir.net_bytes / 1e9, ir.nvlink_bytes / 1e9, bytes.size() / 1048576.0, secs);
+            line = buf;
           });
         }
-        d["plan"] = output;
-        d["strategy"] = strategy;
-        d["ranks"] = ranks;
-        d["rounds"] = rounds;
-        d["net_bytes"] = net;
-        d["nvlink_bytes"] = nvlink;
-        d["plan_bytes"] = plan_bytes;
-        d["seconds"] = secs;
-        nb::dict split;
-        split["partial_amaxes"] = amax;
-        split["assembled_frames"] = frames;
-        d["split_blocks"] = split;
-        d["summary"] = summary;
-        return d;
+        return nb::make_tuple(json, line);
       },
       nb::arg("model"), nb::arg("from_"), nb::arg("to"), nb::arg("cluster"), nb::arg("output"), nb::arg("strategy"),
-      nb::arg("staging_mb"), nb::arg("nvlink_exchange"), nb::arg("quantize_on_sender"));
+      nb::arg("staging_mb"), nb::arg("nvlink_exchange"), nb::arg("quantize_on_sender"), nb::arg("search_fills"));
 }
 
 }  // namespace reshard::py

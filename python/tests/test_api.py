@@ -5,6 +5,7 @@ bind_module, missing(), the GIL released during run(), errors."""
 from __future__ import annotations
 
 import gc
+import json
 import subprocess
 import sys
 import threading
@@ -16,7 +17,7 @@ import torch
 
 import reshard
 import reshard.testing as rt
-from conftest import CLUSTER, SAMPLES, mesh, reshard_binary, run_threads
+from conftest import CLUSTER, ROOT, SAMPLES, mesh, reshard_binary, run_threads
 
 # -- plans ---------------------------------------------------------------------
 
@@ -80,6 +81,26 @@ def test_compile_matches_the_cli(tmp_path):
     # The CLI's line, but for the timing and the file name.
     strip = lambda s: s.rsplit(",", 1)[0]  # noqa: E731
     assert strip(summary["summary"]) == strip(out.splitlines()[0])
+    # The CLI's --json, field for field but the file and the wall time, with and without --search-fills,
+    # on a plan whose rounds --search-fills fills differently (Qwen3-30B-A3B with 64 MiB of staging).
+    reshard.init(ROOT / "tools" / "bench" / "configs" / "qwen3-30b-a3b.json",
+                 train="megatron:tp=2,pp=2,ep=8,etp=1,grouped-gemm", infer="vllm:tp=2,dp=8", cluster="dgx-h100",
+                 out_dir=tmp_path / "q")
+    q = [tmp_path / "q" / f for f in ("model.json", "train.json", "infer.json", "cluster.json")]
+    plans = []
+    for flags, kwargs in (([], {}), (["--search-fills"], {"search_fills": True})):
+        py = reshard.compile(*q, tmp_path / "py.rsplan", staging_mb=64, **kwargs)
+        cli_json = json.loads(subprocess.run(
+            [str(cli), "compile", "--json", "--model", q[0], "--from", q[1], "--to", q[2], "--cluster", q[3],
+             "--staging-mb", "64", *flags, "-o", tmp_path / "cli.rsplan"],
+            check=True, capture_output=True, text=True).stdout)
+        plans.append((tmp_path / "py.rsplan").read_bytes())
+        assert plans[-1] == (tmp_path / "cli.rsplan").read_bytes()
+        drop = ("plan", "seconds", "summary")
+        assert {k: v for k, v in py.items() if k not in drop} == {k: v for k, v in cli_json.items() if k not in drop}
+        assert list(k for k in py if k != "summary") == list(cli_json)
+    assert plans[0] != plans[1]
+    assert py["staging_fill"] == 0.8  # --search-fills kept a lower staging fill here
 
 
 def test_compile_errors_carry_the_cli_messages(tmp_path):
