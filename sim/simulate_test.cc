@@ -528,5 +528,28 @@ TEST(SimulateTest, SimulateFillsFailsCleanly) {
   EXPECT_TRUE(std::filesystem::is_empty(dir.File("out")));
 }
 
+// A compile --simulate-fills stopped by SIGTERM once its children have
+// written plans: it ends by that signal, its children are gone and so is
+// every file it wrote.
+TEST(SimulateTest, SimulateFillsLeavesNothingWhenInterrupted) {
+  TempDir dir;
+  const std::string s = std::string(RESHARD_SOURCE_DIR) + "/samples/";
+  std::filesystem::create_directory(dir.File("out"));
+  const std::string out = dir.File("out");
+  const std::string cmd = std::string(RESHARD_BINARY) + " compile -q --simulate-fills --model " + s +
+                          "qwen3-235b/model.json --from " + s + "qwen3-235b/train-tp4-pp8-ep16.json --to " + s +
+                          "qwen3-235b/infer-tp8-dp16.json --cluster " + s + "clusters/dgx-h100.json -o " + out +
+                          "/p.rsplan";
+  testing::ShellResult r = testing::Shell(
+      "{ " + cmd + " 2>/dev/null & pid=$!; seen=no; for i in $(seq 600); do "
+      "if ls " + out + "/p.rsplan.fill*.tmp >/dev/null 2>&1; then seen=yes; break; fi; sleep 0.1; done; "
+      "kids=$(pgrep -P $pid); kill -TERM $pid; wait $pid; echo \"status=$? seen=$seen children=$(echo $kids | wc -w)\"; "
+      "for k in $kids; do kill -0 $k 2>/dev/null && echo children-left; done; }");
+  EXPECT_NE(r.out.find("status=143 seen=yes children="), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("children=0"), std::string::npos) << r.out;  // it had children to stop
+  EXPECT_EQ(r.out.find("children-left"), std::string::npos) << r.out;
+  EXPECT_TRUE(std::filesystem::is_empty(out));
+}
+
 }  // namespace
 }  // namespace reshard

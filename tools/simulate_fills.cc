@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <thread>
 #include <vector>
 
@@ -27,6 +28,40 @@ constexpr size_t kFewestFills = 5;
 constexpr size_t kMostChildren = 8;
 
 std::string TempPath(const std::string& out, size_t fill) { return out + ".fill" + std::to_string(fill) + ".tmp"; }
+
+// SIGINT, SIGTERM or SIGHUP while the fills run: noted here, the children
+// killed and every temporary file removed by SimulateFills, then the signal
+// raised again so that the compile ends as it would have.
+volatile sig_atomic_t g_signal = 0;
+void OnSignal(int sig) { g_signal = sig; }
+constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP};
+
+// Installs OnSignal (without SA_RESTART, so that waitpid returns) for the
+// fills' duration, and puts the previous handlers back.
+class SignalGuard {
+ public:
+  SignalGuard() {
+    g_signal = 0;
+    struct sigaction sa {};
+    sa.sa_handler = OnSignal;
+    sigemptyset(&sa.sa_mask);
+    for (size_t k = 0; k < std::size(kSignals); ++k) {
+      sigaction(kSignals[k], nullptr, &old_[k]);
+      set_[k] = old_[k].sa_handler != SIG_IGN;  // an ignored signal (nohup) stays ignored
+      if (set_[k]) sigaction(kSignals[k], &sa, nullptr);
+    }
+  }
+  ~SignalGuard() {
+    for (size_t k = 0; k < std::size(kSignals); ++k)
+      if (set_[k]) sigaction(kSignals[k], &old_[k], nullptr);
+  }
+  SignalGuard(const SignalGuard&) = delete;
+  SignalGuard& operator=(const SignalGuard&) = delete;
+
+ private:
+  struct sigaction old_[std::size(kSignals)];
+  bool set_[std::size(kSignals)] = {};
+};
 
 // In the child: fill `fill` compiled into `path`, simulated.
 nlohmann::ordered_json CompileAndSimulate(const CompileInputs& in, CompileOptions opt, size_t fill,
@@ -67,6 +102,7 @@ Child Launch(const CompileInputs& in, const CompileOptions& opt, size_t fill, co
     throw Error(std::string("--simulate-fills: fork: ") + std::strerror(errno));
   }
   if (pid == 0) {
+    for (int sig : kSignals) signal(sig, SIG_DFL);
     close(fds[0]);
     std::string msg;
     int rc = 0;
@@ -110,8 +146,10 @@ nlohmann::ordered_json SimulateFills(const CompileInputs& in, const CompileOptio
   const size_t workers = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, kMostChildren);
   size_t total = kFewestFills, next = 0, done = 0;
   std::vector<Child> running;
+  std::vector<std::string> temps;  // every file a child may leave: its plan, and WriteFileAtomic's own temporary
   std::vector<nlohmann::ordered_json> results;
   std::string failure;
+  const SignalGuard guard;
   auto cleanup = [&] {
     for (const Child& c : running) kill(c.pid, SIGKILL);
     for (const Child& c : running) {
@@ -119,11 +157,16 @@ nlohmann::ordered_json SimulateFills(const CompileInputs& in, const CompileOptio
       waitpid(c.pid, nullptr, 0);
     }
     running.clear();
-    for (size_t f = 0; f < std::max(total, next); ++f) std::remove(TempPath(out, f).c_str());
+    for (const std::string& t : temps) std::remove(t.c_str());
   };
   try {
-    while (failure.empty() && (next < total || !running.empty())) {
-      while (running.size() < workers && next < total) running.push_back(Launch(in, opt, next++, out));
+    while (failure.empty() && !g_signal && (next < total || !running.empty())) {
+      while (running.size() < workers && next < total) {
+        running.push_back(Launch(in, opt, next, out));
+        temps.push_back(TempPath(out, next));
+        temps.push_back(TempPath(out, next) + ".tmp." + std::to_string(running.back().pid));
+        ++next;
+      }
       int status = 0;
       const pid_t pid = waitpid(-1, &status, 0);
       if (pid < 0) {
@@ -153,6 +196,13 @@ nlohmann::ordered_json SimulateFills(const CompileInputs& in, const CompileOptio
   } catch (...) {
     cleanup();
     throw;
+  }
+  if (g_signal) {
+    const int sig = g_signal;
+    cleanup();
+    signal(sig, SIG_DFL);
+    raise(sig);
+    throw Error("--simulate-fills: interrupted by signal " + std::to_string(sig));
   }
   if (!failure.empty()) {
     cleanup();
