@@ -26,6 +26,7 @@ namespace {
 // before the first says how many there are.
 constexpr size_t kFewestFills = 5;
 constexpr size_t kMostChildren = 8;
+constexpr size_t kMostResultBytes = 32 << 10;
 
 std::string TempPath(const std::string& out, size_t fill) { return out + ".fill" + std::to_string(fill) + ".tmp"; }
 
@@ -110,6 +111,12 @@ Child Launch(const CompileInputs& in, const CompileOptions& opt, size_t fill, co
       msg = CompileAndSimulate(in, opt, fill, TempPath(out, fill), out).dump();
     } catch (const std::exception& e) {
       msg = nlohmann::json{{"error", e.what()}}.dump();
+      rc = 1;
+    }
+    // The parent reads the pipe once this process has ended: what it writes
+    // must fit the pipe's buffer (64 KiB on Linux; a summary is under 1 KiB).
+    if (msg.size() > kMostResultBytes) {
+      msg = nlohmann::json{{"error", "its result (" + std::to_string(msg.size()) + " bytes) is too long to report"}}.dump();
       rc = 1;
     }
     for (size_t off = 0; off < msg.size();) {
