@@ -38,6 +38,16 @@ Result Reshard(const std::string& args, const TempDir& dir) {
   return r;
 }
 
+// Simulates `plan` on `cluster` and checks that the prediction lies between
+// the lower bound and `at_most` times it.
+void ExpectNearBound(const std::string& plan, const std::string& cluster, double at_most, const TempDir& dir) {
+  Result r = Reshard("simulate -q --json " + plan + " --cluster " + cluster, dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const double ratio = nlohmann::json::parse(r.out)["ratio_to_bound"].get<double>();
+  EXPECT_LE(ratio, at_most) << r.out;
+  EXPECT_GE(ratio, 1.0) << r.out;
+}
+
 // A cluster with round numbers: NIC 10 GB/s (80 Gb/s), NVLink 100 GB/s, HBM 1 TB/s.
 constexpr double kNic = 10e9, kNvlink = 100e9, kHbm = 1000e9, kNicLat = 10e-6, kNvLat = 2e-6;
 
@@ -287,11 +297,7 @@ TEST(SimulateTest, Qwen3SeedRowStaysNearItsBound) {
                          s + "clusters/dgx-h100.json -o " + plan,
                      dir);
   ASSERT_EQ(c.exit_code, 0) << c.err;
-  Result r = Reshard("simulate -q --json " + plan + " --cluster " + s + "clusters/dgx-h100.json", dir);
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  const auto j = nlohmann::json::parse(r.out);
-  EXPECT_LE(j["ratio_to_bound"].get<double>(), 1.03) << r.out;
-  EXPECT_GE(j["ratio_to_bound"].get<double>(), 1.0) << r.out;
+  ExpectNearBound(plan, s + "clusters/dgx-h100.json", 1.03, dir);
 }
 
 // Qwen3-30B-A3B from `reshard init` (every NIC has about as much to move as
@@ -325,11 +331,7 @@ TEST(SimulateTest, SmallPlansTakeTheBetterRoundFill) {
     EXPECT_EQ(nlohmann::json::parse(k.out)["round_fill"], row.fill) << k.out;
     Result v = Reshard("validate " + plan, dir);
     EXPECT_EQ(v.exit_code, 0) << v.out << v.err;
-    Result r = Reshard("simulate -q --json " + plan + " --cluster " + specs + "/cluster.json", dir);
-    ASSERT_EQ(r.exit_code, 0) << r.err;
-    const auto j = nlohmann::json::parse(r.out);
-    EXPECT_LE(j["ratio_to_bound"].get<double>(), row.at_most) << r.out;
-    EXPECT_GE(j["ratio_to_bound"].get<double>(), 1.0) << r.out;
+    ExpectNearBound(plan, specs + "/cluster.json", row.at_most, dir);
   }
 }
 
@@ -397,11 +399,7 @@ TEST(SimulateTest, SearchFillsKeepsTheFasterStagingFill) {
   const auto k = nlohmann::json::parse(c.out);
   EXPECT_DOUBLE_EQ(k["staging_fill"].get<double>(), 0.8) << c.out;
   EXPECT_EQ(k["round_fill"], "greedy") << c.out;
-  Result r = Reshard("simulate -q --json " + plan + " --cluster " + s + "clusters/dgx-h100.json", dir);
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  const auto j = nlohmann::json::parse(r.out);
-  EXPECT_LE(j["ratio_to_bound"].get<double>(), 1.078) << r.out;
-  EXPECT_GE(j["ratio_to_bound"].get<double>(), 1.0) << r.out;
+  ExpectNearBound(plan, s + "clusters/dgx-h100.json", 1.078, dir);
 }
 
 // DeepSeek-V3 on GB200 NVL72, where every NIC has about as much to move as the
@@ -429,11 +427,7 @@ TEST(SimulateTest, LargePlansTakeCoarseSharesWhereTheyReplayFaster) {
   Result again = Reshard("compile -q" + specs + " -o " + dir.File("b.rsplan"), dir);
   ASSERT_EQ(again.exit_code, 0) << again.err;
   EXPECT_EQ(testing::Shell("cmp " + dir.File("a.rsplan") + " " + dir.File("b.rsplan")).exit_code, 0);
-  Result r = Reshard("simulate -q --json " + dir.File("a.rsplan") + " --cluster " + s + "clusters/gb200-nvl72.json", dir);
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  const auto j = nlohmann::json::parse(r.out);
-  EXPECT_LE(j["ratio_to_bound"].get<double>(), 1.045) << r.out;
-  EXPECT_GE(j["ratio_to_bound"].get<double>(), 1.0) << r.out;
+  ExpectNearBound(dir.File("a.rsplan"), s + "clusters/gb200-nvl72.json", 1.045, dir);
 }
 
 // DeepSeek-V3 on DGX H100: the greedy fill planned for 95% of the staging
@@ -455,11 +449,7 @@ TEST(SimulateTest, DeepSeekV3OnDgxKeepsTheHigherStagingFill) {
   const auto k = nlohmann::json::parse(c.out);
   EXPECT_EQ(k["round_fill"], "greedy") << c.out;
   EXPECT_DOUBLE_EQ(k["staging_fill"].get<double>(), 0.95) << c.out;
-  Result r = Reshard("simulate -q --json " + plan + " --cluster " + s + "clusters/dgx-h100.json", dir);
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  const auto j = nlohmann::json::parse(r.out);
-  EXPECT_LE(j["ratio_to_bound"].get<double>(), 1.05) << r.out;
-  EXPECT_GE(j["ratio_to_bound"].get<double>(), 1.0) << r.out;
+  ExpectNearBound(plan, s + "clusters/dgx-h100.json", 1.05, dir);
 }
 
 // compile --simulate-fills on Qwen3-30B-A3B (from `reshard init`): every
