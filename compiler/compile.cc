@@ -93,4 +93,16 @@ nlohmann::ordered_json CompileSummary(const std::string& out, const std::string&
   return j;
 }
 
+std::string CompileLine(const CompileInputs& in, const nlohmann::ordered_json& j) {
+  char buf[1024];
+  std::snprintf(buf, sizeof buf,
+                "compiled %s -> %s (%s): %zu ranks, %zu rounds, %.3f GB over the network, %.3f GB over NVLink, "
+                "plan %.2f MiB, %.2f s",
+                in.src.name.c_str(), in.dst.name.c_str(), j["strategy"].get<std::string>().c_str(),
+                j["ranks"].get<size_t>(), j["rounds"].get<size_t>(), j["net_bytes"].get<uint64_t>() / 1e9,
+                j["nvlink_bytes"].get<uint64_t>() / 1e9, j["plan_bytes"].get<size_t>() / 1048576.0,
+                j["seconds"].get<double>());
+  return buf;
+}
+
 }  // namespace reshard

@@ -46,6 +46,10 @@ std::vector<uint8_t> EmitPlan(const CompileInputs& in, const PlanIR& ir);
 nlohmann::ordered_json CompileSummary(const std::string& out, const std::string& strategy, const PlanIR& ir,
                                       size_t plan_bytes);
 
+/// The line `reshard compile` prints first (and `reshard.compile` returns as
+/// "summary"), from a CompileSummary with its "seconds".
+std::string CompileLine(const CompileInputs& in, const nlohmann::ordered_json& summary);
+
 /// Writes `bytes` to `path` through a temporary file and a rename, so a failed
 /// write never leaves a partial plan behind.
 void WriteFileAtomic(const std::string& path, const std::vector<uint8_t>& bytes);

@@ -142,6 +142,11 @@ struct RouteOptions {
   int fill_candidate = -1;
 };
 
+/// The fewest fills a direct plan's Schedule chooses from with search_fills
+/// (a small plan's list): `compile --simulate-fills` may start that many at
+/// once before the first says how many there are.
+size_t FewestFillCandidates();
+
 /// Passes 3 and 4: route every destination need to its sources and schedule
 /// the transfers into rounds under the staging budget.
 PlanIR Route(const ModelSpec& model, const ClusterSpec& cluster, const LayoutSpec& src_layout,

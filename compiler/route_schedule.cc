@@ -365,22 +365,34 @@ double Router::FillRounds(std::vector<DPiece>& pieces, const FillMode& mode) {
 // staging in use and assemblies), as many at once as the machine has
 // threads, and the kept one is moved back. The plan does not depend on
 // their timing.
-void Router::Schedule(std::vector<DPiece>& pieces) {
+std::vector<FillMode> FillCandidates(size_t pieces, bool search_fills) {
   std::vector<FillMode> candidates = {{false, kFill, 0}};
-  candidates.push_back({true, kFill, pieces.size() <= kProportionalMaxPieces ? 0 : kCoarseShare});
+  candidates.push_back({true, kFill, pieces <= kProportionalMaxPieces ? 0 : kCoarseShare});
   candidates.push_back({false, kFillHigh, 0});
-  if (opt_.search_fills) {
+  if (search_fills) {
     for (const FillMode& m : kSearchedFills) {
-      if (!m.proportional || pieces.size() > kProportionalMaxPieces) candidates.push_back(m);
+      if (!m.proportional || pieces > kProportionalMaxPieces) candidates.push_back(m);
     }
   }
+  return candidates;
+}
+
+void Router::Schedule(std::vector<DPiece>& pieces) {
+  std::vector<FillMode> candidates = FillCandidates(pieces.size(), opt_.search_fills);
   ir_.fill_candidates = candidates.size();
-  if (opt_.fill_candidate >= 0) {
+  auto keep = [this](const FillMode& kept) {
+    ir_.proportional_fill = kept.proportional;
+    ir_.proportional_min_share = kept.min_share;
+    ir_.staging_fill = kept.fill;
+  };
+  if (opt_.fill_candidate >= 0) {  // one fill, asked for: on this router, no copy, no estimate to compare
     const auto c = static_cast<size_t>(opt_.fill_candidate);
     if (c >= candidates.size())
       throw Error("fill " + std::to_string(c) + " does not exist: this plan's rounds can be filled " +
                   std::to_string(candidates.size()) + " ways (0-" + std::to_string(candidates.size() - 1) + ")");
-    candidates = {candidates[c]};
+    FillRounds(pieces, candidates[c]);
+    keep(candidates[c]);
+    return;
   }
   // A fill's result: what FillRounds changes in the router and the pieces.
   struct Trial {
@@ -423,10 +435,13 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
   pieces = std::move(best.pieces);
   used_ = std::move(best.used);
   assemblies_ = std::move(best.assemblies);
-  const FillMode& kept = candidates[best.candidate];
-  ir_.proportional_fill = kept.proportional;
-  ir_.proportional_min_share = kept.min_share;
-  ir_.staging_fill = kept.fill;
+  keep(candidates[best.candidate]);
 }
 
 }  // namespace reshard::routing
+
+namespace reshard {
+
+size_t FewestFillCandidates() { return routing::FillCandidates(0, true).size(); }
+
+}  // namespace reshard

@@ -68,6 +68,10 @@ struct FillMode {
 inline constexpr FillMode kSearchedFills[] = {
     {false, 0.8, 0}, {false, 0.85, 0}, {true, kFill, 0.125}, {true, kFill, 0.375}};
 
+// The fills Schedule chooses from for a plan of `pieces` pieces, in order
+// (RouteOptions::fill_candidate counts in this list).
+std::vector<FillMode> FillCandidates(size_t pieces, bool search_fills);
+
 struct Cell {
   Box box;
   std::vector<FragmentRef> replicas;  // training-side (rank, fragment)

@@ -48,6 +48,15 @@ void ExpectNearBound(const std::string& plan, const std::string& cluster, double
   EXPECT_GE(ratio, 1.0) << r.out;
 }
 
+// A bundled sample's compile inputs: `--model DIR/model.json --from
+// DIR/FROM.json --to DIR/TO.json --cluster clusters/CLUSTER.json`, under samples/.
+std::string SampleArgs(const std::string& dir, const std::string& from, const std::string& to,
+                       const std::string& cluster) {
+  const std::string s = std::string(RESHARD_SOURCE_DIR) + "/samples/";
+  return "--model " + s + dir + "/model.json --from " + s + dir + "/" + from + ".json --to " + s + dir + "/" + to +
+         ".json --cluster " + s + "clusters/" + cluster + ".json";
+}
+
 // A cluster with round numbers: NIC 10 GB/s (80 Gb/s), NVLink 100 GB/s, HBM 1 TB/s.
 constexpr double kNic = 10e9, kNvlink = 100e9, kHbm = 1000e9, kNicLat = 10e-6, kNvLat = 2e-6;
 
@@ -292,10 +301,8 @@ TEST(SimulateTest, Qwen3SeedRowStaysNearItsBound) {
   TempDir dir;
   const std::string s = std::string(RESHARD_SOURCE_DIR) + "/samples/";
   const std::string plan = dir.File("q.rsplan");
-  Result c = Reshard("compile -q --model " + s + "qwen3-235b/model.json --from " + s +
-                         "qwen3-235b/train-tp4-pp8-ep16.json --to " + s + "qwen3-235b/infer-tp8-dp16.json --cluster " +
-                         s + "clusters/dgx-h100.json -o " + plan,
-                     dir);
+  Result c = Reshard(
+      "compile -q " + SampleArgs("qwen3-235b", "train-tp4-pp8-ep16", "infer-tp8-dp16", "dgx-h100") + " -o " + plan, dir);
   ASSERT_EQ(c.exit_code, 0) << c.err;
   ExpectNearBound(plan, s + "clusters/dgx-h100.json", 1.03, dir);
 }
@@ -391,10 +398,8 @@ TEST(SimulateTest, SearchFillsKeepsTheFasterStagingFill) {
   TempDir dir;
   const std::string s = std::string(RESHARD_SOURCE_DIR) + "/samples/";
   const std::string plan = dir.File("k.rsplan");
-  Result c = Reshard("compile --json --search-fills --model " + s + "kimi-k2/model.json --from " + s +
-                         "kimi-k2/train-1024.json --to " + s + "kimi-k2/infer-512.json --cluster " + s +
-                         "clusters/dgx-h100.json -o " + plan,
-                     dir);
+  Result c = Reshard(
+      "compile --json --search-fills " + SampleArgs("kimi-k2", "train-1024", "infer-512", "dgx-h100") + " -o " + plan, dir);
   ASSERT_EQ(c.exit_code, 0) << c.err;
   const auto k = nlohmann::json::parse(c.out);
   EXPECT_DOUBLE_EQ(k["staging_fill"].get<double>(), 0.8) << c.out;
@@ -415,9 +420,7 @@ TEST(SimulateTest, LargePlansTakeCoarseSharesWhereTheyReplayFaster) {
 #endif
   TempDir dir;
   const std::string s = std::string(RESHARD_SOURCE_DIR) + "/samples/";
-  const std::string specs = " --model " + s + "deepseek-v3/model.json --from " + s +
-                            "deepseek-v3/train-pp16-ep16.json --to " + s + "deepseek-v3/infer-tp32-dp8.json --cluster " +
-                            s + "clusters/gb200-nvl72.json";
+  const std::string specs = " " + SampleArgs("deepseek-v3", "train-pp16-ep16", "infer-tp32-dp8", "gb200-nvl72");
   Result c = Reshard("compile --json" + specs + " -o " + dir.File("a.rsplan"), dir);
   ASSERT_EQ(c.exit_code, 0) << c.err;
   const auto k = nlohmann::json::parse(c.out);
@@ -441,10 +444,8 @@ TEST(SimulateTest, DeepSeekV3OnDgxKeepsTheHigherStagingFill) {
   TempDir dir;
   const std::string s = std::string(RESHARD_SOURCE_DIR) + "/samples/";
   const std::string plan = dir.File("d.rsplan");
-  Result c = Reshard("compile --json --model " + s + "deepseek-v3/model.json --from " + s +
-                         "deepseek-v3/train-pp16-ep16.json --to " + s + "deepseek-v3/infer-tp32-dp8.json --cluster " +
-                         s + "clusters/dgx-h100.json -o " + plan,
-                     dir);
+  Result c = Reshard(
+      "compile --json " + SampleArgs("deepseek-v3", "train-pp16-ep16", "infer-tp32-dp8", "dgx-h100") + " -o " + plan, dir);
   ASSERT_EQ(c.exit_code, 0) << c.err;
   const auto k = nlohmann::json::parse(c.out);
   EXPECT_EQ(k["round_fill"], "greedy") << c.out;
@@ -504,9 +505,7 @@ TEST(SimulateTest, SimulateFillsKeepsTheFillPredictedFastest) {
 // fails the compile with its reason, leaving nothing behind.
 TEST(SimulateTest, SimulateFillsFailsCleanly) {
   TempDir dir;
-  const std::string s = std::string(RESHARD_SOURCE_DIR) + "/samples/";
-  const std::string args = "--model " + s + "tiny-moe/model.json --from " + s + "tiny-moe/train.json --to " + s +
-                           "tiny-moe/infer.json --cluster " + s + "clusters/dgx-h100.json";
+  const std::string args = SampleArgs("tiny-moe", "train", "infer", "dgx-h100");
   std::filesystem::create_directory(dir.File("out"));
   Result g = Reshard("compile --simulate-fills --strategy gather " + args + " -o " + dir.File("out/g.rsplan"), dir);
   EXPECT_NE(g.exit_code, 0);
@@ -523,12 +522,10 @@ TEST(SimulateTest, SimulateFillsFailsCleanly) {
 // every file it wrote.
 TEST(SimulateTest, SimulateFillsLeavesNothingWhenInterrupted) {
   TempDir dir;
-  const std::string s = std::string(RESHARD_SOURCE_DIR) + "/samples/";
   std::filesystem::create_directory(dir.File("out"));
   const std::string out = dir.File("out");
-  const std::string cmd = std::string(RESHARD_BINARY) + " compile -q --simulate-fills --model " + s +
-                          "qwen3-235b/model.json --from " + s + "qwen3-235b/train-tp4-pp8-ep16.json --to " + s +
-                          "qwen3-235b/infer-tp8-dp16.json --cluster " + s + "clusters/dgx-h100.json -o " + out +
+  const std::string cmd = std::string(RESHARD_BINARY) + " compile -q --simulate-fills " +
+                          SampleArgs("qwen3-235b", "train-tp4-pp8-ep16", "infer-tp8-dp16", "dgx-h100") + " -o " + out +
                           "/p.rsplan";
   testing::ShellResult r = testing::Shell(
       "{ " + cmd + " 2>/dev/null & pid=$!; seen=no; for i in $(seq 600); do "

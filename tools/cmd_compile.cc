@@ -97,11 +97,7 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
     if (o->json) {
       std::printf("%s\n", j.dump().c_str());
     } else if (!o->quiet) {
-      std::printf("compiled %s -> %s (%s): %zu ranks, %zu rounds, %.3f GB over the network, %.3f GB over NVLink, "
-                  "plan %.2f MiB, %.2f s\n",
-                  in.src.name.c_str(), in.dst.name.c_str(), o->strategy.c_str(), j["ranks"].get<size_t>(),
-                  j["rounds"].get<size_t>(), j["net_bytes"].get<uint64_t>() / 1e9,
-                  j["nvlink_bytes"].get<uint64_t>() / 1e9, j["plan_bytes"].get<size_t>() / 1048576.0, secs);
+      std::printf("%s\n", CompileLine(in, j).c_str());
       const size_t amax = j["split_blocks"]["partial_amaxes"], frames = j["split_blocks"]["assembled_frames"];
       if (amax + frames > 0) {
         std::printf(

@@ -21,10 +21,6 @@
 namespace reshard::cli {
 namespace {
 
-// Every plan's fills number at least this many with search_fills (the three
-// default ones and the two lower staging fills): that many children may start
-// before the first says how many there are.
-constexpr size_t kFewestFills = 5;
 constexpr size_t kMostChildren = 8;
 constexpr size_t kMostResultBytes = 32 << 10;
 
@@ -151,7 +147,7 @@ nlohmann::ordered_json SimulateFills(const CompileInputs& in, const CompileOptio
                                      const std::function<void(size_t, size_t)>& progress) {
   if (opt.strategy != "direct") throw Error("--simulate-fills: the rounds of a gather plan are not filled; use --strategy direct");
   const size_t workers = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, kMostChildren);
-  size_t total = kFewestFills, next = 0, done = 0;
+  size_t total = FewestFillCandidates(), next = 0, done = 0;
   std::vector<Child> running;
   std::vector<std::string> temps;  // every file a child may leave: its plan, and WriteFileAtomic's own temporary
   std::vector<nlohmann::ordered_json> results;

@@ -4,7 +4,6 @@
 #include <nanobind/stl/string.h>
 
 #include <chrono>
-#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -40,14 +39,7 @@ void BindCompile(nb::module_& m) {
             nlohmann::ordered_json j = CompileSummary(output, strategy, ir, bytes.size());
             j["seconds"] = secs;
             json = j.dump();
-            // The CLI's summary line, word for word.
-            char buf[1024];
-            std::snprintf(buf, sizeof buf,
-                          "compiled %s -> %s (%s): %zu ranks, %zu rounds, %.3f GB over the network, %.3f GB over "
-                          "NVLink, plan %.2f MiB, %.2f s",
-                          in.src.name.c_str(), in.dst.name.c_str(), strategy.c_str(), ir.ranks.size(), ir.num_rounds,
-                          ir.net_bytes / 1e9, ir.nvlink_bytes / 1e9, bytes.size() / 1048576.0, secs);
-            line = buf;
+            line = CompileLine(in, j);  // the CLI's line, word for word
           });
         }
         return nb::make_tuple(json, line);
