@@ -50,8 +50,4 @@ nlohmann::ordered_json CompileSummary(const std::string& out, const std::string&
 /// "summary"), from a CompileSummary with its "seconds".
 std::string CompileLine(const CompileInputs& in, const nlohmann::ordered_json& summary);
 
-/// Writes `bytes` to `path` through a temporary file and a rename, so a failed
-/// write never leaves a partial plan behind.
-void WriteFileAtomic(const std::string& path, const std::vector<uint8_t>& bytes);
-
 }  // namespace reshard

@@ -1,10 +1,6 @@
 // Pass 5: write the plan as FlatBuffers. The only compiler file that includes
 // the generated header.
-#include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <map>
-#include <unistd.h>
 
 #include "compiler/compile.h"
 #include "plan_generated.h"
@@ -161,25 +157,6 @@ std::vector<uint8_t> EmitPlan(const CompileInputs& in, const PlanIR& ir) {
     throw Error("the plan is " + std::to_string(b.GetSize() >> 20) +
                 " MiB, over the 2 GiB FlatBuffers limit; raise --staging-mb to make fewer, larger steps");
   return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
-}
-
-void WriteFileAtomic(const std::string& path, const std::vector<uint8_t>& bytes) {
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw Error(path + ": cannot write the plan: " + std::strerror(errno));
-    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-    out.close();
-    if (!out) {
-      std::remove(tmp.c_str());
-      throw Error(path + ": cannot write the plan: " + std::strerror(errno));
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    std::remove(tmp.c_str());
-    throw Error(path + ": cannot write the plan: " + std::strerror(err));
-  }
 }
 
 }  // namespace reshard

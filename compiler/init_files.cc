@@ -6,6 +6,7 @@
 #include "compiler/compile.h"
 #include "compiler/init.h"
 #include "compiler/spec.h"
+#include "compiler/write_file.h"
 #include "runtime/error.h"
 
 namespace reshard::init {

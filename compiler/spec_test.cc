@@ -174,7 +174,7 @@ TEST(BadInput, UnwritableOutputLeavesNoFile) {
   EXPECT_NE(rc, 0);
   std::ifstream in("/tmp/reshard_err.txt");
   std::string err((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  EXPECT_EQ(err, "reshard: error: /nonexistent-dir/plan.rsplan: cannot write the plan: No such file or directory\n");
+  EXPECT_EQ(err, "reshard: error: /nonexistent-dir/plan.rsplan: cannot write: No such file or directory\n");
   EXPECT_FALSE(std::filesystem::exists(out));
 }
 

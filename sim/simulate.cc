@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "compiler/compile.h"
+#include "compiler/write_file.h"
 #include "runtime/error.h"
 
 namespace sg4 = simgrid::s4u;

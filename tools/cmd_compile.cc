@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "compiler/compile.h"
+#include "compiler/write_file.h"
 #include "runtime/error.h"
 #include "tools/commands.h"
 #include "tools/simulate_fills.h"

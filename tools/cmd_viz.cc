@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "compiler/write_file.h"
 #include "runtime/error.h"
 #include "runtime/plan.h"
 #include "tools/commands.h"
@@ -464,7 +465,7 @@ void AddVizCommand(CLI::App& app, int& exit_code) {
       text = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n" +
              HeatmapSvg(v, "reshard " + name + ": bytes between " + (by_domain ? "NVLink domains" : "ranks"), true);
     else text = Dot(plan, v, name);
-    report::WriteFileAtomic(o->out, text);
+    WriteFileAtomic(o->out, text);
     exit_code = 0;
   });
 }

@@ -1,9 +1,5 @@
 #include "tools/plan_report.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -180,38 +176,6 @@ std::string Side(const fb::Program& p) {
   return s.empty() ? "-" : s;
 }
 
-void WriteFileAtomic(const std::string& path, const std::string& text) {
-  // mkstemp gives a fresh name beside the target (rename stays on one file
-  // system), created 0600; widen it to what the umask allows for a new file.
-  std::string tmp = path + ".XXXXXX";
-  int fd = ::mkstemp(tmp.data());
-  if (fd < 0) throw Error(path + ": cannot write: " + std::strerror(errno));
-  mode_t mask = ::umask(0);
-  ::umask(mask);
-  auto fail = [&](int err) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw Error(path + ": cannot write: " + std::strerror(err));
-  };
-  if (::fchmod(fd, 0666 & ~mask) != 0) fail(errno);
-  for (size_t off = 0; off < text.size();) {
-    ssize_t w = ::write(fd, text.data() + off, text.size() - off);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) fail(w < 0 ? errno : EIO);
-    off += static_cast<size_t>(w);
-  }
-  if (::fsync(fd) != 0) fail(errno);
-  if (::close(fd) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    throw Error(path + ": cannot write: " + std::strerror(err));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    throw Error(path + ": cannot write: " + std::strerror(err));
-  }
-}
 
 uint32_t DomainOf(const fb::Plan& root, uint32_t r) {
   return root.domain() && r < root.domain()->size() ? root.domain()->Get(r) : 0;

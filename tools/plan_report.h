@@ -88,10 +88,6 @@ struct PlanStats {
 /// emits lies within one part of a fused buffer).
 PlanStats Collect(const Plan& plan, bool tensors);
 
-/// Writes `text` to `path` through a temporary file in the same directory and a
-/// rename, so that a failure never leaves a partial file. Throws reshard::Error.
-void WriteFileAtomic(const std::string& path, const std::string& text);
-
 /// The NVLink domain of global rank r (0 when the plan has no domain table).
 uint32_t DomainOf(const fb::Plan& root, uint32_t r);
 

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "compiler/write_file.h"
 #include "runtime/error.h"
 #include "runtime/plan.h"
 #include "sim/bound.h"

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "compiler/compile.h"
+#include "compiler/write_file.h"
 #include "python/src/ext.h"
 
 namespace reshard::py {
