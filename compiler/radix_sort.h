@@ -1,6 +1,6 @@
 // A stable sort by descending integer key, for the round fill's per-round
-// ordering of its pairs (route_schedule.cc): tens of thousands of pairs,
-// hundreds of rounds.
+// ordering of its pairs (route_schedule.cc: tens of thousands of pairs,
+// hundreds of rounds) and the estimate's messages (round_estimate.cc).
 #pragma once
 
 #include <algorithm>

@@ -7,17 +7,16 @@ namespace {
 
 constexpr double kNic = 100, kNvlink = 400;  // bytes per second
 
-// Two pairs swap which is busy between two rounds: in lockstep every round
-// waits for its busiest pair (2 + 2 s); replayed, each pair goes on as soon
-// as its own round is done (2 + 1 s and 1 + 2 s).
+// Two pairs swap which is busy between two rounds: each pair goes on as soon
+// as its own round is done (2 + 1 s and 1 + 2 s), not when the busiest pair
+// of the round is (2 + 2 s).
 TEST(RoundEstimateTest, RanksDoNotWaitForStrangersAtRoundEnds) {
   RoundTraffic t(4);
   t.Add(0, 0, 1, 200, true);
   t.Add(0, 2, 3, 100, true);
   t.Add(1, 0, 1, 100, true);
   t.Add(1, 2, 3, 200, true);
-  EXPECT_DOUBLE_EQ(t.LockstepSeconds(kNic, kNvlink), 4.0);
-  EXPECT_DOUBLE_EQ(t.ReplaySeconds(kNic, kNvlink), 3.0);
+  EXPECT_DOUBLE_EQ(t.FlowSeconds(kNic, kNvlink), 3.0);
 }
 
 // A message waits for both of its ends: rank 2 is idle in round 0, but its
@@ -26,26 +25,84 @@ TEST(RoundEstimateTest, AMessageStartsWhenBothEndsHaveStartedItsRound) {
   RoundTraffic t(3);
   t.Add(0, 0, 1, 300, true);
   t.Add(1, 2, 1, 100, true);
-  EXPECT_DOUBLE_EQ(t.ReplaySeconds(kNic, kNvlink), 4.0);
+  EXPECT_DOUBLE_EQ(t.FlowSeconds(kNic, kNvlink), 4.0);
   // Sent to rank 3, idle in round 0 as well, the same message is done at 1 s
   // and the plan when ranks 0 and 1 are, at 3 s.
   RoundTraffic u(4);
   u.Add(0, 0, 1, 300, true);
   u.Add(1, 2, 3, 100, true);
-  EXPECT_DOUBLE_EQ(u.ReplaySeconds(kNic, kNvlink), 3.0);
+  EXPECT_DOUBLE_EQ(u.FlowSeconds(kNic, kNvlink), 3.0);
 }
 
-// A round lasts as long as a rank's busiest direction, NIC or NVLink at its
-// own bandwidth; a rank's sends and receives overlap.
-TEST(RoundEstimateTest, BusiestDirectionAtItsBandwidth) {
+// Each direction of a NIC and of an NVLink port has its own bandwidth: a
+// rank's sends and receives overlap, and so do its two paths.
+TEST(RoundEstimateTest, DirectionsAndPathsAtTheirOwnBandwidths) {
   RoundTraffic t(3);
   t.Add(0, 0, 1, 100, true);     // 1 s over the NIC
   t.Add(0, 1, 0, 100, true);     // the other direction, at the same time
   t.Add(0, 0, 2, 800, false);    // 2 s over NVLink
   t.Add(0, 1, 1, 100000, true);  // a rank to itself: not traffic
-  EXPECT_DOUBLE_EQ(t.ReplaySeconds(kNic, kNvlink), 2.0);
-  EXPECT_DOUBLE_EQ(t.LockstepSeconds(kNic, kNvlink), 2.0);
-  EXPECT_DOUBLE_EQ(RoundTraffic(5).ReplaySeconds(kNic, kNvlink), 0.0);
+  EXPECT_DOUBLE_EQ(t.FlowSeconds(kNic, kNvlink), 2.0);
+  EXPECT_DOUBLE_EQ(RoundTraffic(5).FlowSeconds(kNic, kNvlink), 0.0);
+}
+
+// A round's messages between two ranks on one path are one message: two
+// of 100 bytes take 2 s, as one of 200 would.
+TEST(RoundEstimateTest, MessagesOfARoundBetweenTwoRanksAreMerged) {
+  RoundTraffic t(2);
+  t.Add(0, 0, 1, 100, true);
+  t.Add(0, 0, 1, 100, true);
+  EXPECT_DOUBLE_EQ(t.FlowSeconds(kNic, kNvlink), 2.0);
+}
+
+// A rank is done with a round when its messages are, and they may be held
+// up by their other ends: rank 3 receives 100 bytes from rank 0, whose NIC
+// also sends 300 to rank 1. Sharing it, rank 3's message arrives at 2 s, not
+// 1 s, so its 300-byte round-1 send to rank 4 ends at 5 s. (Charging each
+// rank only its own bytes per round, the estimate the compiler had before,
+// said 4 s.)
+TEST(RoundEstimateTest, ARankWaitsForItsMessagesSharingBusierLinks) {
+  RoundTraffic t(5);
+  t.Add(0, 0, 1, 300, true);
+  t.Add(0, 0, 3, 100, true);
+  t.Add(1, 3, 4, 300, true);
+  EXPECT_DOUBLE_EQ(t.FlowSeconds(kNic, kNvlink), 5.0);
+}
+
+// Max-min fairness, not equal shares: rank 2's NIC takes three messages (a
+// third each), so rank 1's message to it is held to a third, and rank 1's
+// other message, to rank 3, gets the rest of rank 1's NIC: two thirds,
+// done at 3 s (an equal share of rank 1's NIC, a half, would take 4 s).
+// Rank 3 then sends 400 bytes: done at 7 s.
+TEST(RoundEstimateTest, SharesAreMaxMinFair) {
+  RoundTraffic t(6);
+  t.Add(0, 0, 2, 200, true);
+  t.Add(0, 1, 2, 200, true);
+  t.Add(0, 4, 2, 200, true);
+  t.Add(0, 1, 3, 200, true);
+  t.Add(1, 3, 5, 400, true);
+  EXPECT_NEAR(t.FlowSeconds(kNic, kNvlink), 7.0, 1e-9);
+}
+
+// Rates follow the messages that start and end. Rank 0's first round (1)
+// sends 1000 bytes to rank 1, alone on rank 0's NIC until rank 2, busy with
+// 500 bytes to rank 3 in round 0, posts round 1 at 5 s: from then rank 0's
+// 100 bytes to rank 2 share the NIC (50 B/s each), done at 7 s, when rank 2
+// posts round 2, 800 bytes to rank 3 (posted by rank 3 at 5 s): done at
+// 15 s. Rank 0's message, 400 bytes left at 7 s, is done at 11 s.
+TEST(RoundEstimateTest, RatesChangeAsMessagesStartAndEnd) {
+  RoundTraffic t(4);
+  t.Add(1, 0, 1, 1000, true);
+  t.Add(1, 0, 2, 100, true);
+  t.Add(0, 2, 3, 500, true);
+  t.Add(2, 2, 3, 800, true);
+  EXPECT_DOUBLE_EQ(t.FlowSeconds(kNic, kNvlink), 15.0);
+  // Without rank 2's last round, rank 0's message ends last, at 11 s.
+  RoundTraffic u(4);
+  u.Add(1, 0, 1, 1000, true);
+  u.Add(1, 0, 2, 100, true);
+  u.Add(0, 2, 3, 500, true);
+  EXPECT_DOUBLE_EQ(u.FlowSeconds(kNic, kNvlink), 11.0);
 }
 
 }  // namespace

@@ -45,7 +45,6 @@ inline constexpr double kPaceFloor = 0.8;          //   and at least this share 
 inline constexpr uint64_t kUnpacedRounds = 2;      // senders with at most this many rounds' share are not paced
 inline constexpr size_t kProportionalMaxPieces = 16384;  // larger plans: coarse shares (kCoarseShare) only
 inline constexpr double kCoarseShare = 0.25;  // larger plans' proportional shares: at least this part of a round's
-inline constexpr double kFillGain = 0.005;  // another fill is kept only if its estimate is this much better
 
 // A pack or unpack step of `bytes` at byte `staging` of the rank's staging.
 Step StagedStep(StepKind kind, Dtype wire, uint64_t staging, uint64_t bytes);

@@ -386,11 +386,13 @@ TEST(SimulateTest, FillIsChosenByItsReplayNotByItsPeaks) {
   }
 }
 
-// --search-fills on Kimi-K2 (1536 ranks): the round fill planned for 80% of
-// the staging budget replays faster by the estimate and is kept; simulate
-// agrees (1.0725x of the bound, against 1.0839x with the default fill, as
-// measured for the README). Skipped under the sanitizers: three fills of
-// this plan and its simulation take minutes there; every plain build runs it.
+// --search-fills on Kimi-K2 (1536 ranks): the round fill planned for 85% of
+// the staging budget is the fastest of the seven by the estimate and is
+// kept; simulate agrees (1.0695x of the bound, against 1.0839x with the
+// default fill and 1.0725x with the 80% fill the replay estimate used to
+// keep, as measured for the README). Skipped under the sanitizers: seven
+// fills of this plan and its simulation take minutes there; every plain
+// build runs it.
 TEST(SimulateTest, SearchFillsKeepsTheFasterStagingFill) {
 #ifdef RESHARD_SANITIZE
   GTEST_SKIP() << "three 1536-rank fills and a simulation: minutes under AddressSanitizer";
@@ -402,9 +404,9 @@ TEST(SimulateTest, SearchFillsKeepsTheFasterStagingFill) {
       "compile --json --search-fills " + SampleArgs("kimi-k2", "train-1024", "infer-512", "dgx-h100") + " -o " + plan, dir);
   ASSERT_EQ(c.exit_code, 0) << c.err;
   const auto k = nlohmann::json::parse(c.out);
-  EXPECT_DOUBLE_EQ(k["staging_fill"].get<double>(), 0.8) << c.out;
+  EXPECT_DOUBLE_EQ(k["staging_fill"].get<double>(), 0.85) << c.out;
   EXPECT_EQ(k["round_fill"], "greedy") << c.out;
-  ExpectNearBound(plan, s + "clusters/dgx-h100.json", 1.078, dir);
+  ExpectNearBound(plan, s + "clusters/dgx-h100.json", 1.071, dir);
 }
 
 // DeepSeek-V3 on GB200 NVL72, where every NIC has about as much to move as the
@@ -446,6 +448,28 @@ TEST(SimulateTest, DeepSeekV3OnDgxKeepsTheHigherStagingFill) {
   const std::string plan = dir.File("d.rsplan");
   Result c = Reshard(
       "compile --json " + SampleArgs("deepseek-v3", "train-pp16-ep16", "infer-tp32-dp8", "dgx-h100") + " -o " + plan, dir);
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  const auto k = nlohmann::json::parse(c.out);
+  EXPECT_EQ(k["round_fill"], "greedy") << c.out;
+  EXPECT_DOUBLE_EQ(k["staging_fill"].get<double>(), 0.95) << c.out;
+  ExpectNearBound(plan, s + "clusters/dgx-h100.json", 1.05, dir);
+}
+
+// DeepSeek-V3 with FP8 128x128 blocks quantized by the senders, TP16 on DGX
+// H100: the fills' replay estimates lay within 0.2% of each other and the
+// first, greedy at 90% (1.0527x of the bound), was kept; the flow estimate
+// finds greedy at 95% fastest, as `simulate` does (1.0454x): issue 16's
+// 1.05x. Skipped under the sanitizers, as above.
+TEST(SimulateTest, DeepSeekV3Fp8KeepsTheFillSimulateFindsFastest) {
+#ifdef RESHARD_SANITIZE
+  GTEST_SKIP() << "three 512-rank fills and a simulation: minutes under AddressSanitizer";
+#endif
+  TempDir dir;
+  const std::string s = std::string(RESHARD_SOURCE_DIR) + "/samples/";
+  const std::string plan = dir.File("f.rsplan");
+  Result c = Reshard(
+      "compile --json " + SampleArgs("deepseek-v3", "train-pp16-ep16", "infer-tp16-dp16-fp8", "dgx-h100") + " -o " + plan,
+      dir);
   ASSERT_EQ(c.exit_code, 0) << c.err;
   const auto k = nlohmann::json::parse(c.out);
   EXPECT_EQ(k["round_fill"], "greedy") << c.out;

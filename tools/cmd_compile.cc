@@ -59,14 +59,16 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
                 "and every pair's proportional share: on plans of more than 16384 pieces at least a quarter\n"
                 "of a round's), also fill the rounds greedily for 80% and 85% of the staging budget and, on\n"
                 "large plans, with shares of at least 1/8 and 3/8 of a round's; keep the fill an estimate of\n"
-                "the replay finds fastest. Costs a fill each, as many at once as the machine has threads\n"
-                "(DeepSeek-V3: about 0.5 s each; its refit predicted 1.4% faster on DGX H100, Kimi-K2 1%;\n"
+                "the refit (its rounds replayed as messages sharing links, as `reshard simulate` does) finds\n"
+                "fastest. Costs a fill each, as many at once as the machine has threads (DeepSeek-V3: about\n"
+                "0.6 s each; its refit predicted 1.4% faster on DGX H100, its FP8 plan 0.8%, Kimi-K2 1.3%;\n"
                 "plans up to 10% larger)");
   cmd->add_flag("--simulate-fills", o->simulate_fills,
                 "direct: compile the plan once for each fill --search-fills tries, simulate each on --cluster\n"
-                "(as `reshard simulate` does) and keep the one predicted fastest, instead of the one the\n"
-                "estimate picks (it cannot tell some fills apart: DeepSeek-V3 FP8 1.053x of the bound by the\n"
-                "estimate's pick, 1.037x by simulation). Slow: a compile and a simulation per fill (5 or 7),\n"
+                "(as `reshard simulate` does, with latencies and HBM passes, which the estimate leaves out)\n"
+                "and keep the one predicted fastest, instead of the one the estimate picks (they differ by at\n"
+                "most 0.2% on the README's rows: Qwen3-235B FP8 per-channel 1.0734x of the bound by the\n"
+                "estimate's pick, 1.0716x by simulation). Slow: a compile and a simulation per fill (5 or 7),\n"
                 "each in a process of its own, as many at once as the machine has cores; for CI, not for job\n"
                 "start. --json lists every fill's prediction (\"fills\") and the one kept (\"kept_fill\")");
   cmd->add_flag("-q,--quiet", o->quiet, "print nothing on success");
