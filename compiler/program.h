@@ -131,9 +131,9 @@ struct RouteOptions {
   /// the receiver).
   bool quantize_on_sender = true;
   /// Also try the fills kSearchedFills (router.h, route_schedule.cc) and
-  /// keep the fastest by the replay estimate: a fill each (about 0.5 s for
+  /// keep the fastest by the estimate: a fill each (about 0.6 s for
   /// DeepSeek-V3, as many at once as the machine has threads), for a refit
-  /// predicted up to 2% faster.
+  /// predicted up to 1.4% faster.
   bool search_fills = false;
   /// direct: >= 0 fills the rounds only the way of this entry of the list
   /// Schedule would try (route_schedule.cc; the longer list with

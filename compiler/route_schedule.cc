@@ -2,7 +2,7 @@
 // budget, each NIC paced at its share of the busiest one. Two ways to fill
 // them (FillRounds): greedy, pair by pair, or with every pair first given
 // its proportional share of the round; Schedule tries several and keeps the
-// fastest by a replay estimate.
+// fastest by an estimate (round_estimate.h).
 
 #include "compiler/router.h"
 
@@ -378,6 +378,7 @@ std::vector<FillMode> FillCandidates(size_t pieces, bool search_fills) {
   std::vector<FillMode> candidates = {{false, kFill, 0}};
   candidates.push_back({true, kFill, pieces <= kProportionalMaxPieces ? 0 : kCoarseShare});
   candidates.push_back({false, kFillHigh, 0});
+  assert(candidates.size() == kDefaultFills);
   if (search_fills) {
     for (const FillMode& m : kSearchedFills) {
       if (!m.proportional || pieces > kProportionalMaxPieces) candidates.push_back(m);
@@ -412,7 +413,9 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
     size_t candidate = 0;
   };
   const size_t n = candidates.size();
-  const size_t workers = std::max(1u, std::thread::hardware_concurrency());
+  // The default fills run all at once, even on fewer cores: in waves of
+  // two on a 2-core machine, the third ran alone with a core idle.
+  const size_t workers = std::max<size_t>(std::thread::hardware_concurrency(), kDefaultFills);
   // Each thread copies the router (which nothing changes until the last
   // wave ends), fills the copy and keeps only what the fill changed: the
   // copies and their destruction (6.5% of DeepSeek-V3's compile CPU time,

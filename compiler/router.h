@@ -68,7 +68,9 @@ inline constexpr FillMode kSearchedFills[] = {
     {false, 0.8, 0}, {false, 0.85, 0}, {true, kFill, 0.125}, {true, kFill, 0.375}};
 
 // The fills Schedule chooses from for a plan of `pieces` pieces, in order
-// (RouteOptions::fill_candidate counts in this list).
+// (RouteOptions::fill_candidate counts in this list): kDefaultFills, then
+// with search_fills kSearchedFills.
+inline constexpr size_t kDefaultFills = 3;
 std::vector<FillMode> FillCandidates(size_t pieces, bool search_fills);
 
 struct Cell {
@@ -200,7 +202,7 @@ class Router {
   void ForCells(int t, const CellGrid& g, const FragmentRef& df, const Box& need, Fn fn) const;
   uint32_t HolderOf(const DPiece& p, int32_t hop) const;
   void Schedule(std::vector<DPiece>& pieces);
-  /// Returns the replay estimate of the rounds, in seconds (round_estimate.h).
+  /// Returns the estimate of the rounds, in seconds (round_estimate.h).
   double FillRounds(std::vector<DPiece>& pieces, const FillMode& mode);
   bool SplitFront(std::vector<DPiece>& pieces, uint32_t idx, uint64_t avail, std::vector<uint32_t>& queue,
                   size_t head);
