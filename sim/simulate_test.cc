@@ -57,6 +57,22 @@ std::string SampleArgs(const std::string& dir, const std::string& from, const st
          ".json --cluster " + s + "clusters/" + cluster + ".json";
 }
 
+// Compiles a bundled sample's `args` (SampleArgs) with `flags` and checks
+// that the greedy fill planned for `staging_fill` of the staging was kept
+// and that `simulate` on `cluster` (a samples/clusters name) puts the plan
+// within `at_most` of the bound.
+void ExpectGreedyFillKept(const std::string& args, const std::string& flags, const std::string& cluster,
+                          double staging_fill, double at_most) {
+  TempDir dir;
+  const std::string plan = dir.File("p.rsplan");
+  Result c = Reshard("compile --json " + flags + " " + args + " -o " + plan, dir);
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  const auto k = nlohmann::json::parse(c.out);
+  EXPECT_EQ(k["round_fill"], "greedy") << c.out;
+  EXPECT_DOUBLE_EQ(k["staging_fill"].get<double>(), staging_fill) << c.out;
+  ExpectNearBound(plan, std::string(RESHARD_SOURCE_DIR) + "/samples/clusters/" + cluster + ".json", at_most, dir);
+}
+
 // A cluster with round numbers: NIC 10 GB/s (80 Gb/s), NVLink 100 GB/s, HBM 1 TB/s.
 constexpr double kNic = 10e9, kNvlink = 100e9, kHbm = 1000e9, kNicLat = 10e-6, kNvLat = 2e-6;
 
@@ -395,18 +411,10 @@ TEST(SimulateTest, FillIsChosenByItsReplayNotByItsPeaks) {
 // build runs it.
 TEST(SimulateTest, SearchFillsKeepsTheFasterStagingFill) {
 #ifdef RESHARD_SANITIZE
-  GTEST_SKIP() << "three 1536-rank fills and a simulation: minutes under AddressSanitizer";
+  GTEST_SKIP() << "seven 1536-rank fills and a simulation: minutes under AddressSanitizer";
 #endif
-  TempDir dir;
-  const std::string s = std::string(RESHARD_SOURCE_DIR) + "/samples/";
-  const std::string plan = dir.File("k.rsplan");
-  Result c = Reshard(
-      "compile --json --search-fills " + SampleArgs("kimi-k2", "train-1024", "infer-512", "dgx-h100") + " -o " + plan, dir);
-  ASSERT_EQ(c.exit_code, 0) << c.err;
-  const auto k = nlohmann::json::parse(c.out);
-  EXPECT_DOUBLE_EQ(k["staging_fill"].get<double>(), 0.85) << c.out;
-  EXPECT_EQ(k["round_fill"], "greedy") << c.out;
-  ExpectNearBound(plan, s + "clusters/dgx-h100.json", 1.071, dir);
+  ExpectGreedyFillKept(SampleArgs("kimi-k2", "train-1024", "infer-512", "dgx-h100"), "--search-fills", "dgx-h100", 0.85,
+                       1.071);
 }
 
 // DeepSeek-V3 on GB200 NVL72, where every NIC has about as much to move as the
@@ -443,16 +451,8 @@ TEST(SimulateTest, DeepSeekV3OnDgxKeepsTheHigherStagingFill) {
 #ifdef RESHARD_SANITIZE
   GTEST_SKIP() << "three 512-rank fills and a simulation: minutes under AddressSanitizer";
 #endif
-  TempDir dir;
-  const std::string s = std::string(RESHARD_SOURCE_DIR) + "/samples/";
-  const std::string plan = dir.File("d.rsplan");
-  Result c = Reshard(
-      "compile --json " + SampleArgs("deepseek-v3", "train-pp16-ep16", "infer-tp32-dp8", "dgx-h100") + " -o " + plan, dir);
-  ASSERT_EQ(c.exit_code, 0) << c.err;
-  const auto k = nlohmann::json::parse(c.out);
-  EXPECT_EQ(k["round_fill"], "greedy") << c.out;
-  EXPECT_DOUBLE_EQ(k["staging_fill"].get<double>(), 0.95) << c.out;
-  ExpectNearBound(plan, s + "clusters/dgx-h100.json", 1.05, dir);
+  ExpectGreedyFillKept(SampleArgs("deepseek-v3", "train-pp16-ep16", "infer-tp32-dp8", "dgx-h100"), "", "dgx-h100", 0.95,
+                       1.05);
 }
 
 // DeepSeek-V3 with FP8 128x128 blocks quantized by the senders, TP16 on DGX
@@ -464,17 +464,8 @@ TEST(SimulateTest, DeepSeekV3Fp8KeepsTheFillSimulateFindsFastest) {
 #ifdef RESHARD_SANITIZE
   GTEST_SKIP() << "three 512-rank fills and a simulation: minutes under AddressSanitizer";
 #endif
-  TempDir dir;
-  const std::string s = std::string(RESHARD_SOURCE_DIR) + "/samples/";
-  const std::string plan = dir.File("f.rsplan");
-  Result c = Reshard(
-      "compile --json " + SampleArgs("deepseek-v3", "train-pp16-ep16", "infer-tp16-dp16-fp8", "dgx-h100") + " -o " + plan,
-      dir);
-  ASSERT_EQ(c.exit_code, 0) << c.err;
-  const auto k = nlohmann::json::parse(c.out);
-  EXPECT_EQ(k["round_fill"], "greedy") << c.out;
-  EXPECT_DOUBLE_EQ(k["staging_fill"].get<double>(), 0.95) << c.out;
-  ExpectNearBound(plan, s + "clusters/dgx-h100.json", 1.05, dir);
+  ExpectGreedyFillKept(SampleArgs("deepseek-v3", "train-pp16-ep16", "infer-tp16-dp16-fp8", "dgx-h100"), "", "dgx-h100",
+                       0.95, 1.05);
 }
 
 // compile --simulate-fills on Qwen3-30B-A3B (from `reshard init`): every
