@@ -62,6 +62,7 @@ PlanIR BuildPlan(const CompileInputs& in, const CompileOptions& opt) {
   ro.nvlink_exchange = opt.nvlink_exchange;
   ro.search_fills = opt.search_fills;
   ro.fill_candidate = opt.fill_candidate;
+  ro.flow_budget = opt.flow_budget;
   ro.quantize_on_sender = opt.quantize_on_sender;
   PlanIR ir = Route(in.model, in.cluster, in.src, src, in.dst, dst, ro);
   ir.shared_packs = SharePacks(ir);  // one pack, many sends

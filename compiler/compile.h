@@ -24,6 +24,7 @@ struct CompileOptions {
   bool quantize_on_sender = true;
   bool search_fills = false;  // RouteOptions::search_fills
   int fill_candidate = -1;     // RouteOptions::fill_candidate
+  uint64_t flow_budget = 0;    // RouteOptions::flow_budget
 };
 
 /// Pass 1: reads and validates the four spec files.

@@ -140,6 +140,9 @@ struct RouteOptions {
   /// search_fills) instead of keeping the fastest by the estimate, so that
   /// `compile --simulate-fills` can compile and simulate each. -1: choose.
   int fill_candidate = -1;
+  /// Steps the flow estimate may take per fill before Schedule falls back on
+  /// the replay (round_estimate.h); 0: kFlowBudget. For tests.
+  uint64_t flow_budget = 0;
 };
 
 /// The fewest fills a direct plan's Schedule chooses from with search_fills

@@ -11,8 +11,9 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <limits>
 #include <cstdint>
+#include <limits>
+#include <optional>
 #include <tuple>
 
 namespace reshard::routing {
@@ -109,8 +110,9 @@ class Ends {
 
 class FlowReplay {
  public:
-  FlowReplay(uint32_t ranks, double nic_Bps, double nvlink_Bps)
-      : cap_(ranks * kLinksPerRank),
+  FlowReplay(uint32_t ranks, double nic_Bps, double nvlink_Bps, uint64_t budget)
+      : budget_(budget),
+        cap_(ranks * kLinksPerRank),
         on_(ranks * kLinksPerRank),
         link_seen_(ranks * kLinksPerRank, 0),
         depth_(ranks * kLinksPerRank, 0),
@@ -132,7 +134,9 @@ class FlowReplay {
     round_.push_back(round);
   }
 
-  double Run() {
+  // The time the last flow ends, or nothing once more than the budget's
+  // steps were taken.
+  std::optional<double> Run() {
     const uint32_t ranks = static_cast<uint32_t>(cap_.size() / kLinksPerRank);
     // Per rank, its flows in round order (CSR), and where each round starts.
     std::vector<uint32_t> begin(ranks + 1, 0);
@@ -150,6 +154,7 @@ class FlowReplay {
     for (uint32_t g = 0; g < ranks; ++g) Post(g);
     Solve();
     while (!ends.empty()) {
+      if (steps_ > budget_) return std::nullopt;
       const uint32_t i = ends.first();
       now_ = ends.first_time();
       ends.Remove(i);
@@ -159,6 +164,7 @@ class FlowReplay {
       if (ends.empty() || ends.first_time() > now_) Solve();
     }
     ends_ = nullptr;
+    if (steps_ > budget_) return std::nullopt;
     return now_;
   }
 
@@ -209,6 +215,7 @@ class FlowReplay {
     for (size_t q = 0; q < links_.size(); ++q) {
       const uint32_t l = links_[q];
       if (depth_[l] >= kSolveDepth) continue;
+      steps_ += on_[l].size();
       for (uint32_t i : on_[l]) {
         if (flow_seen_[i] == stamp_) continue;
         flow_seen_[i] = stamp_;
@@ -230,6 +237,7 @@ class FlowReplay {
     }
     open_.clear();
     for (uint32_t l : links_) {
+      steps_ += on_[l].size();
       lcap_[l] = cap_[l];
       lcount_[l] = 0;
       for (uint32_t i : on_[l]) {
@@ -269,6 +277,8 @@ class FlowReplay {
     }
   }
 
+  const uint64_t budget_;
+  uint64_t steps_ = 0;  // flows looked at by the re-solves
   std::vector<double> cap_;
   std::vector<std::vector<uint32_t>> on_;  // per link, its flows in flight
   std::vector<Flow> flows_;
@@ -291,9 +301,36 @@ RoundTraffic::RoundTraffic(uint32_t ranks) : ranks_(ranks) {}
 void RoundTraffic::Add(uint32_t round, uint32_t from, uint32_t to, uint64_t bytes, bool net) {
   if (from == to || bytes == 0) return;
   edges_.push_back({round, from, to, bytes, net});
+  if (round >= loads_.size()) loads_.resize(round + 1, std::vector<Load>(ranks_));
+  Load &out = loads_[round][from], &in = loads_[round][to];
+  (net ? out.net_out : out.nv_out) += bytes;
+  (net ? in.net_in : in.nv_in) += bytes;
 }
 
-double RoundTraffic::FlowSeconds(double nic_Bps, double nvlink_Bps) const {
+double RoundTraffic::ReplaySeconds(double nic_Bps, double nvlink_Bps) const {
+  auto seconds = [&](const Load& l) {
+    return std::max(static_cast<double>(std::max(l.net_out, l.net_in)) / nic_Bps,
+                    static_cast<double>(std::max(l.nv_out, l.nv_in)) / nvlink_Bps);
+  };
+  std::vector<Edge> edges = edges_;
+  std::stable_sort(edges.begin(), edges.end(), [](const Edge& x, const Edge& y) { return x.round < y.round; });
+  std::vector<double> finish(ranks_, 0), start(ranks_, 0);
+  size_t e = 0;
+  for (uint32_t r = 0; r < loads_.size(); ++r) {
+    const size_t first = e;
+    start = finish;
+    for (; e < edges.size() && edges[e].round == r; ++e) {
+      start[edges[e].a] = std::max(start[edges[e].a], finish[edges[e].b]);
+      start[edges[e].b] = std::max(start[edges[e].b], finish[edges[e].a]);
+    }
+    for (size_t k = first; k < e; ++k) {
+      for (uint32_t g : {edges[k].a, edges[k].b}) finish[g] = std::max(finish[g], start[g] + seconds(loads_[r][g]));
+    }
+  }
+  return finish.empty() ? 0 : *std::max_element(finish.begin(), finish.end());
+}
+
+std::optional<double> RoundTraffic::FlowSeconds(double nic_Bps, double nvlink_Bps, uint64_t budget) const {
   // One flow per round, pair and path: the runtime merges a round's messages
   // between two ranks on one channel into one. The messages are ordered by
   // (round, from, to, path) packed into one key (rounds x ranks^2 x 2 fits
@@ -307,7 +344,7 @@ double RoundTraffic::FlowSeconds(double nic_Bps, double nvlink_Bps) const {
   keyed.reserve(edges_.size());
   for (const Edge& e : edges_) keyed.push_back({((e.round * n + e.a) * n + e.b) * 2 + (e.net ? 1 : 0), e.bytes});
   SortByKeyDescending(keyed, scratch);
-  FlowReplay replay(ranks_, nic_Bps, nvlink_Bps);
+  FlowReplay replay(ranks_, nic_Bps, nvlink_Bps, budget);
   for (size_t e = keyed.size(); e > 0;) {
     const uint64_t key = keyed[e - 1].key;
     uint64_t bytes = 0;

@@ -2,13 +2,23 @@
 // runtime does, as flows sharing links: the compiler keeps the round fill
 // this finds fastest (route_schedule.cc). `reshard simulate` remains the
 // judge of a finished plan; this is its network model without latencies or
-// HBM passes, cheap enough to run on every fill.
+// HBM passes, cheap enough to run on every fill. Where it would cost too
+// much (dense rounds), Schedule compares the fills by a cruder replay.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 namespace reshard::routing {
+
+/// FlowSeconds' default budget of steps, about 2 s on this 2-core machine
+/// (10 ns a step). The README's rows take 0.04M - 19M steps a default fill
+/// (GB200 NVL72 the most) and at most 71M with --search-fills (DeepSeek-V3's
+/// shares of 1/8); 512 ranks each sending to 64 random peers at once would
+/// take minutes.
+inline constexpr uint64_t kFlowBudget = 200'000'000;
 
 class RoundTraffic {
  public:
@@ -26,8 +36,18 @@ class RoundTraffic {
   /// rank's NIC and NVLink port, each direction at its bandwidth (bytes per
   /// second), max-min fairly, the rates recomputed whenever a message starts
   /// or ends - for the messages within kSolveDepth links of the change (the
-  /// others keep theirs).
-  double FlowSeconds(double nic_Bps, double nvlink_Bps) const;
+  /// others keep theirs). Nothing when that would take more than `budget`
+  /// steps (a flow looked at by a re-solve is a step): rounds in which every
+  /// rank talks to many peers at once make each re-solve large.
+  std::optional<double> FlowSeconds(double nic_Bps, double nvlink_Bps, uint64_t budget = kFlowBudget) const;
+
+  /// The estimate where FlowSeconds gives up, in seconds: round after round,
+  /// a rank starts the round at the latest of its own and its peers'
+  /// finishes of the previous round, and takes as long as its busiest
+  /// direction - NIC or NVLink port, each at its bandwidth - has bytes to
+  /// move. It cannot tell apart fills whose difference is how messages
+  /// share links within a round.
+  double ReplaySeconds(double nic_Bps, double nvlink_Bps) const;
 
  private:
   struct Edge {
@@ -35,8 +55,13 @@ class RoundTraffic {
     uint64_t bytes;
     bool net;
   };
+  // Per round, per rank: bytes out and in over NICs and over NVLink.
+  struct Load {
+    uint64_t net_out = 0, net_in = 0, nv_out = 0, nv_in = 0;
+  };
   uint32_t ranks_;
   std::vector<Edge> edges_;
+  std::vector<std::vector<Load>> loads_;  // [round][rank]
 };
 
 /// How far a change of rates is followed: flows on the links that changed,

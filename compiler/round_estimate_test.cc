@@ -1,5 +1,7 @@
 #include "compiler/round_estimate.h"
 
+#include <random>
+
 #include <gtest/gtest.h>
 
 namespace reshard::routing {
@@ -16,7 +18,8 @@ TEST(RoundEstimateTest, RanksDoNotWaitForStrangersAtRoundEnds) {
   t.Add(0, 2, 3, 100, true);
   t.Add(1, 0, 1, 100, true);
   t.Add(1, 2, 3, 200, true);
-  EXPECT_DOUBLE_EQ(t.FlowSeconds(kNic, kNvlink), 3.0);
+  EXPECT_DOUBLE_EQ(t.FlowSeconds(kNic, kNvlink).value(), 3.0);
+  EXPECT_DOUBLE_EQ(t.ReplaySeconds(kNic, kNvlink), 3.0);
 }
 
 // A message waits for both of its ends: rank 2 is idle in round 0, but its
@@ -25,13 +28,15 @@ TEST(RoundEstimateTest, AMessageStartsWhenBothEndsHaveStartedItsRound) {
   RoundTraffic t(3);
   t.Add(0, 0, 1, 300, true);
   t.Add(1, 2, 1, 100, true);
-  EXPECT_DOUBLE_EQ(t.FlowSeconds(kNic, kNvlink), 4.0);
+  EXPECT_DOUBLE_EQ(t.FlowSeconds(kNic, kNvlink).value(), 4.0);
+  EXPECT_DOUBLE_EQ(t.ReplaySeconds(kNic, kNvlink), 4.0);
   // Sent to rank 3, idle in round 0 as well, the same message is done at 1 s
   // and the plan when ranks 0 and 1 are, at 3 s.
   RoundTraffic u(4);
   u.Add(0, 0, 1, 300, true);
   u.Add(1, 2, 3, 100, true);
-  EXPECT_DOUBLE_EQ(u.FlowSeconds(kNic, kNvlink), 3.0);
+  EXPECT_DOUBLE_EQ(u.FlowSeconds(kNic, kNvlink).value(), 3.0);
+  EXPECT_DOUBLE_EQ(u.ReplaySeconds(kNic, kNvlink), 3.0);
 }
 
 // Each direction of a NIC and of an NVLink port has its own bandwidth: a
@@ -42,8 +47,10 @@ TEST(RoundEstimateTest, DirectionsAndPathsAtTheirOwnBandwidths) {
   t.Add(0, 1, 0, 100, true);     // the other direction, at the same time
   t.Add(0, 0, 2, 800, false);    // 2 s over NVLink
   t.Add(0, 1, 1, 100000, true);  // a rank to itself: not traffic
-  EXPECT_DOUBLE_EQ(t.FlowSeconds(kNic, kNvlink), 2.0);
-  EXPECT_DOUBLE_EQ(RoundTraffic(5).FlowSeconds(kNic, kNvlink), 0.0);
+  EXPECT_DOUBLE_EQ(t.FlowSeconds(kNic, kNvlink).value(), 2.0);
+  EXPECT_DOUBLE_EQ(t.ReplaySeconds(kNic, kNvlink), 2.0);
+  EXPECT_DOUBLE_EQ(RoundTraffic(5).FlowSeconds(kNic, kNvlink).value(), 0.0);
+  EXPECT_DOUBLE_EQ(RoundTraffic(5).ReplaySeconds(kNic, kNvlink), 0.0);
 }
 
 // A round's messages between two ranks on one path are one message: two
@@ -52,21 +59,21 @@ TEST(RoundEstimateTest, MessagesOfARoundBetweenTwoRanksAreMerged) {
   RoundTraffic t(2);
   t.Add(0, 0, 1, 100, true);
   t.Add(0, 0, 1, 100, true);
-  EXPECT_DOUBLE_EQ(t.FlowSeconds(kNic, kNvlink), 2.0);
+  EXPECT_DOUBLE_EQ(t.FlowSeconds(kNic, kNvlink).value(), 2.0);
 }
 
 // A rank is done with a round when its messages are, and they may be held
 // up by their other ends: rank 3 receives 100 bytes from rank 0, whose NIC
 // also sends 300 to rank 1. Sharing it, rank 3's message arrives at 2 s, not
-// 1 s, so its 300-byte round-1 send to rank 4 ends at 5 s. (Charging each
-// rank only its own bytes per round, the estimate the compiler had before,
-// said 4 s.)
+// 1 s, so its 300-byte round-1 send to rank 4 ends at 5 s. The replay,
+// charging each rank only its own bytes per round, says 4 s.
 TEST(RoundEstimateTest, ARankWaitsForItsMessagesSharingBusierLinks) {
   RoundTraffic t(5);
   t.Add(0, 0, 1, 300, true);
   t.Add(0, 0, 3, 100, true);
   t.Add(1, 3, 4, 300, true);
-  EXPECT_DOUBLE_EQ(t.FlowSeconds(kNic, kNvlink), 5.0);
+  EXPECT_DOUBLE_EQ(t.FlowSeconds(kNic, kNvlink).value(), 5.0);
+  EXPECT_DOUBLE_EQ(t.ReplaySeconds(kNic, kNvlink), 4.0);
 }
 
 // Max-min fairness, not equal shares: rank 2's NIC takes three messages (a
@@ -81,7 +88,7 @@ TEST(RoundEstimateTest, SharesAreMaxMinFair) {
   t.Add(0, 4, 2, 200, true);
   t.Add(0, 1, 3, 200, true);
   t.Add(1, 3, 5, 400, true);
-  EXPECT_NEAR(t.FlowSeconds(kNic, kNvlink), 7.0, 1e-9);
+  EXPECT_NEAR(t.FlowSeconds(kNic, kNvlink).value(), 7.0, 1e-9);
 }
 
 // Rates follow the messages that start and end. Rank 0's first round (1)
@@ -96,13 +103,35 @@ TEST(RoundEstimateTest, RatesChangeAsMessagesStartAndEnd) {
   t.Add(1, 0, 2, 100, true);
   t.Add(0, 2, 3, 500, true);
   t.Add(2, 2, 3, 800, true);
-  EXPECT_DOUBLE_EQ(t.FlowSeconds(kNic, kNvlink), 15.0);
+  EXPECT_DOUBLE_EQ(t.FlowSeconds(kNic, kNvlink).value(), 15.0);
   // Without rank 2's last round, rank 0's message ends last, at 11 s.
   RoundTraffic u(4);
   u.Add(1, 0, 1, 1000, true);
   u.Add(1, 0, 2, 100, true);
   u.Add(0, 2, 3, 500, true);
-  EXPECT_DOUBLE_EQ(u.FlowSeconds(kNic, kNvlink), 11.0);
+  EXPECT_DOUBLE_EQ(u.FlowSeconds(kNic, kNvlink).value(), 11.0);
+}
+
+// The flow estimate gives up past its budget of steps, where the replay
+// still answers: 512 ranks each sending to 64 random peers in each of 8
+// rounds (each re-solve then looks at thousands of flows; without the
+// budget this took minutes). A fan of 4 stays well within it.
+TEST(RoundEstimateTest, DenseRoundsExceedTheFlowBudget) {
+  for (const uint32_t fan : {4u, 64u}) {
+    SCOPED_TRACE(fan);
+    RoundTraffic t(512);
+    std::mt19937 rng(1);
+    for (uint32_t r = 0; r < 8; ++r)
+      for (uint32_t a = 0; a < 512; ++a)
+        for (uint32_t k = 0; k < fan; ++k) t.Add(r, a, rng() % 512, (1 + rng() % 64) << 20, true);
+    EXPECT_EQ(t.FlowSeconds(50e9, 450e9).has_value(), fan == 4);
+    EXPECT_GT(t.ReplaySeconds(50e9, 450e9), 0);
+  }
+  // And any traffic gives up with a budget of one step.
+  RoundTraffic u(3);
+  u.Add(0, 0, 1, 100, true);
+  u.Add(0, 2, 1, 100, true);
+  EXPECT_FALSE(u.FlowSeconds(kNic, kNvlink, 1).has_value());
 }
 
 }  // namespace

@@ -91,7 +91,7 @@ bool Router::SplitFront(std::vector<DPiece>& pieces, uint32_t idx, uint64_t avai
 // so a round is close to a matching of senders to receivers and no NIC is
 // converged on by many senders at once. A piece that does not fit whole is
 // split to fill the round.
-double Router::FillRounds(std::vector<DPiece>& pieces, const FillMode& mode) {
+FillEstimate Router::FillRounds(std::vector<DPiece>& pieces, const FillMode& mode) {
   const double fill = mode.fill;
   const uint32_t n = static_cast<uint32_t>(ir_.ranks.size());
   auto rot = [n](uint32_t a, uint32_t b) { return (b + n - a) % n; };
@@ -341,13 +341,16 @@ double Router::FillRounds(std::vector<DPiece>& pieces, const FillMode& mode) {
   }
   // Assemblies' transfers (PlaceAssemblies) are in out_used/in_used only;
   // they are the same in every fill.
-  return traffic.FlowSeconds(cluster_.nic_gbps * 1e9 / 8, cluster_.nvlink_GBps * 1e9);
+  const double nic = cluster_.nic_gbps * 1e9 / 8, nvlink = cluster_.nvlink_GBps * 1e9;
+  return {traffic.FlowSeconds(nic, nvlink, opt_.flow_budget > 0 ? opt_.flow_budget : kFlowBudget),
+          traffic.ReplaySeconds(nic, nvlink)};
 }
 
 // Fills the rounds in three or more ways and keeps the one whose rounds an
 // estimate (round_estimate.h: the rounds replayed as flows sharing links
-// max-min fairly, `simulate`'s network model) says end soonest; ties keep
-// the earlier fill. The fills: greedily, planned for kFill of the staging
+// max-min fairly, `simulate`'s network model; where that passes its budget
+// for any fill, the replay for all) says end soonest; ties keep the earlier
+// fill. The fills: greedily, planned for kFill of the staging
 // budget; with proportional shares (large plans, of more than
 // kProportionalMaxPieces pieces: shares of at least kCoarseShare of a
 // round's, since finer ones make plans two to three times larger);
@@ -409,7 +412,7 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
     std::vector<DPiece> pieces;
     std::vector<std::vector<uint64_t>> used;
     std::vector<Assembly> assemblies;
-    double seconds = 0;
+    FillEstimate estimate;
     size_t candidate = 0;
   };
   const size_t n = candidates.size();
@@ -422,22 +425,26 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
   // by perf, when the main thread did them) run beside each other too.
   const std::vector<DPiece>& input = pieces;
   auto run = [this, &input, &candidates](size_t c) {
-    Trial t{input, {}, {}, 0, c};
+    Trial t{input, {}, {}, {}, c};
     auto router = std::make_unique<Router>(*this);
-    t.seconds = router->FillRounds(t.pieces, candidates[c]);
+    t.estimate = router->FillRounds(t.pieces, candidates[c]);
     t.used = std::move(router->used_);
     t.assemblies = std::move(router->assemblies_);
     return t;
   };
-  Trial best;
+  std::vector<Trial> trials;
   for (size_t wave = 0; wave < n; wave += workers) {
     std::vector<std::future<Trial>> futures;
     for (size_t c = wave; c < std::min(n, wave + workers); ++c) futures.push_back(std::async(std::launch::async, run, c));
-    for (std::future<Trial>& f : futures) {
-      Trial t = f.get();
-      if (t.candidate == 0 || t.seconds < best.seconds) best = std::move(t);
-    }
+    for (std::future<Trial>& f : futures) trials.push_back(f.get());
   }
+  // By the flow estimate where every fill has one, else by the replay.
+  const bool flows = std::all_of(trials.begin(), trials.end(), [](const Trial& t) { return t.estimate.flow.has_value(); });
+  auto seconds = [flows](const Trial& t) { return flows ? *t.estimate.flow : t.estimate.replay; };
+  size_t kept = 0;
+  for (size_t k = 1; k < trials.size(); ++k)
+    if (seconds(trials[k]) < seconds(trials[kept])) kept = k;
+  Trial& best = trials[kept];
   pieces = std::move(best.pieces);
   used_ = std::move(best.used);
   assemblies_ = std::move(best.assemblies);

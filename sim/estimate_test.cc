@@ -94,7 +94,7 @@ TEST(EstimateTest, MatchesSimulateOnRandomTraffic) {
   // through all connected flows (exact max-min), within 0.12%.
   for (uint32_t seed = 1; seed <= 8; ++seed) {
     Traffic t = RandomTraffic(seed, 32, 4, 16);
-    const double estimate = t.estimate.FlowSeconds(cluster.nic_gbps * 1e9 / 8, cluster.nvlink_GBps * 1e9);
+    const double estimate = t.estimate.FlowSeconds(cluster.nic_gbps * 1e9 / 8, cluster.nvlink_GBps * 1e9).value();
     const double simulated = SimulateInChild(t.workload, cluster);
     ASSERT_GT(simulated, 0) << "seed " << seed;
     EXPECT_NEAR(estimate / simulated, 1.0, 0.01) << "seed " << seed << ": estimate " << estimate << " s, simulate "
