@@ -301,13 +301,20 @@ RoundTraffic::RoundTraffic(uint32_t ranks) : ranks_(ranks) {}
 void RoundTraffic::Add(uint32_t round, uint32_t from, uint32_t to, uint64_t bytes, bool net) {
   if (from == to || bytes == 0) return;
   edges_.push_back({round, from, to, bytes, net});
-  if (round >= loads_.size()) loads_.resize(round + 1, std::vector<Load>(ranks_));
-  Load &out = loads_[round][from], &in = loads_[round][to];
-  (net ? out.net_out : out.nv_out) += bytes;
-  (net ? in.net_in : in.nv_in) += bytes;
 }
 
 double RoundTraffic::ReplaySeconds(double nic_Bps, double nvlink_Bps) const {
+  // Per round, per rank: bytes out and in over NICs and over NVLink.
+  struct Load {
+    uint64_t net_out = 0, net_in = 0, nv_out = 0, nv_in = 0;
+  };
+  std::vector<std::vector<Load>> loads;  // [round][rank]
+  for (const Edge& x : edges_) {
+    if (x.round >= loads.size()) loads.resize(x.round + 1, std::vector<Load>(ranks_));
+    Load &out = loads[x.round][x.a], &in = loads[x.round][x.b];
+    (x.net ? out.net_out : out.nv_out) += x.bytes;
+    (x.net ? in.net_in : in.nv_in) += x.bytes;
+  }
   auto seconds = [&](const Load& l) {
     return std::max(static_cast<double>(std::max(l.net_out, l.net_in)) / nic_Bps,
                     static_cast<double>(std::max(l.nv_out, l.nv_in)) / nvlink_Bps);
@@ -316,7 +323,7 @@ double RoundTraffic::ReplaySeconds(double nic_Bps, double nvlink_Bps) const {
   std::stable_sort(edges.begin(), edges.end(), [](const Edge& x, const Edge& y) { return x.round < y.round; });
   std::vector<double> finish(ranks_, 0), start(ranks_, 0);
   size_t e = 0;
-  for (uint32_t r = 0; r < loads_.size(); ++r) {
+  for (uint32_t r = 0; r < loads.size(); ++r) {
     const size_t first = e;
     start = finish;
     for (; e < edges.size() && edges[e].round == r; ++e) {
@@ -324,7 +331,7 @@ double RoundTraffic::ReplaySeconds(double nic_Bps, double nvlink_Bps) const {
       start[edges[e].b] = std::max(start[edges[e].b], finish[edges[e].a]);
     }
     for (size_t k = first; k < e; ++k) {
-      for (uint32_t g : {edges[k].a, edges[k].b}) finish[g] = std::max(finish[g], start[g] + seconds(loads_[r][g]));
+      for (uint32_t g : {edges[k].a, edges[k].b}) finish[g] = std::max(finish[g], start[g] + seconds(loads[r][g]));
     }
   }
   return finish.empty() ? 0 : *std::max_element(finish.begin(), finish.end());

@@ -55,13 +55,8 @@ class RoundTraffic {
     uint64_t bytes;
     bool net;
   };
-  // Per round, per rank: bytes out and in over NICs and over NVLink.
-  struct Load {
-    uint64_t net_out = 0, net_in = 0, nv_out = 0, nv_in = 0;
-  };
   uint32_t ranks_;
   std::vector<Edge> edges_;
-  std::vector<std::vector<Load>> loads_;  // [round][rank]
 };
 
 /// How far a change of rates is followed: flows on the links that changed,

@@ -15,6 +15,7 @@
 #include <future>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <thread>
 
 namespace reshard::routing {
@@ -91,7 +92,7 @@ bool Router::SplitFront(std::vector<DPiece>& pieces, uint32_t idx, uint64_t avai
 // so a round is close to a matching of senders to receivers and no NIC is
 // converged on by many senders at once. A piece that does not fit whole is
 // split to fill the round.
-FillEstimate Router::FillRounds(std::vector<DPiece>& pieces, const FillMode& mode) {
+RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const FillMode& mode) {
   const double fill = mode.fill;
   const uint32_t n = static_cast<uint32_t>(ir_.ranks.size());
   auto rot = [n](uint32_t a, uint32_t b) { return (b + n - a) % n; };
@@ -341,9 +342,7 @@ FillEstimate Router::FillRounds(std::vector<DPiece>& pieces, const FillMode& mod
   }
   // Assemblies' transfers (PlaceAssemblies) are in out_used/in_used only;
   // they are the same in every fill.
-  const double nic = cluster_.nic_gbps * 1e9 / 8, nvlink = cluster_.nvlink_GBps * 1e9;
-  return {traffic.FlowSeconds(nic, nvlink, opt_.flow_budget > 0 ? opt_.flow_budget : kFlowBudget),
-          traffic.ReplaySeconds(nic, nvlink)};
+  return traffic;
 }
 
 // Fills the rounds in three or more ways and keeps the one whose rounds an
@@ -412,9 +411,12 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
     std::vector<DPiece> pieces;
     std::vector<std::vector<uint64_t>> used;
     std::vector<Assembly> assemblies;
-    FillEstimate estimate;
+    RoundTraffic traffic{0};
+    std::optional<double> flow;  // the flow estimate, where within its budget
     size_t candidate = 0;
   };
+  const double nic = cluster_.nic_gbps * 1e9 / 8, nvlink = cluster_.nvlink_GBps * 1e9;
+  const uint64_t budget = opt_.flow_budget > 0 ? opt_.flow_budget : kFlowBudget;
   const size_t n = candidates.size();
   // The default fills run all at once, even on fewer cores: in waves of
   // two on a 2-core machine, the third ran alone with a core idle.
@@ -424,10 +426,11 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
   // copies and their destruction (6.5% of DeepSeek-V3's compile CPU time,
   // by perf, when the main thread did them) run beside each other too.
   const std::vector<DPiece>& input = pieces;
-  auto run = [this, &input, &candidates](size_t c) {
-    Trial t{input, {}, {}, {}, c};
+  auto run = [this, &input, &candidates, nic, nvlink, budget](size_t c) {
+    Trial t{input, {}, {}, RoundTraffic(0), std::nullopt, c};
     auto router = std::make_unique<Router>(*this);
-    t.estimate = router->FillRounds(t.pieces, candidates[c]);
+    t.traffic = router->FillRounds(t.pieces, candidates[c]);
+    t.flow = t.traffic.FlowSeconds(nic, nvlink, budget);
     t.used = std::move(router->used_);
     t.assemblies = std::move(router->assemblies_);
     return t;
@@ -438,12 +441,11 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
     for (size_t c = wave; c < std::min(n, wave + workers); ++c) futures.push_back(std::async(std::launch::async, run, c));
     for (std::future<Trial>& f : futures) trials.push_back(f.get());
   }
-  // By the flow estimate where every fill has one, else by the replay.
-  const bool flows = std::all_of(trials.begin(), trials.end(), [](const Trial& t) { return t.estimate.flow.has_value(); });
-  auto seconds = [flows](const Trial& t) { return flows ? *t.estimate.flow : t.estimate.replay; };
-  size_t kept = 0;
-  for (size_t k = 1; k < trials.size(); ++k)
-    if (seconds(trials[k]) < seconds(trials[kept])) kept = k;
+  // By the flow estimate where every fill has one, else all by the replay.
+  std::vector<double> seconds;
+  const bool flows = std::all_of(trials.begin(), trials.end(), [](const Trial& t) { return t.flow.has_value(); });
+  for (const Trial& t : trials) seconds.push_back(flows ? *t.flow : t.traffic.ReplaySeconds(nic, nvlink));
+  const size_t kept = std::min_element(seconds.begin(), seconds.end()) - seconds.begin();
   Trial& best = trials[kept];
   pieces = std::move(best.pieces);
   used_ = std::move(best.used);

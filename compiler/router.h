@@ -26,12 +26,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
-#include <optional>
 #include <unordered_map>
 #include <vector>
 
 #include "compiler/program.h"
 #include "compiler/quant_route.h"
+#include "compiler/round_estimate.h"
 #include "runtime/error.h"
 
 namespace reshard::routing {
@@ -73,13 +73,6 @@ inline constexpr FillMode kSearchedFills[] = {
 // with search_fills kSearchedFills.
 inline constexpr size_t kDefaultFills = 3;
 std::vector<FillMode> FillCandidates(size_t pieces, bool search_fills);
-
-// A fill's estimates of its rounds, in seconds (round_estimate.h): by flows
-// (nothing where that would cost too much), and by the replay.
-struct FillEstimate {
-  std::optional<double> flow;
-  double replay = 0;
-};
 
 struct Cell {
   Box box;
@@ -210,8 +203,8 @@ class Router {
   void ForCells(int t, const CellGrid& g, const FragmentRef& df, const Box& need, Fn fn) const;
   uint32_t HolderOf(const DPiece& p, int32_t hop) const;
   void Schedule(std::vector<DPiece>& pieces);
-  /// Returns the estimates of the rounds (round_estimate.h).
-  FillEstimate FillRounds(std::vector<DPiece>& pieces, const FillMode& mode);
+  /// Returns the rounds' messages, for the estimates (round_estimate.h).
+  RoundTraffic FillRounds(std::vector<DPiece>& pieces, const FillMode& mode);
   bool SplitFront(std::vector<DPiece>& pieces, uint32_t idx, uint64_t avail, std::vector<uint32_t>& queue,
                   size_t head);
   void EmitDirect(const std::vector<DPiece>& pieces);
