@@ -435,18 +435,31 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
     t.assemblies = std::move(router->assemblies_);
     return t;
   };
-  std::vector<Trial> trials;
+  // The fastest by the flow estimate is kept as the fills end (ties: the
+  // earlier); the others' pieces go, their messages stay for the replay.
+  Trial best;
+  bool flows = true;
+  std::vector<RoundTraffic> traffic;
   for (size_t wave = 0; wave < n; wave += workers) {
     std::vector<std::future<Trial>> futures;
     for (size_t c = wave; c < std::min(n, wave + workers); ++c) futures.push_back(std::async(std::launch::async, run, c));
-    for (std::future<Trial>& f : futures) trials.push_back(f.get());
+    for (std::future<Trial>& f : futures) {
+      Trial t = f.get();
+      flows = flows && t.flow.has_value();
+      traffic.push_back(std::move(t.traffic));
+      if (flows && (t.candidate == 0 || *t.flow < *best.flow)) best = std::move(t);
+    }
   }
-  // By the flow estimate where every fill has one, else all by the replay.
-  std::vector<double> seconds;
-  const bool flows = std::all_of(trials.begin(), trials.end(), [](const Trial& t) { return t.flow.has_value(); });
-  for (const Trial& t : trials) seconds.push_back(flows ? *t.flow : t.traffic.ReplaySeconds(nic, nvlink));
-  const size_t kept = std::min_element(seconds.begin(), seconds.end()) - seconds.begin();
-  Trial& best = trials[kept];
+  if (!flows) {
+    // A fill passed the flow budget: all are compared by the replay, and the
+    // one kept is filled again here (a fill is deterministic).
+    std::vector<double> seconds;
+    for (const RoundTraffic& t : traffic) seconds.push_back(t.ReplaySeconds(nic, nvlink));
+    const size_t kept = std::min_element(seconds.begin(), seconds.end()) - seconds.begin();
+    FillRounds(pieces, candidates[kept]);
+    keep(candidates[kept]);
+    return;
+  }
   pieces = std::move(best.pieces);
   used_ = std::move(best.used);
   assemblies_ = std::move(best.assemblies);
