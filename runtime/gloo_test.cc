@@ -232,9 +232,13 @@ TEST(GlooTest, MessagesCutIntoPartsArriveWholeAndInOrder) {
 
 // The parts are real, and Gloo would complete a whole-message receive with
 // the first part alone: ranks that cut messages differently are refused when
-// they connect, with the setting named.
+// they connect, with the setting named. Rank 0 stays connected until rank 1
+// has checked (a file in the store directory says so): leaving at once, it
+// could close its end while rank 1 was still connecting, and rank 1 then
+// failed with "Connection reset by peer" instead (seen once in CI).
 TEST(GlooTest, RanksThatCutMessagesDifferentlyAreRefused) {
   TempDir dir;
+  const std::string checked = dir.File("rank1-checked");
   auto out = RunRanks(2, [&](int r) -> std::string {
     GlooOptions options;
     options.store_dir = dir.path();
@@ -242,9 +246,16 @@ TEST(GlooTest, RanksThatCutMessagesDifferentlyAreRefused) {
     options.chunk_bytes = r == 0 ? 1000 : 0;
     try {
       GlooTransport t(static_cast<uint32_t>(r), 2, options);
+      if (r == 0) {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (!std::filesystem::exists(checked) && std::chrono::steady_clock::now() < deadline)
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
     } catch (const Error& e) {
+      if (r == 1) std::ofstream(checked).put('1');
       return std::string("refused: ") + e.what();
     }
+    if (r == 1) std::ofstream(checked).put('1');
     return r == 0 ? "" : "connected";
   });
   ASSERT_EQ(out.size(), 2u);
