@@ -62,7 +62,7 @@ std::string S(int64_t x) { return std::to_string(x); }
 const std::vector<std::string>& Allowed(Framework fw) {
   static const std::vector<std::string> megatron = {"tp", "pp", "dp", "cp", "ep", "etp", "vpp", "pp-layers",
                                                     "grouped-gemm", "spec", "vocab-divisible", "fp32-norms"};
-  static const std::vector<std::string> vllm = {"tp", "dp", "ep", "engines", "quant"};
+  static const std::vector<std::string> vllm = {"tp", "pp", "dp", "ep", "engines", "quant"};
   static const std::vector<std::string> hf = {"tp"};
   return fw == Framework::megatron ? megatron : fw == Framework::vllm ? vllm : hf;
 }
@@ -509,9 +509,38 @@ ordered_json MakeServing(const Arch& a, const std::string& model, Settings& s, s
                     S(tp / a.kv_heads) + " ranks");
   if (!vllm && (dp > 1 || engines > 1)) Fail(s, "hf takes only tp");
   const bool ep = vllm && s.vllm_ep;
+  // vLLM pipeline stages (distributed/utils.py get_pp_indices): num_layers /
+  // pp each, the remainder one more on the stages before the last, from the
+  // second-to-last backwards; the embedding on the first stage, the final norm
+  // and lm_head on the last (PPMissingLayer elsewhere).
+  const int64_t pp = s.pp;
+  std::vector<int64_t> pp_sizes;
+  if (pp > 1) {
+    if (pp > a.layers) Fail(s, "pp (" + S(pp) + ") exceeds the model's " + S(a.layers) + " layers");
+    if (ep) Fail(s, "pp with ep is not described by reshard init yet (write the layout by hand)");
+    if (a.tied)
+      Fail(s, "pp with tied embeddings is not described by reshard init yet (vLLM ties lm_head on the last stage)");
+    pp_sizes.assign(pp, a.layers / pp);
+    for (int64_t i = 2; i < a.layers % pp + 2; ++i) pp_sizes[pp - i] += 1;
+    std::string list;
+    for (int64_t n : pp_sizes) list += (list.empty() ? "" : ",") + S(n);
+    notes.push_back(s.option + ": vLLM splits the " + S(a.layers) + " layers over " + S(pp) + " pipeline stages as " +
+                    list + " (get_pp_indices; VLLM_PP_LAYER_PARTITION changes it), layer names stay global");
+  }
   if (ep && a.experts == 0) Fail(s, "the model has no experts; leave out ep");
   const int64_t moe_width = ep ? 1 : (vllm ? dp * tp : tp);  // who splits each expert's intermediate dim
   const int64_t ep_size = dp * tp;
+  // vLLM's sequence-parallel MoE (config/parallel.py
+  // ParallelConfig.use_sequence_parallel_moe: the default all2all_backend
+  // "allgather_reducescatter", EP, TP > 1 and DP > 1) builds the shared
+  // experts with disable_tp=is_sequence_parallel (models/deepseek_v2.py
+  // DeepseekV2MLP): each rank holds them whole. Seen on real vLLM 0.33 ranks
+  // (tests/vllm, case vllm-mla-fp8-tp2-dp2-ep).
+  const bool shared_whole = vllm && ep && tp > 1 && dp > 1;
+  auto is_shared = [](Role r) { return r == Role::shared_gate || r == Role::shared_up || r == Role::shared_down; };
+  if (shared_whole && Find(a, Role::shared_gate))
+    notes.push_back(s.option + ": EP with TP " + S(tp) + " and DP " + S(dp) +
+                    ": vLLM runs the MoE sequence-parallel and holds the shared experts whole on every rank");
   // Quantized storage: asked for, or the checkpoint's own format.
   QuantFormat q;
   std::string qkind = s.quant;
@@ -531,7 +560,7 @@ ordered_json MakeServing(const Arch& a, const std::string& model, Settings& s, s
   }
   for (const auto& t : a.tensors) {
     const Cut c = CutOf(t.role);
-    if (c == Cut::replicate || c == Cut::vocab) continue;
+    if (c == Cut::replicate || c == Cut::vocab || (shared_whole && is_shared(t.role))) continue;
     const bool expert = c == Cut::expert_column || c == Cut::expert_row;
     const int64_t n = expert ? moe_width : tp;
     const int dim = (c == Cut::row || c == Cut::expert_row) ? 1 : 0;
@@ -557,9 +586,11 @@ ordered_json MakeServing(const Arch& a, const std::string& model, Settings& s, s
     notes.push_back(s.option + ": " + S(a.experts) + " experts over EP " + S(ep_size) +
                     ": the first ranks hold one more (vLLM's linear expert placement)");
 
-  const int64_t ranks = engines * dp * tp;
+  const int64_t ranks = engines * dp * pp * tp;
   Builder b;
-  if (vllm) {
+  if (vllm && pp > 1) {  // parallel_state.py initialize_model_parallel: ranks ordered (dp, pp, tp)
+    b.AddMesh("dense", {{"engine", engines}, {"dp", dp}, {"pp", pp}, {"tp", tp}});
+  } else if (vllm) {
     b.AddMesh("dense", {{"engine", engines}, {"dp", dp}, {"tp", tp}});
     if (ep) b.AddMesh("expert", {{"engine", engines}, {"ep", ep_size}});
   } else {
@@ -579,6 +610,11 @@ ordered_json MakeServing(const Arch& a, const std::string& model, Settings& s, s
     const Cut c = CutOf(t.role);
     std::vector<std::pair<std::string, ordered_json>> axes;
     const bool kv = t.role == Role::k || t.role == Role::v || t.role == Role::k_bias || t.role == Role::v_bias;
+    if (pp > 1) {
+      if (t.layers != Layers::none) axes.push_back({"pp", {{"shard", "layer"}, {"sizes", pp_sizes}}});
+      if (t.role == Role::embed) axes.push_back({"pp", {{"at", 0}}});
+      if (t.role == Role::lm_head || t.role == Role::final_norm) axes.push_back({"pp", {{"at", -1}}});
+    }
     if (IsExpert(t.role)) {
       const int dim = c == Cut::expert_row ? 1 : 0;
       if (ep) {
@@ -595,6 +631,8 @@ ordered_json MakeServing(const Arch& a, const std::string& model, Settings& s, s
         axes.push_back({"tp", Shard(dim)});
         b.Place(t, "dense", axes);
       }
+    } else if (shared_whole && is_shared(t.role)) {
+      b.Place(t, "dense", axes);  // whole on every rank
     } else {
       if (c == Cut::column) {
         ordered_json ax = Shard(0);
@@ -635,6 +673,7 @@ ordered_json MakeServing(const Arch& a, const std::string& model, Settings& s, s
   }
   std::string lname = vllm ? "vllm" : "hf";
   if (tp > 1 || vllm) lname += "-tp" + S(tp);
+  if (pp > 1) lname += "-pp" + S(pp);
   if (dp > 1) lname += "-dp" + S(dp);
   if (ep) lname += "-ep" + S(ep_size);
   if (engines > 1) lname += "-x" + S(engines);
@@ -643,6 +682,7 @@ ordered_json MakeServing(const Arch& a, const std::string& model, Settings& s, s
   if (vllm) {
     note = "vLLM 0.33";
     if (engines > 1) note += ", " + S(engines) + " independent engines";
+    if (pp > 1) note += ", pipeline parallel " + S(pp);
     if (dp > 1) note += std::string(", built-in data parallel ") + S(dp) + (ep ? "" : " (experts' intermediate dim over DP x TP)");
     if (ep) note += ", expert parallel " + S(ep_size);
     if (!q.kind.empty()) note += ", " + q.kind + " linear weights";

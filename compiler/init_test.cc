@@ -277,6 +277,45 @@ TEST(Init, PipelineStages) {
             "--train 'megatron:pp=4,pp-layers=1,2,2': pp-layers lists 3 stages, pp is 4");
 }
 
+// vLLM's pipeline stages (distributed/utils.py get_pp_indices): L / pp layers
+// each, the remainder on the stages before the last; ranks (dp, pp, tp).
+TEST(Init, VllmPipelineStages) {
+  json c = Tiny("llama");
+  c["num_hidden_layers"] = 7;
+  Result r = Gen(c, "hf", "vllm:tp=2,pp=3,dp=2");
+  const json i = File(r, "infer.json");
+  EXPECT_EQ(i["meshes"]["dense"], json::parse(R"([["dp", 2], ["pp", 3], ["tp", 2]])"));  // size-1 dims dropped
+  EXPECT_EQ((*Place(i, "model.layers.{layer}.mlp.up_proj.weight"))["pp"],
+            json::parse(R"({"shard": "layer", "sizes": [2, 3, 2]})"));
+  EXPECT_EQ((*Place(i, "model.embed_tokens.weight"))["pp"], json({{"at", 0}}));
+  EXPECT_EQ((*Place(i, "lm_head.weight"))["pp"], json({{"at", -1}}));
+  EXPECT_EQ(i["name"], "vllm-tp2-pp3-dp2");
+  EXPECT_EQ(i["ranks"], 12);
+  CompileAndValidate(r);
+  json moe = Tiny("qwen3_moe");
+  EXPECT_EQ(ErrorOf([&] { Gen(moe, "hf", "vllm:tp=2,pp=2,dp=2,ep"); }),
+            "--infer 'vllm:tp=2,pp=2,dp=2,ep': pp with ep is not described by reshard init yet (write the layout by "
+            "hand)");
+  EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "vllm:tp=1,pp=8"); }), "--infer 'vllm:tp=1,pp=8': pp (8) exceeds the model's 7 layers");
+}
+
+// Sequence-parallel MoE (EP, TP > 1, DP > 1): vLLM holds the shared experts
+// whole on every rank (config/parallel.py use_sequence_parallel_moe); without
+// DP or without EP they are split over TP. Seen on real vLLM ranks (tests/vllm).
+TEST(Init, VllmSharedExpertsWholeUnderSequenceParallelMoe) {
+  const std::string up = "model.layers.{layer}.mlp.shared_experts.up_proj.weight";
+  Result sp = Gen(Tiny("deepseek_v3"), "hf", "vllm:tp=2,dp=2,ep");
+  EXPECT_FALSE((*Place(File(sp, "infer.json"), up)).contains("tp"));
+  EXPECT_NE(std::find(sp.notes.begin(), sp.notes.end(),
+                      "--infer: EP with TP 2 and DP 2: vLLM runs the MoE sequence-parallel and holds the shared "
+                      "experts whole on every rank"),
+            sp.notes.end());
+  CompileAndValidate(sp);
+  for (const char* infer : {"vllm:tp=2,dp=2", "vllm:tp=2,ep", "vllm:tp=2"})
+    EXPECT_EQ((*Place(File(Gen(Tiny("deepseek_v3"), "hf", infer), "infer.json"), up))["tp"], json({{"shard", 0}}))
+        << infer;
+}
+
 TEST(Init, BadSettingsNameTheOptionAndTheAllowedValues) {
   const json c = Tiny("llama");
   EXPECT_EQ(ErrorOf([&] { Gen(c, "megatron:tp=2,tpp=2", "hf"); }),
@@ -295,7 +334,7 @@ TEST(Init, BadSettingsNameTheOptionAndTheAllowedValues) {
             "--train 'megatron:tp=4': Megatron-Core splits model.layers.{layer}.mlp.gate_proj.weight dim 0 (130) evenly "
             "over tensor_model_parallel_size (4)");
   EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "vllm"); }),
-            "--infer 'vllm': expected vllm:key=value,... (tp, dp, ep, engines, quant)");
+            "--infer 'vllm': expected vllm:key=value,... (tp, pp, dp, ep, engines, quant)");
 }
 
 

@@ -83,6 +83,10 @@ RankDump ParseRank(const json& j, const std::string& file, const std::string& pa
     Fail(file, path + "/rank",
          "expected an integer >= 0, got " + (rank.is_number_integer() ? rank.dump() : Kind(rank)));
   d.rank = rank.get<int64_t>();
+  if (auto fw = j.find("framework"); fw != j.end()) {
+    if (!fw->is_string()) Fail(file, path + "/framework", "expected a string such as \"vLLM 0.33.0\", got " + Kind(*fw));
+    d.framework = fw->get<std::string>();
+  }
   const json& params = Field(j, file, path, "params");
   if (!params.is_array()) Fail(file, path + "/params", "expected an array, got " + Kind(params));
   std::map<std::string, size_t> seen;
@@ -254,6 +258,12 @@ StateDictReport CheckStateDict(const LayoutSpec& layout, const Expansion& expans
     for (const DumpParam& p : d->params) {
       if (claimed.count(p.name)) continue;
       std::string theirs = DescribeBuffer(p.dtype ? DtypeString(*p.dtype) : p.dtype_name, p.shape);
+      if (std::optional<EngineTensor> e = FindEngineTensor(d->framework, p.name)) {
+        std::string msg = head + "engine: " + p.name + " " + theirs + ": " + EngineTensorKindString(e->kind) + " of " +
+                          e->framework + (e->from.empty() ? "" : ", from " + e->from) + ": " + e->reason;
+        rep.engine.push_back({d->rank, p.name, theirs, *e, std::move(msg)});
+        continue;
+      }
       rep.diffs.push_back(
           {d->rank, DiffKind::extra, p.name, "", theirs,
            head + "extra: " + p.name + " " + theirs + ": the dump has it, the layout does not bind it"});

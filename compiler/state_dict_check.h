@@ -14,6 +14,7 @@
 
 #include "compiler/expand.h"
 #include "compiler/spec.h"
+#include "frameworks/engine_tensors.h"
 
 namespace reshard {
 
@@ -32,6 +33,7 @@ struct DumpParam {
 
 struct RankDump {
   int64_t rank = 0;
+  std::string framework;  // the dump's "framework" field ("vLLM 0.33.0 ..."), "" when absent
   std::string file, path;  // where it was read: path "" for a file of one rank, "/i" in a list
   std::string where() const { return path.empty() ? file : file + ": " + path; }
   std::vector<DumpParam> params;
@@ -63,6 +65,16 @@ struct StateDictDiff {
   std::string message;  // the full line `reshard check` prints
 };
 
+/// A dumped tensor the layout does not bind that the framework holds beyond
+/// the checkpoint (frameworks/engine_tensors.h): reported, not a difference.
+struct EngineTensorLine {
+  int64_t rank = 0;
+  std::string name;
+  std::string dump;  // "fp32[]"
+  EngineTensor what;
+  std::string message;  // the full line `reshard check` prints
+};
+
 struct StateDictReport {
   std::vector<int64_t> ranks;        // the ranks compared, ascending
   int64_t layout_buffers = 0;        // buffers the layout binds on those ranks
@@ -73,6 +85,9 @@ struct StateDictReport {
   /// difference for the bytes a refit writes; bind the storage order
   /// (`p.t()` for a transposed 2-D view). One line each, as printed.
   std::vector<std::string> views;
+  /// The engine's own tensors (runtime buffers, tensors derived at load),
+  /// by rank in the dump's order.
+  std::vector<EngineTensorLine> engine;
   bool ok() const { return diffs.empty(); }
 };
 

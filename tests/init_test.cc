@@ -111,7 +111,7 @@ TEST(InitCli, HelpTeachesEveryOptionWithExamples) {
   Result r = Reshard(dir, {"init", "--help"});
   EXPECT_EQ(r.code, 0);
   for (const char* s : {"megatron:tp=N,pp=N", "pp-layers=", "grouped-gemm", "spec=te|local", "vocab-divisible",
-                        "vllm:tp=N[,dp=N][,ep][,engines=N][,quant=none|fp8-block|fp8-channel|mxfp8]", "hf:tp=N",
+                        "vllm:tp=N[,pp=N][,dp=N][,ep][,engines=N][,quant=none|fp8-block|fp8-channel|mxfp8]", "hf:tp=N",
                         "--cluster", "Examples:", "reshard init --hf-config", "deepseek_v3"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s;
 }

@@ -1,9 +1,11 @@
 // `reshard init` against the recorded dumps of tests/data/recorded/: every
-// rank's parameters (name, dtype, shape) as Megatron-Core 0.19.2 with the
-// Transformer Engine layer spec (TEGroupedMLP, MLA) and vLLM hold them, derived
-// from the frameworks' source by tests/recorded/derive.py (each case's
-// SOURCES.md names the file and function of every name pattern), since neither
-// runs without a GPU. `reshard check` must find zero differences.
+// rank's parameters (name, dtype, shape). The vLLM cases are dumps of real
+// vLLM 0.33 ranks built and loaded on CPU (tests/vllm/record.py; CI re-records
+// them in tools/test.d/25-vllm.sh and fails on any change); the Megatron-Core
+// 0.19.2 Transformer Engine cases are derived from the source by
+// tests/recorded/derive.py (each case's SOURCES.md names the file and function
+// of every name pattern), since TE does not run without a GPU. `reshard check`
+// must find zero differences.
 #include <filesystem>
 #include <map>
 #include <set>
@@ -23,6 +25,7 @@ struct RecordedCase {
   const char* name;
   const char* train;  // --train (hf when the case is vLLM's)
   const char* infer;  // --infer (hf when the case is Megatron's)
+  int engine = 0;     // the engine's own tensors `check` reports, all ranks together (vLLM: attention scales, W_UV / W_UK_T)
 };
 
 // The init settings that match each recorded case (derive.py's CASES).
@@ -33,15 +36,17 @@ const std::vector<RecordedCase>& Cases() {
       {"megatron-te-moe-grouped-tp2-dp2-ep2-etp2", "megatron:tp=2,dp=2,ep=2,etp=2,grouped-gemm,spec=te", "hf"},
       {"megatron-te-moe-sequential-tp2-ep2", "megatron:tp=2,ep=2,etp=1,spec=te", "hf"},
       {"megatron-te-mla-tp2-pp2-ep2", "megatron:tp=2,pp=2,ep=2,etp=1,grouped-gemm,spec=te", "hf"},
-      {"vllm-dense-tp4", "hf", "vllm:tp=4"},
-      {"vllm-moe-tp2", "hf", "vllm:tp=2"},
-      {"vllm-moe-tp2-dp2", "hf", "vllm:tp=2,dp=2"},
-      {"vllm-moe-tp2-dp2-ep", "hf", "vllm:tp=2,dp=2,ep"},
-      {"vllm-moe-tp2-fp8-channel", "hf", "vllm:tp=2,quant=fp8-channel"},
-      {"vllm-mla-dp3-ep-uneven", "hf", "vllm:tp=1,dp=3,ep"},
-      {"vllm-mla-tp2", "hf", "vllm:tp=2"},
+      // engine: ranks x layers on each x (4 attention scales, + W_UV and W_UK_T under MLA)
+      {"vllm-dense-tp4", "hf", "vllm:tp=4", 4 * 4 * 4},
+      {"vllm-dense-tp2-pp2", "hf", "vllm:tp=2,pp=2", 4 * 2 * 4},
+      {"vllm-moe-tp2", "hf", "vllm:tp=2", 2 * 4 * 4},
+      {"vllm-moe-tp2-dp2", "hf", "vllm:tp=2,dp=2", 4 * 4 * 4},
+      {"vllm-moe-tp2-dp2-ep", "hf", "vllm:tp=2,dp=2,ep", 4 * 4 * 4},
+      {"vllm-moe-tp2-fp8-channel", "hf", "vllm:tp=2,quant=fp8-channel", 2 * 4 * 4},
+      {"vllm-mla-dp3-ep-uneven", "hf", "vllm:tp=1,dp=3,ep", 3 * 4 * 6},
+      {"vllm-mla-tp2", "hf", "vllm:tp=2", 2 * 4 * 6},
       // No quant=: init takes FP8 block scales from the checkpoint's quantization_config.
-      {"vllm-mla-fp8-tp2-dp2-ep", "hf", "vllm:tp=2,dp=2,ep"},
+      {"vllm-mla-fp8-tp2-dp2-ep", "hf", "vllm:tp=2,dp=2,ep", 4 * 4 * 6},
   };
   return cases;
 }
@@ -67,11 +72,21 @@ const std::map<std::string, std::set<std::string>>& ExpectedViews() {
   return views;
 }
 
+bool IsEngineLine(const std::string& line) { return line.find(": engine: ") != std::string::npos; }
+
 std::set<std::string> DiffLines(const std::string& out) {
   std::set<std::string> lines;
   std::istringstream in(out);
   for (std::string line; std::getline(in, line);)
-    if (line.rfind("rank ", 0) == 0) lines.insert(line);
+    if (line.rfind("rank ", 0) == 0 && !IsEngineLine(line)) lines.insert(line);
+  return lines;
+}
+
+std::vector<std::string> EngineLines(const std::string& out) {
+  std::vector<std::string> lines;
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("rank ", 0) == 0 && IsEngineLine(line)) lines.push_back(line);
   return lines;
 }
 
@@ -94,7 +109,51 @@ TEST(RecordedDumps, InitMatchesTheFrameworksSource) {
     EXPECT_NE(r.out.find("matches the dump"), std::string::npos) << r.out;
     auto views = ExpectedViews().find(c.name);
     EXPECT_EQ(DiffLines(r.out), views == ExpectedViews().end() ? std::set<std::string>{} : views->second) << r.out;
+    // The engine's own tensors: each named with its reason, none a difference.
+    const std::vector<std::string> engine = EngineLines(r.out);
+    EXPECT_EQ(static_cast<int>(engine.size()), c.engine) << r.out;
+    for (const std::string& l : engine) {
+      const bool scale = l.find("runtime buffer of vLLM 0.33: attention / KV-cache scale") != std::string::npos;
+      const bool mla = l.find("derived at load of vLLM 0.33, from model.layers.") != std::string::npos &&
+                       l.find(".self_attn.kv_b_proj.weight: MLA's absorbed projection") != std::string::npos;
+      EXPECT_TRUE(scale || mla) << l;
+    }
   }
+}
+
+// A dumped tensor the layout does not bind stays a difference unless it is
+// one of the engine's own by name and the dump says which engine it is.
+TEST(RecordedDumps, EngineTensorsNeedTheirEngineAndExactNames) {
+  TempDir dir;
+  const std::string data = Recorded("vllm-mla-tp2"), out = dir.File("specs");
+  ASSERT_EQ(Reshard(dir, {"init", "-q", "--hf-config", data + "config.json", "--train", "hf", "--infer", "vllm:tp=2",
+                          "-o", out})
+                .code,
+            0);
+  nlohmann::json dump = nlohmann::json::parse(ReadText(data + "dump.json"));
+  for (auto& rank : dump) {
+    rank.erase("framework");  // no engine named: its tensors are extras
+    rank["params"].push_back({{"name", "model.layers.0.self_attn.W_UV_copy"}, {"dtype", "torch.bfloat16"},
+                              {"shape", {2}}});
+  }
+  WriteText(dir.File("plain.json"), dump.dump());
+  Result r = Reshard(dir, {"check", "--layout", out + "/infer.json", "--model", out + "/model.json", "--state-dict",
+                           dir.File("plain.json"), "--json"});
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(j["engine_tensors"].empty());
+  // 2 ranks x 4 layers x (4 scales + W_UV + W_UK_T) + the made-up tensor on each rank
+  EXPECT_EQ(j["differences"].size(), 2u * 4 * 6 + 2) << r.out;
+  for (auto& rank : dump) rank["framework"] = "vLLM 0.33.0";
+  WriteText(dir.File("named.json"), dump.dump());
+  r = Reshard(dir, {"check", "--layout", out + "/infer.json", "--model", out + "/model.json", "--state-dict",
+                    dir.File("named.json"), "--json"});
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["engine_tensors"].size(), 2u * 4 * 6);
+  ASSERT_EQ(j["differences"].size(), 2u) << r.out;
+  EXPECT_EQ(j["differences"][0]["name"], "model.layers.0.self_attn.W_UV_copy");
+  EXPECT_EQ(j["engine_tensors"][4]["kind"], "derived at load");
 }
 
 // Every case directory is one the test above checks, with its three files.
@@ -109,7 +168,7 @@ TEST(RecordedDumps, EveryRecordedCaseIsChecked) {
       EXPECT_TRUE(fs::exists(Recorded(name) + f)) << name << "/" << f;
 }
 
-// The checked-in dumps are exactly what derive.py's source-derived rules write.
+// The checked-in Megatron dumps are exactly what derive.py's source-derived rules write.
 TEST(RecordedDumps, CheckedInFilesAreWhatDeriveWrites) {
   TempDir dir;
   if (Shell(dir, "command -v python3").code != 0) GTEST_SKIP() << "python3 not found (needed to run derive.py)";
@@ -117,6 +176,7 @@ TEST(RecordedDumps, CheckedInFilesAreWhatDeriveWrites) {
   ASSERT_EQ(r.code, 0) << r.err;
   for (const RecordedCase& c : Cases())
     for (const char* f : {"config.json", "dump.json", "SOURCES.md"})
+      if (std::string(c.name).rfind("megatron", 0) == 0)  // the vLLM ones are recorded from real ranks
       EXPECT_EQ(ReadText(dir.File("out/" + std::string(c.name) + "/" + f)), ReadText(Recorded(c.name) + f))
           << c.name << "/" << f << " differs from what tests/recorded/derive.py writes";
 }

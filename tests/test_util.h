@@ -30,6 +30,11 @@ inline std::string ReadText(const std::string& path) {
   return ss.str();
 }
 
+inline void WriteText(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::binary);
+  f << text;
+}
+
 inline std::string Quote(const std::string& s) {
   std::string q(1, '\'');
   for (char c : s) {

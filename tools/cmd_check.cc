@@ -23,6 +23,10 @@ void AddCheckCommand(CLI::App& app, int& exit_code) {
       "  {\"rank\": R, \"params\": [{\"name\": N, \"dtype\": \"torch.bfloat16\", \"shape\": [..]}, ...]}\n"
       "one file per rank or a list of those in one file. Torch dtypes map to reshard's: bfloat16 bf16,\n"
       "float16 fp16, float32 fp32, float8_e4m3fn fp8_e4m3, float8_e8m0fnu e8m0.\n"
+      "Tensors an engine holds beyond the checkpoint are listed apart as 'engine', with the reason, when the\n"
+      "dump's \"framework\" field names the engine (\"vLLM 0.33.0\"): vLLM's attention scales (_k_scale,\n"
+      "_v_scale, _q_scale, _prob_scale: runtime buffers) and MLA's W_UV / W_UK_T (derived at load from\n"
+      "kv_b_proj; reshard.vllm recomputes them after a refit). Any other unbound tensor is a difference.\n"
       "  reshard check --layout train.json --model model.json --state-dict dump/rank*.json\n"
       "Exit status: 0 no difference, 1 differences (listed), 2 unreadable input.");
   struct Opts {
@@ -55,6 +59,15 @@ void AddCheckCommand(CLI::App& app, int& exit_code) {
                          {"layout", d.layout},
                          {"dump", d.dump},
                          {"message", d.message}});
+      nlohmann::ordered_json engine = nlohmann::ordered_json::array();
+      for (const EngineTensorLine& e : rep.engine)
+        engine.push_back({{"rank", e.rank},
+                          {"name", e.name},
+                          {"dump", e.dump},
+                          {"kind", EngineTensorKindString(e.what.kind)},
+                          {"framework", e.what.framework},
+                          {"from", e.what.from},
+                          {"reason", e.what.reason}});
       nlohmann::ordered_json j = {{"layout", o->layout},
                                   {"model", o->model},
                                   {"state_dict", o->dumps},
@@ -64,19 +77,26 @@ void AddCheckCommand(CLI::App& app, int& exit_code) {
                                   {"layout_buffers", rep.layout_buffers},
                                   {"dump_params", rep.dump_params},
                                   {"differences", diffs},
-                                  {"views", rep.views}};
+                                  {"views", rep.views},
+                                  {"engine_tensors", engine}};
       std::printf("%s\n", j.dump().c_str());
     } else {
       for (const StateDictDiff& d : rep.diffs) std::printf("%s\n", d.message.c_str());
       for (const std::string& v : rep.views) std::printf("%s\n", v.c_str());
+      for (const EngineTensorLine& e : rep.engine) std::printf("%s\n", e.message.c_str());
       std::string what = std::to_string(rep.ranks.size()) + " of " + std::to_string(ex.ranks.size()) + " ranks (" +
                          ranks + "), " + std::to_string(rep.layout_buffers) + " layout buffers, " +
                          std::to_string(rep.dump_params) + " dumped parameters";
       const std::string views =
           rep.views.empty() ? "" : " (" + std::to_string(rep.views.size()) + " of them permuted views of its memory)";
+      const std::string engine =
+          rep.engine.empty() ? ""
+                             : "; " + std::to_string(rep.engine.size()) +
+                                   " more dumped tensors are the engine's own (runtime buffers, derived at load), "
+                                   "not in the checkpoint and not written by a refit";
       if (rep.ok())
-        std::printf("%s: matches the dump: %s, same names, dtypes and shapes%s\n", o->layout.c_str(), what.c_str(),
-                    views.c_str());
+        std::printf("%s: matches the dump: %s, same names, dtypes and shapes%s%s\n", o->layout.c_str(), what.c_str(),
+                    views.c_str(), engine.c_str());
       else
         std::printf("%s: %zu differences from the dump: %s\n", o->layout.c_str(), rep.diffs.size(), what.c_str());
     }

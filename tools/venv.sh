@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Creates (or reuses) the Python virtual environment of the framework and
-# Python tests under build/venv, with the packages of tools/requirements.txt.
-# The environment is cached: it is rebuilt only when requirements.txt changes.
+# Python tests under build/venv, with the packages of tools/requirements.txt
+# (RESHARD_VENV and RESHARD_VENV_REQUIREMENTS choose another: tools/vllm_venv.sh).
+# The environment is cached: it is rebuilt only when the requirements file
+# changes. A requirement whose line ends in "# no-deps" is installed alone,
+# after the others, without its dependencies.
 # Prints the venv's python (an absolute path) on stdout. Exit 3 when the package registry cannot
 # be reached (callers skip with a message); any other failure exits 1.
 #
@@ -9,7 +12,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=$(realpath -m "${RESHARD_VENV:-build/venv}")  # absolute: callers change directory
-req=tools/requirements.txt
+req=${RESHARD_VENV_REQUIREMENTS:-tools/requirements.txt}
+name=$(basename "$venv")
 stamp="$venv/.requirements.sha256"
 want=$(sha256sum "$req" | cut -d' ' -f1)
 mkdir -p "$(dirname "$venv")"
@@ -30,15 +34,19 @@ if [ -z "$py" ]; then
   fi
   py=$(command -v python3)
 fi
-echo "venv: creating $venv with $("$py" --version 2>&1) ($py)" >&2
+echo "$name: creating $venv with $("$py" --version 2>&1) ($py)" >&2
 rm -rf "$venv"
 "$py" -m venv "$venv" >&2
 if ! "$venv/bin/python" -m pip download --no-deps -q -d /tmp/reshard-probe "pytest" >/dev/null 2>&1; then
-  echo "venv: the Python package registry cannot be reached" >&2
+  echo "$name: the Python package registry cannot be reached" >&2
   rm -rf "$venv"; exit 3
 fi
 start=$(date +%s)
-"$venv/bin/python" -m pip install -q -r "$req" >&2
-echo "venv: installed tools/requirements.txt in $(( $(date +%s) - start )) s" >&2
+grep -v -- '# no-deps$' "$req" > "$venv/requirements.txt"
+"$venv/bin/python" -m pip install -q -r "$venv/requirements.txt" >&2
+grep -- '# no-deps$' "$req" | sed 's/#.*//' | while read -r alone; do
+  "$venv/bin/python" -m pip install -q --no-deps "$alone" >&2
+done
+echo "$name: installed $req in $(( $(date +%s) - start )) s" >&2
 echo "$want" > "$stamp"
 echo "$venv/bin/python"

@@ -69,7 +69,7 @@ def init(hf_config: Union[PathLike, Mapping[str, Any]], train: str, infer: str, 
     config.json, ``transformers.AutoConfig.to_dict()``). `train` and `infer`
     (--train, --infer): ``megatron:tp=N,pp=N[,dp,cp,ep,etp,vpp,pp-layers,
     grouped-gemm,spec=te|local,fp32-norms,vocab-divisible]``,
-    ``vllm:tp=N[,dp,ep,engines,quant=none|fp8-block|fp8-channel|mxfp8]``,
+    ``vllm:tp=N[,pp,dp,ep,engines,quant=none|fp8-block|fp8-channel|mxfp8]``,
     ``hf`` or ``hf:tp=N`` (``reshard init --help`` explains each). `cluster`
     (--cluster): "dgx-h100", "gb200-nvl72" or a reshard.cluster/1 file.
     `name` (--name): the model spec's name (default: from the config).

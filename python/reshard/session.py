@@ -282,11 +282,7 @@ class Session:
         tensors that the plan does not bind (not an error: a plan may move a
         subset of the weights).
         """
-        if hasattr(module, "named_modules"):
-            inner = _unwrapped(module)
-            if inner is not module and not any(n.startswith(prefix + "module.") for n in self._index):
-                module = inner
-        tensors = _named_tensors(module)
+        tensors = self.module_tensors(module, prefix)
         found: Dict[int, Any] = {}
         unused: List[str] = []
         index = self._index
@@ -326,6 +322,16 @@ class Session:
         for i, info, code in checked:
             self._bind_checked(i, info, code)
         return unused
+
+    def module_tensors(self, module: Any, prefix: str = "") -> List[Tuple[str, Any]]:
+        """(name, tensor) of what :meth:`bind_module` binds from `module`: its
+        parameters and persistent buffers (tied ones under each name), looked
+        through Float16Module / DDP wrappers unless the plan's names keep them."""
+        if hasattr(module, "named_modules"):
+            inner = _unwrapped(module)
+            if inner is not module and not any(n.startswith(prefix + "module.") for n in self._index):
+                module = inner
+        return _named_tensors(module)
 
     # -- running ----------------------------------------------------------------
     def run(self, stream: Any = None) -> RunStats:

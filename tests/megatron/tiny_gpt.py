@@ -107,12 +107,13 @@ def _build(case, wrap, vp_stage=None):
     return Float16Module(cfg, model) if wrap else model
 
 
-def fill(model):
+def fill(model, salt=None):
     """Overwrites every parameter with pseudo-random values seeded by what
     identifies its data: the name and pipeline stage, plus the TP rank for
     tensor-parallel parameters and the EP / expert-TP ranks for experts. So
     data-parallel replicas (and TP replicas of unsplit parameters) are equal,
-    as in training, and every shard differs from every other."""
+    as in training, and every shard differs from every other. A `salt` gives
+    another model of the same kind (tests/vllm/refit_live.py: one per refit)."""
     c = coords()
     for name, p in model.named_parameters():
         expert = ".experts." in name
@@ -125,6 +126,8 @@ def fill(model):
             key += [c["ep"], c["etp"] if getattr(p, "tensor_model_parallel", False) else -1]
         elif getattr(p, "tensor_model_parallel", False):
             key += [c["tp"]]
+        if salt is not None:
+            key.append(salt)
         seed = int.from_bytes(hashlib.sha256(repr(key).encode()).digest()[:8], "little") & ((1 << 63) - 1)
         g = torch.Generator().manual_seed(seed)
         with torch.no_grad():

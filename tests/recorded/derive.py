@@ -156,6 +156,11 @@ SOURCES = {
     "v.shared": "models/deepseek_v2.py DeepseekV2MoE.__init__ (shared_experts = DeepseekV2MLP with "
     "intermediate moe_intermediate_size x n_shared_experts, TP-sharded gate_up_proj / down_proj; "
     "registered before `experts`)",
+    "v.shared_sp": "config/parallel.py ParallelConfig.use_sequence_parallel_moe (all2all_backend "
+    "'allgather_reducescatter', the default, with enable_expert_parallel, TP > 1 and DP > 1) -> "
+    "models/deepseek_v2.py DeepseekV2MoE.__init__ (shared_experts = DeepseekV2MLP(..., "
+    "is_sequence_parallel=True): gate_up_proj / down_proj with disable_tp, whole on every rank; seen on real "
+    "vLLM 0.33 ranks, tests/vllm)",
     "v.mla_fused_a": "models/deepseek_v2.py DeepseekV2MLAAttention.__init__ (q_lora_rank set: "
     "fused_qkv_a_proj = DeepSeekV2FusedQkvAProjLinear, a MergedColumnParallelLinear of [q_lora_rank, "
     "kv_lora_rank + qk_rope_head_dim] with disable_tp=True: the full matrix on every rank)",
@@ -418,10 +423,13 @@ def vllm(d, tp, dp=1, ep=False, quant=None):
                       P + "mlp.gate.e_score_correction_bias")
             if d["shared"]:
                 S = d["shared"] * I
+                # sequence-parallel MoE (EP, TP > 1, DP > 1): the shared experts whole on every rank
+                sp = ep and tp > 1 and dp > 1
+                stp = 1 if sp else tp
                 linear(L + "mlp.shared_experts.gate_up_proj.weight", P + "mlp.shared_experts.gate_up_proj.weight",
-                       2 * S // tp, H, "v.shared")
+                       2 * S // stp, H, "v.shared_sp" if sp else "v.shared")
                 linear(L + "mlp.shared_experts.down_proj.weight", P + "mlp.shared_experts.down_proj.weight",
-                       H, S // tp, "v.shared")
+                       H, S // stp, "v.shared_sp" if sp else "v.shared")
             if ep:  # linear placement: contiguous experts, the first E % flat ranks one more
                 ep_r = dp_r * tp + tp_r
                 El, Il = E // flat + (ep_r < E % flat), I
@@ -526,24 +534,6 @@ CASES = {
     "megatron-te-moe-sequential-tp2-ep2": (MOE, "Megatron-Core TE spec, MoE without grouped GEMM "
                                            "(SequentialMLP of TE linears), TP2 EP2 expert-TP 1",
                                            lambda d: megatron_te(d, tp=2, pp=1, dp=1, ep=2, etp=1, grouped=False)),
-    "vllm-dense-tp4": (DENSE, "vLLM, Llama dense GQA at TP4 (2 KV heads, each replicated on 2 ranks)",
-                       lambda d: vllm(d, tp=4)),
-    "vllm-moe-tp2": (MOE, "vLLM, Qwen3-MoE at TP2", lambda d: vllm(d, tp=2)),
-    "vllm-moe-tp2-dp2": (MOE, "vLLM, Qwen3-MoE at TP2 with built-in DP2, no EP (experts' intermediate dim "
-                         "over DP x TP)", lambda d: vllm(d, tp=2, dp=2)),
-    "vllm-moe-tp2-dp2-ep": (MOE, "vLLM, Qwen3-MoE at TP2 DP2 with expert parallelism (EP4)",
-                            lambda d: vllm(d, tp=2, dp=2, ep=True)),
-    "vllm-moe-tp2-fp8-channel": (MOE, "vLLM, Qwen3-MoE at TP2 from an FP8 per-channel (compressed-tensors "
-                                 "W8A8 FP8, dynamic per-token activations) checkpoint",
-                                 lambda d: vllm(d, tp=2, quant="fp8-channel")),
-    "vllm-mla-dp3-ep-uneven": (TINY_DEEPSEEK, "vLLM, DeepSeek-V3 style MLA + MoE at TP1 DP3 with expert "
-                               "parallelism (EP3): 8 experts placed 3, 3, 2",
-                               lambda d: vllm(d, tp=1, dp=3, ep=True)),
-    "vllm-mla-tp2": (TINY_DEEPSEEK, "vLLM, DeepSeek-V3 style MLA + MoE + shared expert at TP2, BF16",
-                     lambda d: vllm(d, tp=2)),
-    "vllm-mla-fp8-tp2-dp2-ep": (TINY_DEEPSEEK_FP8, "vLLM, DeepSeek-V3 style FP8 checkpoint (16x16 block "
-                                "scales) at TP2 DP2 with expert parallelism (EP4)",
-                                lambda d: vllm(d, tp=2, dp=2, ep=True, quant="fp8-block")),
 }
 
 
@@ -587,6 +577,29 @@ NOTES = {
     ],
 }
 
+
+# The vLLM cases are recorded from real vLLM 0.33 ranks by tests/vllm/record.py; these
+# source-derived rules for them give each case's SOURCES.md its table of sources.
+VLLM_CASES = {
+    "vllm-dense-tp4": (DENSE, "vLLM, Llama dense GQA at TP4 (2 KV heads, each replicated on 2 ranks)",
+                       lambda d: vllm(d, tp=4)),
+    "vllm-moe-tp2": (MOE, "vLLM, Qwen3-MoE at TP2", lambda d: vllm(d, tp=2)),
+    "vllm-moe-tp2-dp2": (MOE, "vLLM, Qwen3-MoE at TP2 with built-in DP2, no EP (experts' intermediate dim "
+                         "over DP x TP)", lambda d: vllm(d, tp=2, dp=2)),
+    "vllm-moe-tp2-dp2-ep": (MOE, "vLLM, Qwen3-MoE at TP2 DP2 with expert parallelism (EP4)",
+                            lambda d: vllm(d, tp=2, dp=2, ep=True)),
+    "vllm-moe-tp2-fp8-channel": (MOE, "vLLM, Qwen3-MoE at TP2 from an FP8 per-channel (compressed-tensors "
+                                 "W8A8 FP8, dynamic per-token activations) checkpoint",
+                                 lambda d: vllm(d, tp=2, quant="fp8-channel")),
+    "vllm-mla-dp3-ep-uneven": (TINY_DEEPSEEK, "vLLM, DeepSeek-V3 style MLA + MoE at TP1 DP3 with expert "
+                               "parallelism (EP3): 8 experts placed 3, 3, 2",
+                               lambda d: vllm(d, tp=1, dp=3, ep=True)),
+    "vllm-mla-tp2": (TINY_DEEPSEEK, "vLLM, DeepSeek-V3 style MLA + MoE + shared expert at TP2, BF16",
+                     lambda d: vllm(d, tp=2)),
+    "vllm-mla-fp8-tp2-dp2-ep": (TINY_DEEPSEEK_FP8, "vLLM, DeepSeek-V3 style FP8 checkpoint (16x16 block "
+                                "scales) at TP2 DP2 with expert parallelism (EP4)",
+                                lambda d: vllm(d, tp=2, dp=2, ep=True, quant="fp8-block")),
+}
 
 # The checked-in samples (samples/regenerate.sh writes them with `reshard init`) at their real sizes: the
 # same rules, dumped for a few ranks each (every pipeline stage's first rank, and the last rank) into a

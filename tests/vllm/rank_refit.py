@@ -1,0 +1,105 @@
+"""One real vLLM rank (engine.py) of a live refit: built from a checkpoint
+with other values, its model bound once by reshard.vllm.WorkerRefit, then
+for each round: one refit (the plan's run plus the engine's post-processing),
+and a comparison, bit for bit, of every parameter and buffer with a fresh
+vLLM model loaded from that round's checkpoint (written by refit_live.py).
+Then the cost of WorkerRefit.run against a bare Session.run. Writes
+WORK/vllm-rank{R}.json.
+
+    RANK=.. WORLD_SIZE=.. MASTER_ADDR=.. MASTER_PORT=.. python rank_refit.py ARGS_JSON
+"""
+import json
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE]
+
+import engine  # noqa: E402  (sets the CPU environment before vLLM is imported)
+
+
+def wait_for(path, timeout_s):
+    t0 = time.time()
+    while not os.path.exists(path):
+        if time.time() - t0 > timeout_s:
+            raise TimeoutError(f"{path} did not appear within {timeout_s:.0f} s")
+        time.sleep(0.1)
+
+
+def bits(t):
+    import torch
+    t = t.detach().contiguous()
+    return t.view(torch.uint8) if t.numel() else t
+
+
+def differences(state, fresh):
+    """Names whose dtype, shape, strides or bits differ, and names only one side has."""
+    import torch
+    out = [f"only in the refit engine: {n}" for n in sorted(set(state) - set(fresh))]
+    out += [f"only in the fresh engine: {n}" for n in sorted(set(fresh) - set(state))]
+    for n in sorted(set(state) & set(fresh)):
+        a, b = state[n], fresh[n]
+        if a.dtype != b.dtype or a.shape != b.shape or a.stride() != b.stride():
+            out.append(f"{n}: {a.dtype}{list(a.shape)}:{list(a.stride())} vs fresh {b.dtype}{list(b.shape)}:"
+                       f"{list(b.stride())}")
+        elif not torch.equal(bits(a), bits(b)):
+            out.append(f"{n}: values differ")
+    return out
+
+
+def main():
+    a = json.loads(sys.argv[1])
+    rank = int(os.environ["RANK"])
+    model, config = engine.build(a["initial"], **a["settings"])
+    import torch
+    import reshard
+    import reshard.vllm
+
+    plan = reshard.Plan.open(a["plan"])
+    g = a["first"] + rank
+    session = reshard.Session(plan, g, reshard.GlooTransport(g, plan.num_ranks, store=a["store"],
+                                                             timeout_s=a["timeout_s"]))
+    refit = reshard.vllm.WorkerRefit(session, model, config)
+    written = sorted(b.name for b in session.buffers if b.is_destination)
+    derived = [n + "." + w for n, _ in refit._derived for w in ("W_UV", "W_UK_T")]
+    where = {n: (t.data_ptr(), t.untyped_storage().nbytes()) for n, t in engine.all_tensors(model).items()}
+    result = {"rank": rank, "global_rank": g, "written": len(written), "derived": derived, "rounds": []}
+    before = {n: t.detach().clone() for n, t in engine.all_tensors(model).items()}
+    for k in range(a["rounds"]):
+        t0 = time.perf_counter()
+        stats = refit.run()
+        total = time.perf_counter() - t0
+        state = {n: t.detach().clone() for n, t in engine.all_tensors(model).items()}
+        changed = [n for n in written + derived if not torch.equal(bits(state[n]), bits(before[n]))]
+        unchanged = sorted(set(written + derived) - set(changed))
+        ckpt = os.path.join(a["work"], f"round{k}", "model")
+        wait_for(os.path.join(ckpt, "READY"), a["timeout_s"])
+        fresh = engine.fresh(config, ckpt)
+        diffs = differences(state, engine.all_tensors(fresh))
+        del fresh
+        result["rounds"].append({"run_s": stats.seconds, "refit_s": total, "finish_s": refit.last_finish_s,
+                                 "tensors": len(state), "differences": diffs, "changed": len(changed),
+                                 "unchanged": unchanged})
+        before = state
+    moved = [n for n, t in engine.all_tensors(model).items() if (t.data_ptr(), t.untyped_storage().nbytes()) != where.get(n)]
+    result["moved"] = moved
+    # The cost of going through reshard.vllm: bare Session.run() then WorkerRefit.run(), as many each.
+    bare, full = [], []
+    for _ in range(a["timed_runs"]):
+        t0 = time.perf_counter()
+        session.run()
+        bare.append(time.perf_counter() - t0)
+    for _ in range(a["timed_runs"]):
+        t0 = time.perf_counter()
+        refit.run()
+        full.append(time.perf_counter() - t0)
+    result["bare_run_s"] = statistics.median(bare) if bare else None
+    result["worker_refit_run_s"] = statistics.median(full) if full else None
+    with open(os.path.join(a["work"], f"vllm-rank{rank}.json"), "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()

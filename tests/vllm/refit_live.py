@@ -1,0 +1,302 @@
+#!/usr/bin/env python3
+"""A refit lands in a live vLLM engine: real Megatron-Core CPU ranks (this
+venv, torch 2.15) refit into real vLLM 0.33 CPU ranks (build/vllm-venv,
+torch 2.14) through one plan, twice with different weights; after each
+refit every parameter and buffer of every vLLM rank must equal, bit for bit,
+a fresh vLLM model loaded from the HF checkpoint of the same weights
+(tests/vllm/rank_refit.py). The vLLM ranks go through reshard.vllm
+(WorkerRefit: bind once, run, the engine's post-processing), the Megatron
+ranks through reshard.TrainerRefit.
+
+Cases (CASES below): dense Llama into TP4 with replicated KV heads; Qwen3-MoE
+into TP2 x DP2 with EP; Qwen3-MoE into per-channel FP8 (transposed views);
+DeepSeek-style MLA with FP8 block scales, shared experts and EP (W_UV /
+W_UK_T derived at load), from one BF16 HF rank (Megatron-Core's MLA needs
+Transformer Engine, a GPU).
+
+    build/venv/bin/python tests/vllm/refit_live.py --build build [--vllm-python P] [CASE ...]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+MEGATRON = os.path.join(ROOT, "tests", "megatron")
+sys.path[:0] = [HERE, MEGATRON, os.path.join(ROOT, "tools")]
+
+import torch  # noqa: E402
+
+import launch  # noqa: E402
+
+TIMEOUT_S = 600.0
+ROUNDS = 2
+TIMED_RUNS = 5
+RECORDED = os.path.join(ROOT, "tests", "data", "recorded")
+
+# name: source (a tests/megatron case, or "hf" with an HF config), the vLLM
+# settings, `reshard init --infer`, and the checkpoint's quantization.
+CASES = {
+    "dense-tp4": dict(megatron="dense-tp2-pp2", train="megatron:tp=2,pp=2,spec=local",
+                      vllm=dict(tp=4, pp=1, dp=1, ep=False), infer="vllm:tp=4"),
+    "moe-tp2-dp2-ep": dict(megatron="moe-tp2-pp2-ep2", train="megatron:tp=2,pp=2,ep=2,etp=1,spec=local",
+                           vllm=dict(tp=2, pp=1, dp=2, ep=True), infer="vllm:tp=2,dp=2,ep"),
+    "moe-fp8-channel": dict(megatron="moe-tp2-pp2-ep2", train="megatron:tp=2,pp=2,ep=2,etp=1,spec=local",
+                            vllm=dict(tp=2, pp=1, dp=1, ep=False), infer="vllm:tp=2,quant=fp8-channel",
+                            quant="fp8-channel"),
+    "mla-fp8-tp2-dp2-ep": dict(hf="vllm-mla-tp2", infer_config="vllm-mla-fp8-tp2-dp2-ep",
+                               vllm=dict(tp=2, pp=1, dp=2, ep=True), infer="vllm:tp=2,dp=2,ep"),
+}
+
+
+def load_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def reshard_cli(build, *args):
+    subprocess.run([os.path.join(build, "reshard"), *args], check=True, stdout=subprocess.DEVNULL)
+
+
+def specs(build, case, work):
+    """(model.json, train.json, infer.json, HF config of the checkpoints)."""
+    if "megatron" in case:
+        config_path = os.path.join(MEGATRON, "..", "data", "megatron", case["megatron"], "config.json")
+        reshard_cli(build, "init", "-q", "--hf-config", config_path, "--train", case["train"], "--infer",
+                    case["infer"], "-o", os.path.join(work, "specs"))
+        config = load_json(config_path)
+        d = os.path.join(work, "specs")
+        paths = (os.path.join(d, "model.json"), os.path.join(d, "train.json"), os.path.join(d, "infer.json"))
+    else:  # BF16 HF rank -> the FP8 checkpoint's layout: one model spec, two configs
+        bf16 = os.path.join(RECORDED, case["hf"], "config.json")
+        fp8 = os.path.join(RECORDED, case["infer_config"], "config.json")
+        reshard_cli(build, "init", "-q", "--hf-config", bf16, "--name", "tiny-mla", "--train", "hf", "--infer", "hf",
+                    "-o", os.path.join(work, "train"))
+        reshard_cli(build, "init", "-q", "--hf-config", fp8, "--name", "tiny-mla", "--train", "hf", "--infer",
+                    case["infer"], "-o", os.path.join(work, "infer"))
+        assert load_json(os.path.join(work, "train", "model.json")) == load_json(os.path.join(work, "infer",
+                                                                                             "model.json"))
+        config = load_json(fp8)
+        paths = (os.path.join(work, "train", "model.json"), os.path.join(work, "train", "train.json"),
+                 os.path.join(work, "infer", "infer.json"))
+    if case.get("quant") == "fp8-channel":
+        sys.path.insert(0, HERE)
+        config = dict(config, quantization_config={
+            "quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
+            "ignore": ["lm_head", "re:.*mlp.gate$"],
+            "config_groups": {"group_0": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True,
+                            "dynamic": False, "observer": "minmax"},
+                "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "symmetric": True,
+                                      "dynamic": True, "observer": None}}}})
+    return paths, config
+
+
+def write_checkpoint(vllm_python, work, name, config, tensors):
+    """HF tensors -> a vLLM checkpoint dir (quantized per config) in the vLLM venv; returns the dir."""
+    pt = os.path.join(work, name + ".pt")
+    torch.save({"config": config, "tensors": {k: v.contiguous() for k, v in tensors.items()}}, pt)
+    out = os.path.join(work, name)
+    subprocess.run([vllm_python, os.path.join(HERE, "write_checkpoint.py"), pt, out], check=True)
+    return out
+
+
+def hf_values(model_path, seed):
+    """Random HF tensors of a model spec (the BF16 source rank, or the vLLM ranks' first weights)."""
+    import hashlib
+    model = load_json(model_path)
+    dims = model.get("dims", {})
+    dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32}
+    out = {}
+    for t in model["tensors"]:
+        names = [t["name"]]
+        for dim, size in dims.items():
+            lo, hi = t.get("range", {}).get(dim, [0, size])
+            if "{" + dim + "}" in t["name"]:
+                names = [n.replace("{" + dim + "}", str(i)) for n in names for i in range(lo, hi)]
+        for n in names:
+            key = int.from_bytes(hashlib.sha256(f"{n}/{seed}".encode()).digest()[:8], "little") & ((1 << 63) - 1)
+            g = torch.Generator().manual_seed(key)
+            x = torch.randn(t["shape"], generator=g)
+            x = 1.0 + 0.1 * x if "norm" in n else 0.5 * x
+            out[n] = x.to(dtypes[t.get("dtype", model.get("dtype", "bf16"))])
+    return out
+
+
+# -- the Megatron ranks (torch.multiprocessing, this venv) --------------------------------------------------
+
+def _megatron_rank(rank, case_name, a):
+    import reshard
+    import tiny_gpt
+    from cases import CASES as MCASES
+    case = MCASES[CASES[case_name]["megatron"]]
+    tiny_gpt.parallel(case)
+    model = tiny_gpt.build(case, wrap=True)
+    plan = reshard.Plan.open(a["plan"])
+    session = reshard.Session(plan, rank, reshard.GlooTransport(rank, plan.num_ranks, store=a["store"],
+                                                                timeout_s=TIMEOUT_S))
+    refit = None
+    for k in range(ROUNDS):
+        tiny_gpt.fill(model, salt=k)  # a different model each round, as after training steps
+        d = os.path.join(a["work"], f"round{k}")
+        os.makedirs(d, exist_ok=True)
+        torch.save({"coords": tiny_gpt.coords(), "params": {n: t.clone() for n, t in tiny_gpt.named_params(model).items()}},
+                   os.path.join(d, f"megatron{rank}.pt"))
+        if refit is None:
+            refit = reshard.TrainerRefit(session, model)
+        refit.run()
+    for _ in range(2 * TIMED_RUNS):  # the vLLM ranks time bare runs, then WorkerRefit runs
+        refit.run()
+
+
+def megatron_checkpoints(case_name, case, work, world, config, vllm_python, errors):
+    """Per round: the Megatron ranks' parameters -> HF (tests/megatron/convert.py) -> a checkpoint."""
+    import convert
+    from cases import CASES as MCASES
+    try:
+        mcase = MCASES[case["megatron"]]
+        for k in range(ROUNDS):
+            d = os.path.join(work, f"round{k}")
+            files = [os.path.join(d, f"megatron{r}.pt") for r in range(world)]
+            t0 = time.time()
+            while not all(os.path.exists(f) for f in files):
+                if time.time() - t0 > TIMEOUT_S:
+                    raise TimeoutError(f"round {k}: the Megatron ranks did not save their parameters")
+                time.sleep(0.2)
+            time.sleep(0.5)  # torch.save of the last file: complete once its size settles
+            ranks = {}
+            for r, f in enumerate(files):
+                g = torch.load(f, weights_only=False)
+                ranks[r] = (g["coords"], g["params"])
+            write_checkpoint(vllm_python, d, "model", config, convert.megatron_to_hf(mcase, ranks))
+    except Exception as e:  # noqa: BLE001 - reported by the caller
+        errors.append(e)
+
+
+def hf_source(case, work, a, config, vllm_python, errors):
+    """The BF16 HF rank (plan rank 0): new values each round, TrainerRefit, the checkpoint of the same values."""
+    try:
+        import reshard
+        plan = reshard.Plan.open(a["plan"])
+        session = reshard.Session(plan, 0, reshard.GlooTransport(0, plan.num_ranks, store=a["store"],
+                                                                 timeout_s=TIMEOUT_S))
+        tensors = hf_values(a["model"], 0)
+        refit = reshard.TrainerRefit(session, tensors)
+        for k in range(ROUNDS):
+            new = hf_values(a["model"], 100 + k)
+            for n, t in tensors.items():
+                t.copy_(new[n])  # in place: the bound memory
+            d = os.path.join(work, f"round{k}")
+            os.makedirs(d, exist_ok=True)
+            write_checkpoint(vllm_python, d, "model", config, tensors)
+            refit.run()
+        for _ in range(2 * TIMED_RUNS):
+            refit.run()
+    except Exception as e:  # noqa: BLE001 - reported by the caller
+        errors.append(e)
+
+
+def run_case(name, build, vllm_python, work):
+    case = CASES[name]
+    os.makedirs(work, exist_ok=True)
+    (model, train, infer), config = specs(build, case, work)
+    plan = os.path.join(work, "plan.rsplan")
+    reshard_cli(build, "compile", "--model", model, "--from", train, "--to", infer, "--cluster",
+                os.path.join(ROOT, "samples", "clusters", "dgx-h100.json"), "-o", plan)
+    import reshard
+    p = reshard.Plan.open(plan)
+    store = os.path.join(work, "store")
+    os.makedirs(store)
+    first = p.dest_ranks[0]
+    assert p.dest_ranks == list(range(first, p.num_ranks)) and p.source_ranks == list(range(first)), \
+        (p.source_ranks, p.dest_ranks)
+    a = {"plan": plan, "store": store, "work": work, "model": model}
+    # The vLLM ranks' first weights: other values, so that a refit that wrote nothing would fail.
+    initial = write_checkpoint(vllm_python, work, "initial", config, hf_values(model, 7))
+    errors = []
+    threads, ctx = [], None
+    if "megatron" in case:
+        import ranks
+        ctx = ranks.spawn(first, _megatron_rank, name, a, join=False)
+        threads.append(threading.Thread(target=megatron_checkpoints, daemon=True,
+                                        args=(name, case, work, first, config, vllm_python, errors)))
+    else:
+        threads.append(threading.Thread(target=hf_source, daemon=True,
+                                        args=(case, work, a, config, vllm_python, errors)))
+    for t in threads:
+        t.start()
+    args = {"initial": initial, "settings": case["vllm"], "plan": plan, "store": store, "first": first,
+            "rounds": ROUNDS, "work": work, "timeout_s": TIMEOUT_S, "timed_runs": TIMED_RUNS}
+    world = len(p.dest_ranks)
+    t0 = time.time()
+    try:
+        launch.run(world, [os.path.join(HERE, "rank_refit.py"), json.dumps(args)], timeout_s=TIMEOUT_S,
+                   python=vllm_python, label=f"{name}-vllm", log_dir=work)
+    except RuntimeError as e:
+        raise SystemExit(f"{name}: {e}\n(errors on the source side: {errors!r})")
+    finally:
+        if ctx is not None:
+            while not ctx.join(timeout=TIMEOUT_S):
+                pass
+        for t in threads:
+            t.join(timeout=60)
+    if errors:
+        raise SystemExit(f"{name}: the source side: {errors[0]!r}")
+    wall = time.time() - t0
+    results = [load_json(os.path.join(work, f"vllm-rank{r}.json")) for r in range(world)]
+    bad = []
+    for r in results:
+        for k, rd in enumerate(r["rounds"]):
+            bad += [f"rank {r['rank']} round {k}: {d}" for d in rd["differences"]]
+            if rd["unchanged"]:
+                bad.append(f"rank {r['rank']} round {k}: the refit left {rd['unchanged'][:4]} as they were")
+        if r["moved"]:
+            bad.append(f"rank {r['rank']}: tensors moved in memory: {r['moved'][:4]}")
+        if "mla" in name and len(r["derived"]) != 2 * 4:
+            bad.append(f"rank {r['rank']}: {len(r['derived'])} derived tensors recomputed, expected W_UV and "
+                       "W_UK_T of 4 layers")
+    if bad:
+        raise SystemExit(f"{name}: the refit engine differs from a fresh load:\n  " + "\n  ".join(bad[:30]))
+    tensors = results[0]["rounds"][0]["tensors"]
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    summary = {
+        "case": name, "vllm_ranks": world, "source_ranks": first, "rounds": ROUNDS,
+        "tensors_per_rank": tensors,
+        "run_s": med([rd["run_s"] for r in results for rd in r["rounds"]]),
+        "finish_s": med([rd["finish_s"] for r in results for rd in r["rounds"]]),
+        "bare_run_s": med([r["bare_run_s"] for r in results]),
+        "worker_refit_run_s": med([r["worker_refit_run_s"] for r in results]),
+        "wall_s": round(wall, 1),
+    }
+    print(f"{name}: {ROUNDS} refits from {first} {'Megatron-Core' if 'megatron' in case else 'HF'} rank(s) into "
+          f"{world} vLLM ranks: every parameter and buffer ({tensors} on rank 0) equals a fresh vLLM load, bit for "
+          f"bit, after each; nothing moved in memory" + (f"; W_UV / W_UK_T recomputed" if "mla" in name else "")
+          + f" ({wall:.0f} s)", flush=True)
+    print("  " + json.dumps(summary), flush=True)
+    return summary
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--vllm-python", default=os.path.join(ROOT, "build", "vllm-venv", "bin", "python"))
+    ap.add_argument("--work", help="keep checkpoints, plans and rank logs here (default: a temporary folder)")
+    ap.add_argument("case", nargs="*", help=f"cases (default: all): {', '.join(CASES)}")
+    a = ap.parse_args(argv)
+    names = a.case or list(CASES)
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        sys.exit(f"refit_live.py: unknown case(s) {', '.join(unknown)}; known: {', '.join(CASES)}")
+    work = a.work or tempfile.mkdtemp(prefix="reshard-refit-live-")
+    for n in names:
+        run_case(n, a.build, a.vllm_python, os.path.join(work, n))
+
+
+if __name__ == "__main__":
+    main()
