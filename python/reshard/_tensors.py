@@ -101,7 +101,10 @@ def describe(t: Any) -> TensorInfo:
     if fn is not None:
         return fn(t)
     mod = type(t).__module__
-    if mod.startswith("torch") and hasattr(t, "data_ptr"):
+    # torch tensors, and subclasses from other packages (vLLM's
+    # ModelWeightParameter, BasevLLMParameter, ...) by their base class
+    if hasattr(t, "data_ptr") and any(c.__module__.startswith("torch") and c.__name__ == "Tensor"
+                                      for c in type(t).__mro__):
         _by_type[type(t)] = _describe_torch
         return _describe_torch(t)
     if mod == "numpy" and hasattr(t, "__array_interface__"):

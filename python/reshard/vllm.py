@@ -182,9 +182,11 @@ class WorkerRefit(BoundModule):
                                     "weights in a layout reshard has not proven; nothing was bound:\n  "
                                     + "\n  ".join(problems))
         super().__init__(session, model)
-        # Only the MLA layers whose kv_b_proj this rank's plan writes.
+        # Only the MLA layers whose kv_b_proj this rank's plan writes (the layer
+        # holds it as an attribute; named_modules() names it where it was registered first).
+        names = {id(m): n for n, m in model.named_modules()}
         self._derived = [(n, m) for n, m in mla_layers(model)
-                         if any(b.startswith(n.rsplit(".", 1)[0] + ".kv_b_proj.") for b in written)]
+                         if names.get(id(m.kv_b_proj), "?") + ".weight" in written]
         self.last_finish_s = 0.0
 
     def finish(self) -> None:

@@ -4,7 +4,7 @@ writes for the config), values from a seed or given, quantized the way the
 config's quantization_config says:
 
 - "quant_method": "fp8" with "weight_block_size" [bn, bk] (DeepSeek-V3's
-  FP8 checkpoints): every linear projection `*_proj.weight` stored as
+  FP8 checkpoints): every linear projection (`*_proj*.weight`) stored as
   float8_e4m3fn with `weight_scale_inv` float32 [ceil(out/bn), ceil(in/bk)],
   scale = amax of the block / 448;
 - "quant_method": "compressed-tensors", FP8 per channel (what llm-compressor
@@ -58,7 +58,11 @@ def expand(model_spec):
 
 
 def is_quantized(name, shape):
-    return len(shape) == 2 and name.endswith("_proj.weight") and "embed" not in name
+    """The linear projections (q_a_proj, kv_a_proj_with_mqa, gate_proj, ...),
+    as DeepSeek-V3's FP8 checkpoints store them; not embeddings, norms,
+    routers or lm_head."""
+    module = name.rsplit(".", 1)[0].rsplit(".", 1)[-1]
+    return len(shape) == 2 and name.endswith(".weight") and "proj" in module
 
 
 def random_values(tensors, seed):

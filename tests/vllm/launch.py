@@ -16,9 +16,10 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run(world, argv, timeout_s=600.0, env=None, python=sys.executable, label="ranks", log_dir=None):
+def run(world, argv, timeout_s=600.0, env=None, python=sys.executable, label="ranks", log_dir=None, abort=None):
     """Runs `python argv...` on `world` ranks; returns the ranks' outputs.
-    Raises RuntimeError naming the first failing rank and its output tail."""
+    Raises RuntimeError naming the first failing rank and its output tail, or
+    what `abort()` returned once it returns something (the ranks are killed)."""
     port = free_port()
     procs, logs = [], []
     for r in range(world):
@@ -30,20 +31,21 @@ def run(world, argv, timeout_s=600.0, env=None, python=sys.executable, label="ra
         procs.append(subprocess.Popen([python] + argv, env=e, stdout=f if path else subprocess.PIPE,
                                       stderr=subprocess.STDOUT, start_new_session=True))
     deadline = time.time() + timeout_s
-    failed = None
+    failed = aborted = None
     try:
         while any(p.poll() is None for p in procs):
             for r, p in enumerate(procs):
                 if p.poll() not in (None, 0) and failed is None:
                     failed = r
-            if failed is not None or time.time() > deadline:
+            aborted = abort() if abort else None
+            if failed is not None or aborted or time.time() > deadline:
                 break
             time.sleep(0.2)
         for r, p in enumerate(procs):
             if failed is None and p.poll() not in (None, 0):
                 failed = r
     finally:
-        timed_out = any(p.poll() is None for p in procs) and failed is None
+        timed_out = any(p.poll() is None for p in procs) and failed is None and not aborted
         for p in procs:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
@@ -56,6 +58,8 @@ def run(world, argv, timeout_s=600.0, env=None, python=sys.executable, label="ra
             f.close()
         else:
             outs.append(p.stdout.read().decode(errors="replace"))
+    if aborted:
+        raise RuntimeError(f"{label}: stopped: {aborted}")
     if timed_out:
         raise RuntimeError(f"{label}: timed out after {timeout_s:.0f} s; rank 0 said:\n{outs[0][-3000:]}")
     if failed is not None:

@@ -30,8 +30,7 @@ def wait_for(path, timeout_s):
 
 def bits(t):
     import torch
-    t = t.detach().contiguous()
-    return t.view(torch.uint8) if t.numel() else t
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
 
 
 def differences(state, fresh):
@@ -40,13 +39,20 @@ def differences(state, fresh):
     out = [f"only in the refit engine: {n}" for n in sorted(set(state) - set(fresh))]
     out += [f"only in the fresh engine: {n}" for n in sorted(set(fresh) - set(state))]
     for n in sorted(set(state) & set(fresh)):
-        a, b = state[n], fresh[n]
-        if a.dtype != b.dtype or a.shape != b.shape or a.stride() != b.stride():
-            out.append(f"{n}: {a.dtype}{list(a.shape)}:{list(a.stride())} vs fresh {b.dtype}{list(b.shape)}:"
+        (a, stride), b = state[n], fresh[n]
+        if a.dtype != b.dtype or a.shape != b.shape or stride != b.stride():
+            out.append(f"{n}: {a.dtype}{list(a.shape)}:{list(stride)} vs fresh {b.dtype}{list(b.shape)}:"
                        f"{list(b.stride())}")
         elif not torch.equal(bits(a), bits(b)):
             out.append(f"{n}: values differ")
     return out
+
+
+def snapshot(model):
+    """{name: (a copy of the values, the live tensor's strides)}: a copy of a
+    view that covers part of its storage (MLA's W_UV) gets other strides."""
+    import engine
+    return {n: (t.detach().clone(), t.stride()) for n, t in engine.all_tensors(model).items()}
 
 
 def main():
@@ -66,21 +72,28 @@ def main():
     derived = [n + "." + w for n, _ in refit._derived for w in ("W_UV", "W_UK_T")]
     where = {n: (t.data_ptr(), t.untyped_storage().nbytes()) for n, t in engine.all_tensors(model).items()}
     result = {"rank": rank, "global_rank": g, "written": len(written), "derived": derived, "rounds": []}
-    before = {n: t.detach().clone() for n, t in engine.all_tensors(model).items()}
+    before = snapshot(model)
     for k in range(a["rounds"]):
+        # refit.run() in its steps, to also compare the engine between the two:
+        # without the post-processing, exactly the derived tensors must be stale.
         t0 = time.perf_counter()
-        stats = refit.run()
+        refit.rebind_if_replaced()
+        stats = session.run()
+        unfinished = snapshot(model)
+        refit.finish()
         total = time.perf_counter() - t0
-        state = {n: t.detach().clone() for n, t in engine.all_tensors(model).items()}
-        changed = [n for n in written + derived if not torch.equal(bits(state[n]), bits(before[n]))]
+        state = snapshot(model)
+        changed = [n for n in written + derived if not torch.equal(bits(state[n][0]), bits(before[n][0]))]
         unchanged = sorted(set(written + derived) - set(changed))
         ckpt = os.path.join(a["work"], f"round{k}", "model")
         wait_for(os.path.join(ckpt, "READY"), a["timeout_s"])
         fresh = engine.fresh(config, ckpt)
         diffs = differences(state, engine.all_tensors(fresh))
+        stale = sorted(d.split(":")[0] for d in differences(unfinished, engine.all_tensors(fresh)))
         del fresh
         result["rounds"].append({"run_s": stats.seconds, "refit_s": total, "finish_s": refit.last_finish_s,
                                  "tensors": len(state), "differences": diffs, "changed": len(changed),
+                                 "stale_without_finish": stale,
                                  "unchanged": unchanged})
         before = state
     moved = [n for n, t in engine.all_tensors(model).items() if (t.data_ptr(), t.untyped_storage().nbytes()) != where.get(n)]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Builds every case of cases.py on real vLLM 0.33 CPU ranks (engine.py),
+"""Builds every case of vllm_cases.py on real vLLM 0.33 CPU ranks (engine.py),
 dumps each rank (tools/dump_state_dict.py: name, dtype, shape, strides of
 every parameter and persistent buffer) and compares the dumps with the
 recorded ones in tests/data/recorded/<case>/dump.json, or writes them there
@@ -22,7 +22,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path[:0] = [HERE, os.path.join(ROOT, "tools"), os.path.join(ROOT, "tests", "recorded")]
 
-import cases  # noqa: E402
+import vllm_cases as cases  # noqa: E402
 import checkpoint  # noqa: E402
 import derive  # noqa: E402
 import dump_state_dict  # noqa: E402

@@ -202,6 +202,17 @@ def hf_source(case, work, a, config, vllm_python, errors):
         errors.append(e)
 
 
+def source_failed(errors, ctx):
+    """What went wrong on the source side (a thread's error, a Megatron rank that exited), or None."""
+    if errors:
+        return f"the source side: {errors[0]!r}"
+    if ctx is not None:
+        for i, p in enumerate(ctx.processes):
+            if p.exitcode not in (None, 0):
+                return f"Megatron rank {i} exited with {p.exitcode}"
+    return None
+
+
 def run_case(name, build, vllm_python, work):
     case = CASES[name]
     os.makedirs(work, exist_ok=True)
@@ -237,23 +248,31 @@ def run_case(name, build, vllm_python, work):
     t0 = time.time()
     try:
         launch.run(world, [os.path.join(HERE, "rank_refit.py"), json.dumps(args)], timeout_s=TIMEOUT_S,
-                   python=vllm_python, label=f"{name}-vllm", log_dir=work)
+                   python=vllm_python, label=f"{name}-vllm", log_dir=work, abort=lambda: source_failed(errors, ctx))
     except RuntimeError as e:
         raise SystemExit(f"{name}: {e}\n(errors on the source side: {errors!r})")
     finally:
         if ctx is not None:
-            while not ctx.join(timeout=TIMEOUT_S):
-                pass
+            for p in ctx.processes:  # after a failure the Megatron ranks would wait for their peers' timeout
+                p.join(timeout=60 if not errors else 1)
+                if p.is_alive():
+                    p.kill()
         for t in threads:
             t.join(timeout=60)
     if errors:
         raise SystemExit(f"{name}: the source side: {errors[0]!r}")
+    if ctx is not None and any(p.exitcode != 0 for p in ctx.processes):
+        raise SystemExit(f"{name}: Megatron ranks exited with {[p.exitcode for p in ctx.processes]}")
     wall = time.time() - t0
     results = [load_json(os.path.join(work, f"vllm-rank{r}.json")) for r in range(world)]
     bad = []
     for r in results:
         for k, rd in enumerate(r["rounds"]):
             bad += [f"rank {r['rank']} round {k}: {d}" for d in rd["differences"]]
+            if rd["stale_without_finish"] != sorted(r["derived"]):
+                bad.append(f"rank {r['rank']} round {k}: without the engine's post-processing these differ from a "
+                           f"fresh load: {rd['stale_without_finish'][:4]}; expected exactly the derived "
+                           f"{sorted(r['derived'])[:4]}")
             if rd["unchanged"]:
                 bad.append(f"rank {r['rank']} round {k}: the refit left {rd['unchanged'][:4]} as they were")
         if r["moved"]:
@@ -277,6 +296,7 @@ def run_case(name, build, vllm_python, work):
     print(f"{name}: {ROUNDS} refits from {first} {'Megatron-Core' if 'megatron' in case else 'HF'} rank(s) into "
           f"{world} vLLM ranks: every parameter and buffer ({tensors} on rank 0) equals a fresh vLLM load, bit for "
           f"bit, after each; nothing moved in memory" + (f"; W_UV / W_UK_T recomputed" if "mla" in name else "")
+          + (f" (without it they are stale: the comparison sees it)" if "mla" in name else "")
           + f" ({wall:.0f} s)", flush=True)
     print("  " + json.dumps(summary), flush=True)
     return summary

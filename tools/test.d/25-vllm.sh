@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Real vLLM 0.33.0 on CPU (tests/vllm), in build/vllm-venv (tools/vllm_venv.sh:
+# vLLM pins torch 2.14, so it has a venv of its own, cached like build/venv):
+#  1. every vLLM case of tests/data/recorded built on real vLLM ranks and
+#     dumped; each dump must equal the recorded one (tests/vllm/record.py;
+#     RecordedDumps in ctest checks `reshard init` against them);
+#  2. reshard.vllm's checks on a real rank (tests/vllm/worker_checks.py);
+#  3. live refits: real Megatron-Core ranks (build/venv) into real vLLM ranks
+#     through one plan, twice, every parameter and buffer of each vLLM rank
+#     equal to a fresh vLLM load after each (tests/vllm/refit_live.py).
+# Installs the Python package into both venvs (tools/python_install.sh).
+# Skips (exit 0, with a message) only when the Python package registry
+# cannot be reached.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+start=$(date +%s)
+VPY=$(tools/vllm_venv.sh)
+rc=$?
+if [ "$rc" -eq 3 ]; then
+  echo "SKIPPED tools/test.d/25-vllm.sh: the Python package registry cannot be reached, so vLLM cannot be installed"
+  exit 0
+fi
+[ "$rc" -eq 0 ] || { echo "tools/test.d/25-vllm.sh: tools/vllm_venv.sh failed (exit $rc)" >&2; exit 1; }
+PY=$(tools/venv.sh)
+rc=$?
+if [ "$rc" -eq 3 ]; then
+  echo "SKIPPED tools/test.d/25-vllm.sh: the Python package registry cannot be reached, so Megatron-Core cannot be installed"
+  exit 0
+fi
+[ "$rc" -eq 0 ] || { echo "tools/test.d/25-vllm.sh: tools/venv.sh failed (exit $rc)" >&2; exit 1; }
+set -e
+echo "25-vllm: venvs ready in $(( $(date +%s) - start )) s"
+tools/python_install.sh "$VPY"
+tools/python_install.sh "$PY"
+t=$(date +%s)
+"$VPY" tests/vllm/record.py --build build
+echo "25-vllm: real vLLM dumps checked in $(( $(date +%s) - t )) s"
+t=$(date +%s)
+"$VPY" tests/vllm/worker_checks.py --build build
+echo "25-vllm: worker checks in $(( $(date +%s) - t )) s"
+t=$(date +%s)
+"$PY" tests/vllm/refit_live.py --build build --vllm-python "$VPY"
+echo "25-vllm: live refits in $(( $(date +%s) - t )) s"
