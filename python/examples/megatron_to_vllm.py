@@ -1,8 +1,9 @@
 """Megatron-Core -> vLLM weight refit, written the way an RL framework calls reshard.
 
-NOT YET RUN ON GPUS: it is written against reshard's API (run on CPU by
-python/tests) and the frameworks' public objects; the NCCL path has been
-exercised only by tools/gpu-check.sh's loopback, not by this script.
+NOT YET RUN ON GPUS: the same classes (reshard.TrainerRefit on real
+Megatron-Core ranks, reshard.vllm.WorkerRefit on real vLLM 0.33 ranks) run on
+CPU over Gloo in tests/vllm/refit_live.py; the NCCL path has been exercised
+only by tools/gpu-check.sh's loopback, not by this script.
 
 Offline, once per (model, parallelism) pair:
 
@@ -43,41 +44,36 @@ class PolicyRank:
     def __init__(self, model: torch.nn.Module, plan_path: str, global_rank: int, device: int, broadcast_object):
         self.plan = reshard.Plan.open(plan_path)
         self.transport = make_transport(self.plan, global_rank, device, broadcast_object)
-        self.session = reshard.Session(self.plan, global_rank, self.transport)
-        # Megatron names its parameters as the training layout does
-        # (decoder.layers.{l}.self_attention.linear_qkv.weight, ...). A DDP /
-        # Float16Module wrapper adds "module." prefixes: bind the inner module.
-        inner = model
-        while hasattr(inner, "module"):
-            inner = inner.module
-        unused = self.session.bind_module(inner)
-        if unused:
-            print(f"rank {global_rank}: not refit (not in the plan): {unused[:5]}")
+        # Bound once (Float16Module / DDP wrappers are looked through); parameters the
+        # framework replaces later (offload, resharding) are re-bound by name at each run.
+        self.refit_ = reshard.TrainerRefit(reshard.Session(self.plan, global_rank, self.transport), model)
 
     def refit(self) -> reshard.RunStats:
         # After the optimizer step: the parameters hold the new weights.
         torch.cuda.current_stream().synchronize()  # the optimizer's writes are done
-        return self.session.run()
+        return self.refit_.run()
 
 
 class InferenceRank:
-    """A vLLM worker (one of plan.dest_ranks): its model's parameters are the destinations."""
+    """A vLLM 0.33 worker (one of plan.dest_ranks): its model's parameters are the destinations.
 
-    def __init__(self, model: torch.nn.Module, plan_path: str, global_rank: int, device: int, broadcast_object):
+    reshard.vllm.WorkerRefit checks the engine's TP / PP / DP / EP and its
+    kernels' weight layouts against the plan before any byte moves, then each
+    run() writes the weights in place and recomputes what vLLM derives from
+    them (MLA's W_UV / W_UK_T). The same as a vLLM weight-transfer engine:
+    reshard.vllm.register(), then weight_transfer_config.backend = "reshard"."""
+
+    def __init__(self, model: torch.nn.Module, vllm_config, plan_path: str, global_rank: int, device: int,
+                 broadcast_object):
+        import reshard.vllm
+
         self.plan = reshard.Plan.open(plan_path)
         self.transport = make_transport(self.plan, global_rank, device, broadcast_object)
-        self.session = reshard.Session(self.plan, global_rank, self.transport)
-        self.model = model
-        self.session.bind_module(model)  # qkv_proj, gate_up_proj, w13_weight, ... as the inference layout names them
+        self.refit_ = reshard.vllm.WorkerRefit(reshard.Session(self.plan, global_rank, self.transport), model,
+                                               vllm_config)
 
     def refit(self) -> reshard.RunStats:
-        stats = self.session.run()  # returns when the weights are in place
-        return stats
-
-    def after_post_processing(self) -> None:
-        """vLLM may replace parameters after loading (FP8 weights: process_weights_after_loading
-        swaps .data). Re-bind so the next refit writes into the tensors the model uses."""
-        self.session.bind_module(self.model)
+        return self.refit_.run()  # returns when the weights, and what vLLM derives from them, are in place
 
 
 def training_loop(policy: PolicyRank, steps: int, train_step, notify_inference) -> None:

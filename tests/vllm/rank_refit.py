@@ -65,9 +65,25 @@ def main():
 
     plan = reshard.Plan.open(a["plan"])
     g = a["first"] + rank
-    session = reshard.Session(plan, g, reshard.GlooTransport(g, plan.num_ranks, store=a["store"],
-                                                             timeout_s=a["timeout_s"]))
-    refit = reshard.vllm.WorkerRefit(session, model, config)
+    session = None if a.get("via") == "weight-transfer-engine" else reshard.Session(
+        plan, g, reshard.GlooTransport(g, plan.num_ranks, store=a["store"], timeout_s=a["timeout_s"]))
+    engine_api = None
+    if a.get("via") == "weight-transfer-engine":
+        # vLLM's own interface: the engine registered in WeightTransferEngineFactory
+        # and made by it, as a worker does for weight_transfer_config.backend = "reshard".
+        from vllm.config.weight_transfer import WeightTransferConfig
+        from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+        reshard.vllm.register()
+        engine_api = WeightTransferEngineFactory.create_engine(WeightTransferConfig(backend="reshard"), config,
+                                                               torch.device("cpu"), model)
+        assert isinstance(engine_api, reshard.vllm.ReshardWeightTransferEngine), type(engine_api)
+        engine_api.init_transfer_engine(engine_api.parse_init_info(
+            {"plan_path": a["plan"], "rank": g, "store": a["store"], "timeout_s": a["timeout_s"]}))
+        refit = engine_api.refit
+        session = refit.session
+    else:
+        refit = reshard.vllm.WorkerRefit(session, model, config)
     written = sorted(b.name for b in session.buffers if b.is_destination)
     derived = [n + "." + w for n, _ in refit._derived for w in ("W_UV", "W_UK_T")]
     where = {n: (t.data_ptr(), t.untyped_storage().nbytes()) for n, t in engine.all_tensors(model).items()}
@@ -77,10 +93,17 @@ def main():
         # refit.run() in its steps, to also compare the engine between the two:
         # without the post-processing, exactly the derived tensors must be stale.
         t0 = time.perf_counter()
-        refit.rebind_if_replaced()
-        stats = session.run()
-        unfinished = snapshot(model)
-        refit.finish()
+        if engine_api is not None:  # start, update, finish as a vLLM worker calls them
+            engine_api.start_weight_update()
+            engine_api.update_weights({"step": k})
+            stats = engine_api.stats
+            unfinished = snapshot(model)
+            engine_api.finish_weight_update()
+        else:
+            refit.rebind_if_replaced()
+            stats = session.run()
+            unfinished = snapshot(model)
+            refit.finish()
         total = time.perf_counter() - t0
         state = snapshot(model)
         changed = [n for n in written + derived if not torch.equal(bits(state[n][0]), bits(before[n][0]))]

@@ -50,7 +50,8 @@ CASES = {
                             vllm=dict(tp=2, pp=1, dp=1, ep=False), infer="vllm:tp=2,quant=fp8-channel",
                             quant="fp8-channel"),
     "mla-fp8-tp2-dp2-ep": dict(hf="vllm-mla-tp2", infer_config="vllm-mla-fp8-tp2-dp2-ep",
-                               vllm=dict(tp=2, pp=1, dp=2, ep=True), infer="vllm:tp=2,dp=2,ep"),
+                               vllm=dict(tp=2, pp=1, dp=2, ep=True), infer="vllm:tp=2,dp=2,ep",
+                               via="weight-transfer-engine"),
 }
 
 
@@ -131,7 +132,7 @@ def hf_values(model_path, seed):
 
 # -- the Megatron ranks (torch.multiprocessing, this venv) --------------------------------------------------
 
-def _megatron_rank(rank, case_name, a):
+def _megatron_rank(rank, case_name, a, timed_runs=TIMED_RUNS):
     import reshard
     import tiny_gpt
     from cases import CASES as MCASES
@@ -151,7 +152,7 @@ def _megatron_rank(rank, case_name, a):
         if refit is None:
             refit = reshard.TrainerRefit(session, model)
         refit.run()
-    for _ in range(2 * TIMED_RUNS):  # the vLLM ranks time bare runs, then WorkerRefit runs
+    for _ in range(2 * timed_runs):  # the vLLM ranks time bare runs, then WorkerRefit runs
         refit.run()
 
 
@@ -179,7 +180,7 @@ def megatron_checkpoints(case_name, case, work, world, config, vllm_python, erro
         errors.append(e)
 
 
-def hf_source(case, work, a, config, vllm_python, errors):
+def hf_source(case, work, a, config, vllm_python, errors, timed_runs=TIMED_RUNS):
     """The BF16 HF rank (plan rank 0): new values each round, TrainerRefit, the checkpoint of the same values."""
     try:
         import reshard
@@ -196,7 +197,7 @@ def hf_source(case, work, a, config, vllm_python, errors):
             os.makedirs(d, exist_ok=True)
             write_checkpoint(vllm_python, d, "model", config, tensors)
             refit.run()
-        for _ in range(2 * TIMED_RUNS):
+        for _ in range(2 * timed_runs):
             refit.run()
     except Exception as e:  # noqa: BLE001 - reported by the caller
         errors.append(e)
@@ -213,7 +214,7 @@ def source_failed(errors, ctx):
     return None
 
 
-def run_case(name, build, vllm_python, work):
+def run_case(name, build, vllm_python, work, timed_runs=TIMED_RUNS):
     case = CASES[name]
     os.makedirs(work, exist_ok=True)
     (model, train, infer), config = specs(build, case, work)
@@ -234,16 +235,17 @@ def run_case(name, build, vllm_python, work):
     threads, ctx = [], None
     if "megatron" in case:
         import ranks
-        ctx = ranks.spawn(first, _megatron_rank, name, a, join=False)
+        ctx = ranks.spawn(first, _megatron_rank, name, a, timed_runs, join=False)
         threads.append(threading.Thread(target=megatron_checkpoints, daemon=True,
                                         args=(name, case, work, first, config, vllm_python, errors)))
     else:
         threads.append(threading.Thread(target=hf_source, daemon=True,
-                                        args=(case, work, a, config, vllm_python, errors)))
+                                        args=(case, work, a, config, vllm_python, errors, timed_runs)))
     for t in threads:
         t.start()
     args = {"initial": initial, "settings": case["vllm"], "plan": plan, "store": store, "first": first,
-            "rounds": ROUNDS, "work": work, "timeout_s": TIMEOUT_S, "timed_runs": TIMED_RUNS}
+            "rounds": ROUNDS, "work": work, "timeout_s": TIMEOUT_S, "timed_runs": timed_runs,
+            "via": case.get("via", "WorkerRefit")}
     world = len(p.dest_ranks)
     t0 = time.time()
     try:
@@ -293,7 +295,7 @@ def run_case(name, build, vllm_python, work):
         "worker_refit_run_s": med([r["worker_refit_run_s"] for r in results]),
         "wall_s": round(wall, 1),
     }
-    print(f"{name}: {ROUNDS} refits from {first} {'Megatron-Core' if 'megatron' in case else 'HF'} rank(s) into "
+    print(f"{name}: {ROUNDS} refits through {args['via']} from {first} {'Megatron-Core' if 'megatron' in case else 'HF'} rank(s) into "
           f"{world} vLLM ranks: every parameter and buffer ({tensors} on rank 0) equals a fresh vLLM load, bit for "
           f"bit, after each; nothing moved in memory" + (f"; W_UV / W_UK_T recomputed" if "mla" in name else "")
           + (f" (without it they are stale: the comparison sees it)" if "mla" in name else "")
@@ -307,15 +309,22 @@ def main(argv=None):
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--vllm-python", default=os.path.join(ROOT, "build", "vllm-venv", "bin", "python"))
     ap.add_argument("--work", help="keep checkpoints, plans and rank logs here (default: a temporary folder)")
+    ap.add_argument("--timed-runs", type=int, default=TIMED_RUNS,
+                    help=f"runs timed each way after the checked refits (default {TIMED_RUNS})")
+    ap.add_argument("--json", metavar="FILE", help="write the cases' measurements here")
     ap.add_argument("case", nargs="*", help=f"cases (default: all): {', '.join(CASES)}")
     a = ap.parse_args(argv)
     names = a.case or list(CASES)
     unknown = [n for n in names if n not in CASES]
     if unknown:
         sys.exit(f"refit_live.py: unknown case(s) {', '.join(unknown)}; known: {', '.join(CASES)}")
+    if a.timed_runs < 1:
+        sys.exit("refit_live.py: --timed-runs must be at least 1")
     work = a.work or tempfile.mkdtemp(prefix="reshard-refit-live-")
-    for n in names:
-        run_case(n, a.build, a.vllm_python, os.path.join(work, n))
+    summaries = [run_case(n, a.build, a.vllm_python, os.path.join(work, n), a.timed_runs) for n in names]
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(summaries, f, indent=1)
 
 
 if __name__ == "__main__":
