@@ -129,7 +129,7 @@ class Session:
     A session is not thread-safe: bind and run from one thread at a time.
     """
 
-    __slots__ = ("_s", "plan", "transport", "rank", "_buffers", "_index", "_held", "_staged", "_device",
+    __slots__ = ("_s", "plan", "transport", "rank", "_buffers", "_index", "_held", "_staged", "_origin", "_device",
                  "_device_index", "__weakref__")
 
     def __init__(self, plan: Plan, rank: int, transport: Transport):
@@ -144,6 +144,9 @@ class Session:
         self._buffers: Tuple[Buffer, ...] = plan.buffers(rank)
         self._index: Dict[str, int] = {b.name: i for i, b in enumerate(self._buffers)}
         self._held: List[Any] = [None] * len(self._buffers)
+        # torch bindings: the tensor the caller bound and its data pointer then,
+        # checked before every run (a framework may free or swap the storage).
+        self._origin: Dict[int, Tuple[Any, int]] = {}
         self._staged: Dict[int, _Staged] = {}
         self._device = transport.device
         self._device_index = transport.device_index
@@ -222,8 +225,12 @@ class Session:
                     "only; pass a contiguous tensor)"), -1
         return None, code
 
-    def _bind_checked(self, i: int, info: TensorInfo, code: int) -> None:
+    def _bind_checked(self, i: int, info: TensorInfo, code: int, origin: Any = None) -> None:
         b = self._buffers[i]
+        if info.kind == "torch" and origin is not None:
+            self._origin[i] = (origin, origin.data_ptr())
+        else:
+            self._origin.pop(i, None)
         if info.contiguous:
             self._s.bind_index(i, info.ptr, code, b.shape)
             self._held[i] = info.keep
@@ -257,7 +264,7 @@ class Session:
         problem, code = self._problem(self._buffers[i], info, dtype)
         if problem is not None:
             raise BindError(f"rank {self.rank}: buffer '{name}' is bound with {problem}")
-        self._bind_checked(i, info, code)
+        self._bind_checked(i, info, code, tensor)
 
     def bind_module(self, module: Any, prefix: str = "", *, missing_ok: bool = False) -> List[str]:
         """Binds every plan buffer to the module's tensor of the same name.
@@ -293,7 +300,7 @@ class Session:
             elif i not in found:
                 found[i] = t
         problems: List[str] = []
-        checked: List[Tuple[int, TensorInfo, int]] = []
+        checked: List[Tuple[int, TensorInfo, int, Any]] = []
         buffers = self._buffers
         for i, t in found.items():
             b = buffers[i]
@@ -306,7 +313,7 @@ class Session:
             if problem is not None:
                 problems.append(f"'{b.name}': {problem}")
             else:
-                checked.append((i, info, code))
+                checked.append((i, info, code, t))
         if not missing_ok and len(found) < len(buffers):
             names = [prefix + n for n, _ in tensors]
             for i, b in enumerate(buffers):
@@ -319,8 +326,8 @@ class Session:
             more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
             raise BindError(f"rank {self.rank}: bind_module: {len(problems)} of {len(buffers)} plan buffers cannot "
                             "be bound, nothing was bound:\n  " + "\n  ".join(shown) + more)
-        for i, info, code in checked:
-            self._bind_checked(i, info, code)
+        for i, info, code, t in checked:
+            self._bind_checked(i, info, code, t)
         return unused
 
     def module_tensors(self, module: Any, prefix: str = "") -> List[Tuple[str, Any]]:
@@ -337,7 +344,9 @@ class Session:
     def run(self, stream: Any = None) -> RunStats:
         """Replays this rank's program once, with the GIL released, and returns its stats.
 
-        Raises BindError before any byte moves if a buffer is unbound, and
+        Raises BindError before any byte moves if a buffer is unbound or a
+        bound torch tensor no longer holds the memory it was bound with (its
+        storage freed or replaced since: re-bind it), and
         PeerError (PeerTimeoutError) when a peer fails or stalls: the message
         names the step, the peer and the buffers completely written. After a
         PeerError the transport must not be reused.
@@ -353,6 +362,8 @@ class Session:
             if want is None or _handle(stream, "stream") != want:
                 raise ValueError("stream: the stream is fixed when the transport is made "
                                  "(reshard.NcclTransport(..., stream=)); run() takes that one or None")
+        if self._origin:
+            self.check_bindings()
         staged = self._staged
         if staged:
             self._stage_in()
@@ -360,6 +371,33 @@ class Session:
         if staged:
             self._stage_out()
         return stats
+
+    def check_bindings(self) -> None:
+        """Raises BindError naming every bound torch tensor that no longer
+        holds the memory it was bound with: its storage freed (``resize_(0)``:
+        FSDP2's reshard after forward, CPU offload, vLLM's sleep mode) or
+        replaced (``param.data = ...``). run() calls it first, so nothing is
+        sent from or written into memory the framework gave up. NumPy arrays
+        and DLPack objects keep their memory while referenced (the session
+        holds them); for them, and for the C API, the caller promises that
+        bound memory stays allocated and in place until it re-binds."""
+        stale = [i for i, (t, ptr) in self._origin.items() if t.data_ptr() != ptr]
+        if stale:
+            raise BindError(self._stale(stale))
+
+    def _stale(self, stale: List[int]) -> str:
+        lines = []
+        for i in stale[:20]:
+            t, ptr = self._origin[i]
+            if t.untyped_storage().nbytes() == 0:
+                why = "its storage was freed (0 bytes: resize_(0), offloading, sleep mode)"
+            else:
+                why = f"its memory moved (bound at 0x{ptr:x}, now at 0x{t.data_ptr():x}: .data or storage replaced)"
+            lines.append(f"'{self._buffers[i].name}': {why}")
+        more = f"\n  ... and {len(stale) - 20} more" if len(stale) > 20 else ""
+        return (f"rank {self.rank}: {len(stale)} bound tensor(s) no longer hold the memory they were bound with; "
+                "nothing was sent or written. Re-bind them (Session.bind / bind_module) before run():\n  "
+                + "\n  ".join(lines) + more)
 
     def _stage_in(self) -> None:
         for st in self._staged.values():

@@ -56,7 +56,7 @@ def test_trainer_refit_rebinds_what_the_framework_replaced(plans, tmp_path):
     old.fill_(0)
     run_threads([f.run for f in refits])
     assert refits[dst].rebinds == 1
-    assert sessions[dst].tensor(name) is tensors[dst][name]
+    assert sessions[dst].tensor(name).data_ptr() == tensors[dst][name].data_ptr()
     assert not torch.isnan(tensors[dst][name].float()).any()  # written: the new memory
     assert torch.count_nonzero(old) == 0  # the replaced memory was not written
     for s in sessions:

@@ -127,10 +127,15 @@ def main():
         t0 = time.perf_counter()
         session.run()
         bare.append(time.perf_counter() - t0)
+    check = []
     for _ in range(a["timed_runs"]):
         t0 = time.perf_counter()
         refit.run()
         full.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        refit.rebind_if_replaced()  # the per-run check alone (nothing replaced: no re-bind)
+        check.append(time.perf_counter() - t0)
+    result["rebind_check_s"] = statistics.median(check)
     result["bare_run_s"] = statistics.median(bare) if bare else None
     result["worker_refit_run_s"] = statistics.median(full) if full else None
     with open(os.path.join(a["work"], f"vllm-rank{rank}.json"), "w") as f:

@@ -293,6 +293,7 @@ def run_case(name, build, vllm_python, work, timed_runs=TIMED_RUNS):
         "finish_s": med([rd["finish_s"] for r in results for rd in r["rounds"]]),
         "bare_run_s": med([r["bare_run_s"] for r in results]),
         "worker_refit_run_s": med([r["worker_refit_run_s"] for r in results]),
+        "rebind_check_s": med([r["rebind_check_s"] for r in results]),
         "wall_s": round(wall, 1),
     }
     print(f"{name}: {ROUNDS} refits through {args['via']} from {first} {'Megatron-Core' if 'megatron' in case else 'HF'} rank(s) into "

@@ -17,6 +17,9 @@
     python python_overhead.py bind PLAN REPS
         a one-rank plan: bind_module of a torch module holding every buffer;
         prints "bind <seconds of each>".
+    python python_overhead.py alive N REPS
+        Session.check_bindings (what run() checks first) on N bound tensors;
+        prints "alive N <seconds of each>".
 """
 
 import statistics
@@ -173,7 +176,54 @@ def bind(path, reps):
         print("cpu " + " ".join(f"{x:.6f}" for x in cpu), file=sys.stderr)
 
 
+def alive(n, reps):
+    """The check run() makes before moving a byte (Session.check_bindings) on
+    a rank with `n` bound torch tensors: prints "alive N <seconds of each>"."""
+    import json
+    import os
+    import threading
+
+    import torch
+
+    with tempfile.TemporaryDirectory() as d:
+        model = {"format": "reshard.model/1", "name": "many", "dtype": "bf16", "dims": {"i": n},
+                 "tensors": [{"name": "w.{i}", "shape": [4]}]}
+        layout = {"format": "reshard.layout/1", "name": "one", "model": "many", "ranks": 1,
+                  "meshes": {"m": [["x", 1]]}, "placements": [{"match": "*", "mesh": "m", "x": "replicate"}]}
+        paths = {}
+        for k, v in (("model", model), ("layout", layout)):
+            paths[k] = os.path.join(d, k + ".json")
+            with open(paths[k], "w") as f:
+                json.dump(v, f)
+        cluster = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "samples", "clusters",
+                               "dgx-h100.json")
+        reshard.compile(paths["model"], paths["layout"], paths["layout"], cluster, os.path.join(d, "p.rsplan"))
+        plan = reshard.Plan.open(os.path.join(d, "p.rsplan"))
+        ts = [None, None]
+
+        def connect(r):
+            ts[r] = reshard.GlooTransport(r, 2, store=d)
+
+        th = [threading.Thread(target=connect, args=(r,)) for r in (0, 1)]
+        for t in th:
+            t.start()
+        for t in th:
+            t.join()
+        s = reshard.Session(plan, 1, ts[1])
+        for b in s.buffers:
+            s.bind(b.name, torch.zeros(b.shape, dtype=torch.bfloat16))
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            s.check_bindings()
+            times.append(time.perf_counter() - t0)
+        print(f"alive {len(s.buffers)} " + " ".join(f"{x:.6f}" for x in times))
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "alive":
+        alive(int(sys.argv[2]), int(sys.argv[3]))
+        sys.exit(0)
     if sys.argv[1] == "run":
         run(sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]))
     elif sys.argv[1] == "serve":

@@ -36,3 +36,7 @@ med=$(echo "$bind" | cut -d' ' -f3- | tr ' ' '\n' | median)
 cpu=$(cut -d' ' -f2- "$TMP/bindcpu" | tr ' ' '\n' | median)
 "$PY" -c "print(f'bind_module of $n parameters: {$med*1e3:.2f} ms wall, {$cpu*1e3:.2f} ms CPU (medians of 7; target < 50 ms)')"
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+alive=$("$PY" tools/bench/python_overhead.py alive 10000 21)
+n=$(echo "$alive" | cut -d' ' -f2)
+med=$(echo "$alive" | cut -d' ' -f3- | tr ' ' '\n' | median)
+"$PY" -c "print(f'run() checking that $n bound tensors still hold their memory: {$med*1e3:.2f} ms ({$med*1e9/$n:.0f} ns per binding, median of 21)')"
