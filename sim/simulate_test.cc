@@ -402,19 +402,20 @@ TEST(SimulateTest, FillIsChosenByItsReplayNotByItsPeaks) {
   }
 }
 
-// --search-fills on Kimi-K2 (1536 ranks): the round fill planned for 85% of
-// the staging budget is the fastest of the seven by the estimate and is
-// kept; simulate agrees (1.0695x of the bound, against 1.0839x with the
-// default fill and 1.0725x with the 80% fill the replay estimate used to
-// keep, as measured for the README). Skipped under the sanitizers: seven
-// fills of this plan and its simulation take minutes there; every plain
-// build runs it.
+// --search-fills on Kimi-K2 (1536 ranks): the greedy round fill planned for
+// 80% of the staging budget is the fastest of the seven by the estimate and
+// is kept; simulate puts it within 1.12x of the bound (1.117x, against
+// 1.134x with the default fill). Skipped under the sanitizers: seven fills of
+// this plan and its simulation take minutes there; every plain build runs it.
 TEST(SimulateTest, SearchFillsKeepsTheFasterStagingFill) {
 #ifdef RESHARD_SANITIZE
   GTEST_SKIP() << "seven 1536-rank fills and a simulation: minutes under AddressSanitizer";
 #endif
-  ExpectGreedyFillKept(SampleArgs("kimi-k2", "train-1024", "infer-512", "dgx-h100"), "--search-fills", "dgx-h100", 0.85,
-                       1.071);
+  // 1.0695x of the bound at the 85% fill until the shared experts became whole
+  // on every inference rank (sequence-parallel MoE, as real vLLM 0.33 holds
+  // them): the same bound, 1.117x now (issue 32 takes such rows on).
+  ExpectGreedyFillKept(SampleArgs("kimi-k2", "train-1024", "infer-512", "dgx-h100"), "--search-fills", "dgx-h100", 0.8,
+                       1.12);
 }
 
 // DeepSeek-V3 on GB200 NVL72, where every NIC has about as much to move as the
