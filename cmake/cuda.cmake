@@ -1,7 +1,10 @@
 # CUDA kernels and the NCCL transport (runtime/cuda/), included at the end of
 # CMakeLists.txt once reshard_runtime, reshard and the test targets exist.
 #
-# RESHARD_WITH_CUDA: auto (on when nvcc and NCCL are found), ON (required), OFF.
+# RESHARD_WITH_CUDA: auto (on when nvcc and NCCL are found), gpu (auto where
+# this machine has an NVIDIA GPU, else off: the Python package's default, so
+# that `pip install` on a CPU machine with a CUDA toolkit builds the CPU path),
+# ON (required), OFF.
 # With CUDA the sources of runtime/cuda/ join reshard_runtime (one library for
 # C++ and C/ctypes users), which then links cudart and NCCL. The host-side copy
 # planning (region_plan.cc) and its CPU tests build either way.
@@ -13,6 +16,16 @@ set(RESHARD_CUDA_DIR ${CMAKE_SOURCE_DIR}/runtime/cuda)
 string(TOUPPER "${RESHARD_WITH_CUDA}" _reshard_cuda_want)
 set(RESHARD_HAVE_CUDA OFF)
 set(_reshard_cuda_missing "")
+if(_reshard_cuda_want STREQUAL "GPU")
+  execute_process(COMMAND nvidia-smi -L RESULT_VARIABLE _reshard_smi OUTPUT_VARIABLE _reshard_gpus ERROR_QUIET)
+  if(_reshard_smi EQUAL 0 AND _reshard_gpus MATCHES "GPU")
+    set(_reshard_cuda_want "AUTO")
+  else()
+    set(_reshard_cuda_want "OFF")
+    message(STATUS "reshard: no NVIDIA GPU here (nvidia-smi -L): CUDA path off "
+                   "(RESHARD_WITH_CUDA=ON builds it anyway)")
+  endif()
+endif()
 
 if(NOT _reshard_cuda_want STREQUAL "OFF")
   if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX})

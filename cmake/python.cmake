@@ -38,6 +38,10 @@ file(WRITE ${CMAKE_BINARY_DIR}/python/_build.py
      "# Written by cmake/python.cmake when the package is built.\nHAVE_CUDA = ${_reshard_py_cuda}\n")
 
 if(SKBUILD)
+  # The CLI inside the package (reshard/bin/reshard, beside the runtime it
+  # links): the `reshard` console command (reshard/_cli.py) runs it.
+  set_target_properties(reshard PROPERTIES INSTALL_RPATH "$ORIGIN/..")
+  install(TARGETS reshard RUNTIME DESTINATION reshard/bin COMPONENT python)
   install(FILES ${CMAKE_BINARY_DIR}/python/_build.py DESTINATION reshard COMPONENT python)
   install(TARGETS _reshard LIBRARY DESTINATION reshard COMPONENT python)
   install(TARGETS reshard_runtime LIBRARY DESTINATION reshard COMPONENT python)

@@ -20,6 +20,14 @@
 namespace reshard {
 namespace {
 
+// Gloo's FileStore, with its protected check() open: whether a key is there
+// now, without waiting (who never joined, once connecting timed out).
+class ProbingFileStore : public gloo::rendezvous::FileStore {
+ public:
+  using gloo::rendezvous::FileStore::FileStore;
+  bool Has(const std::string& key) { return check({key}); }
+};
+
 // Gloo prefixes messages with "[file:line] "; a person wants the rest.
 std::string Clean(const std::string& what) {
   std::string s = what;
@@ -28,6 +36,33 @@ std::string Clean(const std::string& what) {
     if (end != std::string::npos) s = s.substr(end + 2);
   }
   return s;
+}
+
+// Gloo's store timeout, "Wait timeout for key(s): PREFIX/3, PREFIX/5" (a
+// rank's key is its number under the mesh's prefix), said as the ranks that
+// never joined; anything else as Gloo says it, without its "[file:line] ".
+std::string ConnectProblem(const std::string& what, const std::string& prefix) {
+  std::string s = Clean(what);
+  const std::string mark = "Wait timeout for key(s): ";
+  const size_t at = s.find(mark);
+  if (at == std::string::npos) return s;
+  std::string keys = s.substr(at + mark.size()), ranks;
+  size_t n = 0;
+  for (size_t pos = 0; pos <= keys.size();) {
+    size_t end = keys.find_first_of(", ", pos);
+    if (end == std::string::npos) end = keys.size();
+    std::string key = keys.substr(pos, end - pos);
+    pos = end + 1;
+    if (key.empty()) continue;
+    if (key.rfind(prefix + "/", 0) != 0 || key.size() == prefix.size() + 1 ||
+        key.find_first_not_of("0123456789", prefix.size() + 1) != std::string::npos)
+      return s.substr(at);  // not a rank's key: Gloo's words
+    ranks += (n++ ? ", " : "") + key.substr(prefix.size() + 1);
+  }
+  if (n == 0) return s.substr(at);
+  return (n == 1 ? "rank " + ranks + " never joined" : "ranks " + ranks + " never joined") +
+         " the rendezvous (no process published its address: not started, or started with another rendezvous, "
+         "prefix or rank count)";
 }
 
 std::string SecondsString(std::chrono::milliseconds ms) {
@@ -56,11 +91,12 @@ GlooTransport::GlooTransport(uint32_t rank, uint32_t size, const GlooOptions& op
   const std::string where = options.rendezvous.empty() ? options.store_dir : options.rendezvous;
   std::string mismatch;  // of the part sizes, found once connected
   if (where.empty()) throw Error("gloo: no rendezvous given (a shared directory or HOST:PORT)");
+  std::unique_ptr<gloo::rendezvous::Store> base;
+  ProbingFileStore* files = nullptr;  // the directory's store, to tell who never joined
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = options.hostname;
     auto device = gloo::transport::tcp::CreateDevice(attr);
-    std::unique_ptr<gloo::rendezvous::Store> base;
     if (IsHostPort(where)) {
       if (rank == 0) {
         base = TcpStore::Serve(where, size - 1, options.timeout);
@@ -68,7 +104,9 @@ GlooTransport::GlooTransport(uint32_t rank, uint32_t size, const GlooOptions& op
         base = TcpStore::Connect(where, rank, options.timeout);
       }
     } else {
-      base = std::make_unique<WaitingStore>(std::make_unique<gloo::rendezvous::FileStore>(where), options.timeout);
+      auto file_store = std::make_unique<ProbingFileStore>(where);
+      files = file_store.get();
+      base = std::make_unique<WaitingStore>(std::move(file_store), options.timeout);
     }
     gloo::rendezvous::PrefixStore store(options.prefix, *base);
     auto context = std::make_shared<gloo::rendezvous::Context>(static_cast<int>(rank), static_cast<int>(size));
@@ -101,9 +139,26 @@ GlooTransport::GlooTransport(uint32_t rank, uint32_t size, const GlooOptions& op
       nvlink_context_ = std::move(nv);
     }
   } catch (const std::exception& e) {
+    std::string why = ConnectProblem(e.what(), options.prefix);
+    if (files != nullptr && why.find(" never joined the rendezvous") != std::string::npos) {
+      // Every rank that has not published its address by now, not only the first waited for.
+      std::vector<uint32_t> missing;
+      for (uint32_t r = 0; r < size; ++r)
+        if (r != rank && !files->Has(options.prefix + "/" + std::to_string(r))) missing.push_back(r);
+      if (!missing.empty()) {
+        std::string list;  // runs of consecutive ranks as "a-b"
+        for (size_t i = 0; i < missing.size();) {
+          size_t j = i;
+          while (j + 1 < missing.size() && missing[j + 1] == missing[j] + 1) ++j;
+          list += (list.empty() ? "" : ", ") + std::to_string(missing[i]) +
+                  (j > i + 1 ? "-" + std::to_string(missing[j]) : j == i + 1 ? ", " + std::to_string(missing[j]) : "");
+          i = j + 1;
+        }
+        why = (missing.size() == 1 ? "rank " : "ranks ") + list + why.substr(why.find(" never joined"));
+      }
+    }
     throw Error("rank " + std::to_string(rank) + ": gloo: cannot connect " + std::to_string(size) +
-                " ranks through '" + where + "' within " + SecondsString(options.timeout) + ": " +
-                Clean(e.what()));
+                " ranks through '" + where + "' within " + SecondsString(options.timeout) + ": " + why);
   }
   if (!mismatch.empty()) throw Error(mismatch);
 }

@@ -174,11 +174,12 @@ TEST(RecordedDumps, CheckedInFilesAreWhatDeriveWrites) {
   if (Shell(dir, "command -v python3").code != 0) GTEST_SKIP() << "python3 not found (needed to run derive.py)";
   Result r = Shell(dir, "python3 " + Quote(SourceDir() + "/tests/recorded/derive.py") + " " + Quote(dir.File("out")));
   ASSERT_EQ(r.code, 0) << r.err;
-  for (const RecordedCase& c : Cases())
+  for (const RecordedCase& c : Cases()) {
+    if (std::string(c.name).rfind("megatron", 0) != 0) continue;  // the vLLM ones are recorded from real ranks
     for (const char* f : {"config.json", "dump.json", "SOURCES.md"})
-      if (std::string(c.name).rfind("megatron", 0) == 0)  // the vLLM ones are recorded from real ranks
       EXPECT_EQ(ReadText(dir.File("out/" + std::string(c.name) + "/" + f)), ReadText(Recorded(c.name) + f))
           << c.name << "/" << f << " differs from what tests/recorded/derive.py writes";
+  }
 }
 
 // The checked-in samples (what samples/regenerate.sh has init write for the

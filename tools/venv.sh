@@ -42,9 +42,10 @@ if ! "$venv/bin/python" -m pip download --no-deps -q -d /tmp/reshard-probe "pyte
   rm -rf "$venv"; exit 3
 fi
 start=$(date +%s)
-grep -v -- '# no-deps$' "$req" > "$venv/requirements.txt"
+grep -v -- '# no-deps$' "$req" > "$venv/requirements.txt" || true
 "$venv/bin/python" -m pip install -q -r "$venv/requirements.txt" >&2
-grep -- '# no-deps$' "$req" | sed 's/#.*//' | while read -r alone; do
+# (grep exits 1 when no line matches: not a failure here)
+{ grep -- '# no-deps$' "$req" || true; } | sed 's/#.*//' | while read -r alone; do
   "$venv/bin/python" -m pip install -q --no-deps "$alone" >&2
 done
 echo "$name: installed $req in $(( $(date +%s) - start )) s" >&2

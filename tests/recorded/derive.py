@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Writes the recorded dumps of tests/data/recorded/<case>/: every rank's
-parameters (name, dtype, shape) as Megatron-Core 0.19.2 with the Transformer
-Engine layer spec, and vLLM, would hold them -- for the configurations that
-cannot run here (TransformerEngine and vLLM need a GPU).
+"""Writes the recorded dumps of tests/data/recorded/megatron-te-*/: every
+rank's parameters (name, dtype, shape) as Megatron-Core 0.19.2 with the
+Transformer Engine layer spec would hold them -- TE cannot run here without a
+GPU. The vLLM cases there are dumps of real vLLM 0.33 ranks
+(tests/vllm/record.py); the vLLM rules below give their SOURCES.md the source
+behind each name pattern, and check the bundled samples at full size.
 
 The rules below are read from the frameworks' source, not from `reshard init`
 (that would prove nothing): each parameter a rule emits names the source it

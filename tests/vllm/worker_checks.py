@@ -3,7 +3,7 @@
 before any byte moves, an engine whose parallel sizes are not the plan's
 inference layout is refused naming both, and a parameter held by a backend
 whose layout reshard has not proven is refused naming the parameter and the
-backend. Run in build/vllm-venv with RANK etc. set by launch.py; exits 1 on
+backend; a vLLM of another version is refused at import, in one line. Run in build/vllm-venv with RANK etc. set by launch.py; exits 1 on
 the first failed check.
 
     build/vllm-venv/bin/python tests/vllm/worker_checks.py --build build
@@ -85,6 +85,17 @@ def main():
         subprocess.run([os.path.join(a.build, "reshard"), "compile", "-q", "--model", os.path.join(d, "model.json"),
                         "--from", os.path.join(d, "train.json"), "--to", os.path.join(d, "infer.json"), "--cluster",
                         os.path.join(ROOT, "samples", "clusters", "dgx-h100.json"), "-o", plans[infer]], check=True)
+    # Another vLLM version than the one the layouts were proven on: one clear line, unless asked for.
+    code = "import vllm; vllm.__version__ = '0.34.0'; import reshard.vllm"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    last = (r.stderr.strip().splitlines() or [""])[-1]
+    check(r.returncode == 1 and last == (
+        "ImportError: reshard.vllm was proven against vLLM 0.33.0; this is vLLM 0.34.0, whose parameter layouts and "
+        "post-processing may differ. Check the layout against a dump of a real rank (tools/dump_state_dict.py, "
+        "`reshard check`) and set RESHARD_VLLM_ANY_VERSION=1 to use it."), f"another vLLM version is refused: {last}")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=dict(os.environ, RESHARD_VLLM_ANY_VERSION="1"))
+    check(r.returncode == 0, "RESHARD_VLLM_ANY_VERSION=1 lets another version import")
     outs = launch.run(1, [os.path.abspath(__file__), "--rank-args", json.dumps({"model": model_dir, "plans": plans})],
                       timeout_s=300, label="worker-checks")
     print("\n".join(l for l in outs[0].splitlines() if l.startswith("ok: ")))

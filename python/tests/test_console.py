@@ -1,0 +1,32 @@
+"""`pip install ./python` installs the `reshard` console command: the same
+CLI as the repository's build/reshard (bundled as reshard/bin/reshard)."""
+
+import os
+import subprocess
+import sys
+
+import reshard
+from conftest import reshard_binary
+
+
+def _console():
+    return os.path.join(os.path.dirname(sys.executable), "reshard")
+
+
+def test_the_console_command_is_the_cli(plans):
+    exe = _console()
+    assert os.access(exe, os.X_OK), f"{exe}: not installed by pip install ./python"
+    for args in (["validate", str(plans["tiny-dense"])], ["show", str(plans["tiny-moe"]), "--json"],
+                 ["validate", "/nonexistent.rsplan"], ["--version"]):
+        mine = subprocess.run([exe, *args], capture_output=True, text=True)
+        ref = subprocess.run([str(reshard_binary()), *args], capture_output=True, text=True)
+        assert (mine.returncode, mine.stdout, mine.stderr) == (ref.returncode, ref.stdout, ref.stderr), args
+    assert subprocess.run([exe, "validate", str(plans["tiny-dense"])]).returncode == 0
+
+
+def test_the_bundled_cli_sits_in_the_package():
+    from reshard import _cli
+
+    assert os.path.dirname(os.path.dirname(_cli.binary())) == os.path.dirname(reshard.__file__)
+    r = subprocess.run([_cli.binary(), "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "compile" in r.stdout and "validate" in r.stdout
