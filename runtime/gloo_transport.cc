@@ -38,31 +38,42 @@ std::string Clean(const std::string& what) {
   return s;
 }
 
-// Gloo's store timeout, "Wait timeout for key(s): PREFIX/3, PREFIX/5" (a
-// rank's key is its number under the mesh's prefix), said as the ranks that
-// never joined; anything else as Gloo says it, without its "[file:line] ".
-std::string ConnectProblem(const std::string& what, const std::string& prefix) {
-  std::string s = Clean(what);
+// The ranks whose keys a Gloo store timeout names ("Wait timeout for key(s):
+// PREFIX/3, PREFIX/5": a rank's key is its number under the mesh's prefix);
+// empty when the message is something else.
+std::vector<uint32_t> WaitedRanks(const std::string& what, const std::string& prefix) {
   const std::string mark = "Wait timeout for key(s): ";
-  const size_t at = s.find(mark);
-  if (at == std::string::npos) return s;
-  std::string keys = s.substr(at + mark.size()), ranks;
-  size_t n = 0;
-  for (size_t pos = 0; pos <= keys.size();) {
+  const size_t at = what.find(mark);
+  if (at == std::string::npos) return {};
+  std::vector<uint32_t> ranks;
+  const std::string keys = what.substr(at + mark.size());
+  for (size_t pos = 0; pos < keys.size();) {
     size_t end = keys.find_first_of(", ", pos);
     if (end == std::string::npos) end = keys.size();
-    std::string key = keys.substr(pos, end - pos);
+    const std::string key = keys.substr(pos, end - pos);
     pos = end + 1;
     if (key.empty()) continue;
     if (key.rfind(prefix + "/", 0) != 0 || key.size() == prefix.size() + 1 ||
-        key.find_first_not_of("0123456789", prefix.size() + 1) != std::string::npos)
-      return s.substr(at);  // not a rank's key: Gloo's words
-    ranks += (n++ ? ", " : "") + key.substr(prefix.size() + 1);
+        key.find_first_not_of("0123456789", prefix.size() + 1) != std::string::npos || key.size() > prefix.size() + 10)
+      return {};  // not a rank's key
+    ranks.push_back(static_cast<uint32_t>(std::stoul(key.substr(prefix.size() + 1))));
   }
-  if (n == 0) return s.substr(at);
-  return (n == 1 ? "rank " + ranks + " never joined" : "ranks " + ranks + " never joined") +
-         " the rendezvous (no process published its address: not started, or started with another rendezvous, "
-         "prefix or rank count)";
+  return ranks;
+}
+
+// "ranks 2-11, 14 never joined the rendezvous (...)": runs of consecutive ranks as "a-b".
+std::string NeverJoined(const std::vector<uint32_t>& ranks) {
+  std::string list;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    list += (list.empty() ? "" : ", ") + std::to_string(ranks[i]) +
+            (j > i + 1 ? "-" + std::to_string(ranks[j]) : j == i + 1 ? ", " + std::to_string(ranks[j]) : "");
+    i = j + 1;
+  }
+  return (ranks.size() == 1 ? "rank " : "ranks ") + list +
+         " never joined the rendezvous (no process published its address: not started, or started with another "
+         "rendezvous, prefix or rank count)";
 }
 
 std::string SecondsString(std::chrono::milliseconds ms) {
@@ -139,24 +150,15 @@ GlooTransport::GlooTransport(uint32_t rank, uint32_t size, const GlooOptions& op
       nvlink_context_ = std::move(nv);
     }
   } catch (const std::exception& e) {
-    std::string why = ConnectProblem(e.what(), options.prefix);
-    if (files != nullptr && why.find(" never joined the rendezvous") != std::string::npos) {
-      // Every rank that has not published its address by now, not only the first waited for.
-      std::vector<uint32_t> missing;
+    std::string why = Clean(e.what());
+    std::vector<uint32_t> missing = WaitedRanks(why, options.prefix);
+    if (!missing.empty() && files != nullptr) {
+      // Every rank that has not published its address by now, not only the one waited for.
+      missing.clear();
       for (uint32_t r = 0; r < size; ++r)
         if (r != rank && !files->Has(options.prefix + "/" + std::to_string(r))) missing.push_back(r);
-      if (!missing.empty()) {
-        std::string list;  // runs of consecutive ranks as "a-b"
-        for (size_t i = 0; i < missing.size();) {
-          size_t j = i;
-          while (j + 1 < missing.size() && missing[j + 1] == missing[j] + 1) ++j;
-          list += (list.empty() ? "" : ", ") + std::to_string(missing[i]) +
-                  (j > i + 1 ? "-" + std::to_string(missing[j]) : j == i + 1 ? ", " + std::to_string(missing[j]) : "");
-          i = j + 1;
-        }
-        why = (missing.size() == 1 ? "rank " : "ranks ") + list + why.substr(why.find(" never joined"));
-      }
     }
+    if (!missing.empty()) why = NeverJoined(missing);
     throw Error("rank " + std::to_string(rank) + ": gloo: cannot connect " + std::to_string(size) +
                 " ranks through '" + where + "' within " + SecondsString(options.timeout) + ": " + why);
   }

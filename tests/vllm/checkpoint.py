@@ -16,7 +16,6 @@ checkpoints keep them in BF16).
 """
 import json
 import os
-import re
 
 import torch
 

@@ -32,6 +32,7 @@ sys.path[:0] = [HERE, MEGATRON, os.path.join(ROOT, "tools")]
 
 import torch  # noqa: E402
 
+import checkpoint  # noqa: E402
 import launch  # noqa: E402
 
 TIMEOUT_S = 600.0
@@ -86,16 +87,7 @@ def specs(build, case, work):
         paths = (os.path.join(work, "train", "model.json"), os.path.join(work, "train", "train.json"),
                  os.path.join(work, "infer", "infer.json"))
     if case.get("quant") == "fp8-channel":
-        sys.path.insert(0, HERE)
-        config = dict(config, quantization_config={
-            "quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
-            "ignore": ["lm_head", "re:.*mlp.gate$"],
-            "config_groups": {"group_0": {
-                "targets": ["Linear"],
-                "weights": {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True,
-                            "dynamic": False, "observer": "minmax"},
-                "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "symmetric": True,
-                                      "dynamic": True, "observer": None}}}})
+        config = dict(config, quantization_config=checkpoint.COMPRESSED_FP8_CHANNEL)
     return paths, config
 
 
@@ -109,24 +101,14 @@ def write_checkpoint(vllm_python, work, name, config, tensors):
 
 
 def hf_values(model_path, seed):
-    """Random HF tensors of a model spec (the BF16 source rank, or the vLLM ranks' first weights)."""
+    """Random HF tensors of a model spec (the BF16 source rank, or the vLLM ranks' first weights),
+    each seeded by its name and `seed`."""
     import hashlib
-    model = load_json(model_path)
-    dims = model.get("dims", {})
-    dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32}
     out = {}
-    for t in model["tensors"]:
-        names = [t["name"]]
-        for dim, size in dims.items():
-            lo, hi = t.get("range", {}).get(dim, [0, size])
-            if "{" + dim + "}" in t["name"]:
-                names = [n.replace("{" + dim + "}", str(i)) for n in names for i in range(lo, hi)]
-        for n in names:
-            key = int.from_bytes(hashlib.sha256(f"{n}/{seed}".encode()).digest()[:8], "little") & ((1 << 63) - 1)
-            g = torch.Generator().manual_seed(key)
-            x = torch.randn(t["shape"], generator=g)
-            x = 1.0 + 0.1 * x if "norm" in n else 0.5 * x
-            out[n] = x.to(dtypes[t.get("dtype", model.get("dtype", "bf16"))])
+    for n, shape, dtype in checkpoint.expand(load_json(model_path)):
+        key = int.from_bytes(hashlib.sha256(f"{n}/{seed}".encode()).digest()[:8], "little") & ((1 << 63) - 1)
+        x = torch.randn(shape, generator=torch.Generator().manual_seed(key))
+        out[n] = (1.0 + 0.1 * x if "norm" in n else 0.5 * x).to(dtype)
     return out
 
 

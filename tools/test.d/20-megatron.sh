@@ -12,13 +12,8 @@
 # message) only when the Python package registry cannot be reached.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-PY=$(tools/venv.sh)
-rc=$?
-if [ "$rc" -eq 3 ]; then
-  echo "SKIPPED tools/test.d/20-megatron.sh: the Python package registry cannot be reached, so Megatron-Core cannot be installed"
-  exit 0
-fi
-[ "$rc" -eq 0 ] || { echo "tools/test.d/20-megatron.sh: tools/venv.sh failed (exit $rc)" >&2; exit 1; }
+. tools/stage_venv.sh
+PY=$(stage_venv tools/venv.sh "Megatron-Core") || stage_venv_exit $?
 set -e
 "$PY" -m pytest -q -p no:cacheprovider tests/megatron/dump_state_dict_test.py
 tools/python_install.sh "$PY"

@@ -13,21 +13,10 @@
 # cannot be reached.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+. tools/stage_venv.sh
 start=$(date +%s)
-VPY=$(tools/vllm_venv.sh)
-rc=$?
-if [ "$rc" -eq 3 ]; then
-  echo "SKIPPED tools/test.d/25-vllm.sh: the Python package registry cannot be reached, so vLLM cannot be installed"
-  exit 0
-fi
-[ "$rc" -eq 0 ] || { echo "tools/test.d/25-vllm.sh: tools/vllm_venv.sh failed (exit $rc)" >&2; exit 1; }
-PY=$(tools/venv.sh)
-rc=$?
-if [ "$rc" -eq 3 ]; then
-  echo "SKIPPED tools/test.d/25-vllm.sh: the Python package registry cannot be reached, so Megatron-Core cannot be installed"
-  exit 0
-fi
-[ "$rc" -eq 0 ] || { echo "tools/test.d/25-vllm.sh: tools/venv.sh failed (exit $rc)" >&2; exit 1; }
+VPY=$(stage_venv tools/vllm_venv.sh "vLLM") || stage_venv_exit $?
+PY=$(stage_venv tools/venv.sh "Megatron-Core") || stage_venv_exit $?
 set -e
 echo "25-vllm: venvs ready in $(( $(date +%s) - start )) s"
 tools/python_install.sh "$VPY"
