@@ -102,6 +102,7 @@ if(RESHARD_HAVE_CUDA)
     ${RESHARD_CUDA_DIR}/check.cc
     ${RESHARD_CUDA_DIR}/device_kernels.cc
     ${RESHARD_CUDA_DIR}/nccl_transport.cc
+    ${RESHARD_CUDA_DIR}/comm_check.cc
     ${RESHARD_CUDA_DIR}/copy_kernels.cu)
   target_include_directories(reshard_runtime PUBLIC ${RESHARD_NCCL_INCLUDE_DIR})
   target_link_libraries(reshard_runtime PUBLIC CUDA::cudart ${RESHARD_NCCL_LIBRARY})
@@ -123,11 +124,13 @@ endif()
 if(RESHARD_BUILD_TESTS)
   # CPU tests of the device path's host side: copy planning against
   # CopyRegion, the executor's kernel and transport hooks, the loopback plan.
-  set(_reshard_cuda_cpu_tests ${RESHARD_CUDA_DIR}/region_plan_test.cc ${RESHARD_CUDA_DIR}/hooks_test.cc)
+  set(_reshard_cuda_cpu_tests ${RESHARD_CUDA_DIR}/region_plan_test.cc ${RESHARD_CUDA_DIR}/hooks_test.cc
+      ${RESHARD_CUDA_DIR}/comm_check_test.cc)
   if(RESHARD_HAVE_CUDA)
     add_executable(reshard_cuda_cpu_test ${_reshard_cuda_cpu_tests})
   else()
-    add_executable(reshard_cuda_cpu_test ${_reshard_cuda_cpu_tests} ${RESHARD_CUDA_DIR}/region_plan.cc)
+    add_executable(reshard_cuda_cpu_test ${_reshard_cuda_cpu_tests} ${RESHARD_CUDA_DIR}/region_plan.cc
+                   ${RESHARD_CUDA_DIR}/comm_check.cc)
   endif()
   target_link_libraries(reshard_cuda_cpu_test PRIVATE reshard_runtime GTest::gtest_main)
   gtest_discover_tests(reshard_cuda_cpu_test DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 300)

@@ -4,6 +4,7 @@
 
 #include "compiler/compile.h"
 #include "plan_generated.h"
+#include "runtime/content_digest.h"
 #include "runtime/error.h"
 
 namespace reshard {
@@ -152,11 +153,15 @@ std::vector<uint8_t> EmitPlan(const CompileInputs& in, const PlanIR& ir) {
   pb.add_total_net_bytes(ir.net_bytes);
   pb.add_total_nvlink_bytes(ir.nvlink_bytes);
   pb.add_num_rounds(static_cast<uint32_t>(ir.num_rounds));
+  const fb::Digest128 unstamped(0, 0);  // StampContentDigest fills it in below
+  pb.add_content_digest(&unstamped);
   b.Finish(pb.Finish(), fb::PlanIdentifier());
   if (b.GetSize() >= (size_t{2} << 30))
     throw Error("the plan is " + std::to_string(b.GetSize() >> 20) +
                 " MiB, over the 2 GiB FlatBuffers limit; raise --staging-mb to make fewer, larger steps");
-  return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
+  std::vector<uint8_t> bytes(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
+  StampContentDigest(bytes.data(), bytes.size());
+  return bytes;
 }
 
 }  // namespace reshard

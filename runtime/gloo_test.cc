@@ -107,6 +107,9 @@ class DyingTransport : public Transport {
   }
   void wait(size_t handle, Clock::time_point deadline) override { inner_.wait(handle, deadline); }
   void reset() override { inner_.reset(); }
+  bool allgather(const void* mine, size_t bytes, void* all, Clock::time_point deadline) override {
+    return inner_.allgather(mine, bytes, all, deadline);
+  }
 
  private:
   Transport& inner_;
@@ -166,6 +169,7 @@ TEST(GlooTest, StalledPeerTimesOut) {
         options.timeout = std::chrono::milliseconds(2000);
         GlooTransport gloo(static_cast<uint32_t>(r), 2, options);
         if (r == 1) {
+          Session session(plan, 1, gloo);  // says hello, then never runs
           sleep(3);
           return "";
         }
@@ -177,6 +181,38 @@ TEST(GlooTest, StalledPeerTimesOut) {
   EXPECT_EQ(out[0].message,
             "rank 0: step 1 (send) of round 0 to peer 1 failed: timed out after 2.0 s sending 128 bytes; this rank has "
             "no destination buffers");
+}
+
+// Rank 1 connects but never creates its session: rank 0's session ends at
+// the timeout, naming the rank it did not hear from.
+TEST(GlooTest, PeerWithoutSessionIsNamed) {
+  TempDir dir;
+  std::vector<uint8_t> bytes = BuildPlan(PackAndDirectPlan());
+  auto out = RunRanks(
+      2,
+      [&](int r) -> std::string {
+        Plan plan = Plan::from_bytes(bytes, "p.rsplan");
+        GlooOptions options;
+        options.store_dir = dir.path();
+        options.timeout = std::chrono::milliseconds(2000);
+        GlooTransport gloo(static_cast<uint32_t>(r), 2, options);
+        if (r == 1) {
+          sleep(3);
+          return "";
+        }
+        auto t0 = std::chrono::steady_clock::now();
+        try {
+          Session session(plan, 0, gloo);
+        } catch (const Error& e) {
+          const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          return std::string(e.what()) + (s < 2.5 ? "" : " (late)");
+        }
+        return "no error";
+      },
+      20);
+  EXPECT_EQ(out[0].message,
+            "rank 0: connect: every rank says which plan it runs when its session starts; no hello from rank 1: "
+            "timed out after 2.0 s receiving 128 bytes");
 }
 
 // Ranks that never start: the message names them, and connecting ends at the

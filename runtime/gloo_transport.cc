@@ -241,6 +241,17 @@ void GlooTransport::wait(size_t handle, Clock::time_point deadline) {
 
 void GlooTransport::reset() { ops_.clear(); }
 
+bool GlooTransport::allgather(const void* mine, size_t bytes, void* all, Clock::time_point deadline) {
+  MessageCalls calls;
+  calls.post = [this](bool send, uint32_t peer, void* data, size_t n) {
+    return Post(*context_, send, peer, kHelloSeq, data, n);
+  };
+  calls.start = [] {};
+  calls.wait = [this](size_t h, Clock::time_point d) { GlooTransport::wait(h, d); };
+  calls.reset = [this] { ops_.clear(); };
+  return GatherByMessages(calls, mine, bytes, all, deadline);
+}
+
 void GlooTransport::barrier() {
   try {
     gloo::BarrierOptions opts(context_);

@@ -117,6 +117,8 @@ struct Plan::Impl {
   std::vector<uint8_t> owned;   // from_bytes
   std::mutex mu;
   std::vector<uint8_t> checked;  // per rank: 1 once program(r) passed its checks
+  ContentDigest digest;           // computed (plans without the field), under mu
+  bool digest_computed = false;
 
   ~Impl() {
     if (map != nullptr) munmap(map, size);
@@ -207,6 +209,28 @@ const fb::Plan& Plan::root() const { return *fb::GetPlan(impl_->data); }
 uint32_t Plan::num_ranks() const { return root().num_ranks(); }
 const std::string& Plan::path() const { return impl_->path; }
 size_t Plan::size_bytes() const { return impl_->size; }
+
+bool Plan::carries_content_digest() const { return root().content_digest() != nullptr; }
+
+ContentDigest Plan::content_digest() const {
+  if (const fb::Digest128* d = root().content_digest()) return {d->hi(), d->lo()};
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (!impl_->digest_computed) {
+    impl_->digest = DigestBytes(impl_->data, impl_->size);
+    impl_->digest_computed = true;
+  }
+  return impl_->digest;
+}
+
+std::string Plan::check_content_digest() const {
+  const fb::Digest128* d = root().content_digest();
+  if (d == nullptr) return "";
+  const size_t at = reinterpret_cast<const uint8_t*>(d) - impl_->data;
+  const ContentDigest stored{d->hi(), d->lo()}, actual = DigestBytes(impl_->data, impl_->size, at);
+  if (stored == actual) return "";
+  return "the file carries content digest " + stored.hex() + " but its bytes hash to " + actual.hex() +
+         " (edited or damaged after it was written)";
+}
 
 const fb::Program& Plan::program(uint32_t global_rank) const {
   const uint32_t n = num_ranks();

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "plan_generated.h"
+#include "runtime/content_digest.h"
 
 namespace reshard {
 
@@ -41,6 +42,15 @@ class Plan {
   const fb::Program& program(uint32_t global_rank) const;
   const std::string& path() const;
   size_t size_bytes() const;
+  /// The digest of the whole file: the one it carries (Plan.content_digest),
+  /// or, for plans written before that field, computed from the bytes once.
+  /// Two plan files with the same digest hold the same plan.
+  ContentDigest content_digest() const;
+  /// Whether the file carries its digest (false: content_digest() computed it).
+  bool carries_content_digest() const;
+  /// Recomputes the digest from the bytes and returns "" when it matches the
+  /// one the file carries (or the file carries none), else what differs.
+  std::string check_content_digest() const;
 
  private:
   struct Impl;

@@ -5,6 +5,7 @@
 
 #include "runtime/dtype.h"
 #include "runtime/error.h"
+#include "runtime/hello.h"
 
 namespace reshard {
 namespace {
@@ -44,6 +45,9 @@ Session::Session(const Plan& plan, uint32_t global_rank, Transport& transport)
       kernels_(transport.kernels()),
       executor_(program_, transport) {
   const std::string at = "rank " + std::to_string(rank_) + ": ";
+  // First, while every rank is here: one plan, distinct ranks (a mismatch
+  // found only locally would leave the peers waiting for this rank).
+  proven_ = ExchangeHellos(plan, global_rank, transport);
   if (transport.size() != plan.num_ranks()) {
     throw Error(at + "the transport connects " + std::to_string(transport.size()) + " ranks, the plan has " +
                 std::to_string(plan.num_ranks()));

@@ -16,7 +16,10 @@ namespace reshard {
 class Session {
  public:
   /// Checks the rank's program (Plan::program), that the transport is the
-  /// rank's, and that every dtype is one the kernels convert; allocates exactly
+  /// rank's, and that every dtype is one the kernels convert; exchanges the
+  /// hello with every rank (runtime/hello.h: one plan, distinct ranks; blocks
+  /// until every rank has created its session, or the transport's timeout);
+  /// allocates exactly
   /// the program's staging_bytes with the transport's kernels (on the device
   /// for NCCL). `plan` and `transport` must outlive the session.
   Session(const Plan& plan, uint32_t global_rank, Transport& transport);
@@ -41,6 +44,9 @@ class Session {
   const fb::Program& program() const { return program_; }
   uint32_t rank() const { return rank_; }
   size_t staging_bytes() const { return staging_bytes_; }
+  /// Whether the hello proved every rank runs this plan as a distinct rank
+  /// (false only for transports that cannot gather: test loopbacks).
+  bool proven() const { return proven_; }
   /// Names of the buffers of the program, in program order.
   std::vector<std::string> buffer_names() const;
 
@@ -52,6 +58,7 @@ class Session {
   size_t staging_bytes_;
   Kernels& kernels_;
   char* staging_ = nullptr;  // from kernels_.Allocate
+  bool proven_ = false;
   std::vector<char*> bound_;
   Executor executor_;
 };

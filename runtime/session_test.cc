@@ -34,6 +34,7 @@ class NoTransport : public Transport {
   size_t post_recv(uint32_t, uint64_t, void*, size_t) override { throw Error("no messages"); }
   void wait(size_t, Clock::time_point) override {}
   void reset() override {}
+  bool allgather(const void*, size_t, void*, Clock::time_point) override { return false; }  // no peers to ask
 
  private:
   uint32_t rank_, size_;
@@ -112,7 +113,7 @@ TEST(SessionTest, TransportMustMatch) {
     Session s(plan, 0, wrong_rank);
     FAIL();
   } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "rank 0: the transport is rank 1's");
+    EXPECT_STREQ(e.what(), "rank 0: the transport says it is rank 1 of 1");
   }
 }
 

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 namespace reshard {
 
@@ -47,9 +48,32 @@ class Transport {
   /// Forgets all posted messages (all waited for, or abandoned after a
   /// failure); handles restart at 0.
   virtual void reset() = 0;
+  /// Gathers `bytes` bytes from every rank into `all` (rank r's at
+  /// all + r * bytes): the session's hello at connect (runtime/hello.h),
+  /// host memory on both sides. Every rank calls it once per session, before
+  /// any message of a run. Returns false where the transport cannot (a test
+  /// loopback presenting one process as a rank of many): the caller then
+  /// proves nothing. Throws reshard::Error naming the peer not heard from by
+  /// `deadline`, or the failure. The default sends to and receives from every
+  /// peer with post/wait (message number kHelloSeq); NCCL uses ncclAllGather.
+  virtual bool allgather(const void* mine, size_t bytes, void* all, Clock::time_point deadline);
+  static constexpr uint64_t kHelloSeq = 0x00FFFFFFFFFF0000ull;
+
   /// The kernels of the memory this transport moves: the CPU's by default,
   /// a device's for NCCL (buffers and staging then live on that device).
   virtual Kernels& kernels() { return CpuKernels(); }
+
+ protected:
+  /// allgather's default, over the given message calls (a transport whose
+  /// post/wait are wrapped passes its own, unwrapped ones).
+  struct MessageCalls {
+    std::function<size_t(bool send, uint32_t peer, void* data, size_t bytes)> post;
+    std::function<void()> start;
+    std::function<void(size_t handle, Clock::time_point deadline)> wait;
+    std::function<void()> reset;
+  };
+  bool GatherByMessages(const MessageCalls& calls, const void* mine, size_t bytes, void* all,
+                        Clock::time_point deadline);
 };
 
 }  // namespace reshard

@@ -55,6 +55,7 @@ void AddShowCommand(CLI::App& app, int& exit_code) {
       j["schema_version"] = root.schema_version();
       j["compiler_version"] = str(root.compiler_version());
       j["digest"] = str(root.digest());
+      j["content_digest"] = plan.content_digest().hex();
       j["strategy"] = report::StrategyName(root.strategy());
       j["model"] = str(root.model());
       j["source_layout"] = str(root.source_layout());
@@ -120,11 +121,13 @@ void AddShowCommand(CLI::App& app, int& exit_code) {
                 report::StrategyName(root.strategy()), str(root.model()).c_str(), str(root.source_layout()).c_str(),
                 str(root.dest_layout()).c_str(), str(root.cluster()).c_str());
     std::printf("  %u global ranks (%u train, %u infer), %u rounds, staging limit %s per rank, schema %u, compiler %s, "
-                "digest %s\n",
+                "inputs digest %s\n",
                 n, root.src_global() ? root.src_global()->size() : 0, root.dst_global() ? root.dst_global()->size() : 0,
                 root.num_rounds(), Bytes(root.staging_limit()).c_str(), root.schema_version(),
                 root.compiler_version() ? root.compiler_version()->c_str() : "?",
                 root.digest() ? root.digest()->c_str() : "?");
+    std::printf("  content digest %s%s (every rank's plan must have it: compared at connect)\n",
+                plan.content_digest().hex().c_str(), plan.carries_content_digest() ? "" : ", computed: an older plan file");
     std::printf("totals: net %s in %llu messages, nvlink %s in %llu messages\n", Bytes(st.bytes[0]).c_str(),
                 U(st.messages[0]), Bytes(st.bytes[1]).c_str(), U(st.messages[1]));
     if (o->rank >= 0) {

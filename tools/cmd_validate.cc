@@ -32,10 +32,15 @@ void AddValidateCommand(CLI::App& app, int& exit_code) {
     Plan plan = Plan::open(o->plan);
     ValidateReport rep =
         ValidatePlan(plan.root(), [&](uint32_t r) -> const fb::Program& { return plan.program(r); }, o->max_errors);
+    if (std::string why = plan.check_content_digest(); !why.empty()) {
+      rep.errors.insert(rep.errors.begin(), why);
+      ++rep.total_errors;
+    }
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (o->json) {
       nlohmann::ordered_json j = {{"plan", o->plan},
                                   {"valid", rep.ok()},
+                                  {"content_digest", plan.content_digest().hex()},
                                   {"errors", rep.total_errors},
                                   {"steps", rep.steps},
                                   {"messages", rep.messages},
@@ -44,10 +49,11 @@ void AddValidateCommand(CLI::App& app, int& exit_code) {
                                   {"problems", rep.errors}};
       std::printf("%s\n", j.dump().c_str());
     } else if (rep.ok()) {
-      std::printf("%s: valid: %llu steps, %llu messages, %llu destination elements each written once (%.2f s)\n",
+      std::printf("%s: valid: %llu steps, %llu messages, %llu destination elements each written once, content digest "
+                  "%s (%.2f s)\n",
                   o->plan.c_str(), static_cast<unsigned long long>(rep.steps),
                   static_cast<unsigned long long>(rep.messages), static_cast<unsigned long long>(rep.dest_elements),
-                  secs);
+                  plan.content_digest().hex().c_str(), secs);
     } else {
       for (const auto& e : rep.errors) std::fprintf(stderr, "%s: %s\n", o->plan.c_str(), e.c_str());
       if (rep.total_errors > rep.errors.size())

@@ -1,9 +1,12 @@
 #include "runtime/cuda/nccl_transport.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <thread>
 
 #include "runtime/cuda/check.h"
+#include "runtime/cuda/comm_check.h"
 #include "runtime/error.h"
 
 namespace reshard {
@@ -31,21 +34,54 @@ void Pause(Clock::time_point since) {
   }
 }
 
+// The rank, size and device of a communicator the caller handed over, `which`
+// ("net", "nvlink") naming it. CheckCommPointer first refuses what cannot be
+// a communicator of this process (null, unmapped, misaligned), which NCCL
+// would dereference and fault on; a mapped pointer to something else gets
+// past it and is refused by NCCL's own CommCheck (startMagic and endMagic
+// against NCCL_MAGIC) as an invalid argument, said here in the same terms.
+struct CommInfo {
+  int nranks = 0, rank = 0, device = 0;
+};
+CommInfo QueryComm(ncclComm_t comm, const char* which) {
+  cuda::CheckCommPointer(comm, which);
+  CommInfo info;
+  const auto query = [&](ncclResult_t r, const char* call) {
+    if (r == ncclSuccess) return;
+    char at[32];
+    std::snprintf(at, sizeof at, "%p", static_cast<void*>(comm));
+    std::string said = ncclGetErrorString(r);
+    const char* last = ncclGetLastError(nullptr);
+    if (last != nullptr && *last != '\0') said += std::string(" (") + last + ")";
+    // CommCheck's verdict on a pointer to something else ("corrupted comm
+    // object detected").
+    if (r == ncclInvalidArgument) {
+      throw Error(std::string("the ") + which + " communicator " + at + " is not an NCCL communicator: " + call +
+                  " says " + said + " " + cuda::kExpectedComm);
+    }
+    throw Error(std::string("nccl: ") + call + " on the " + which + " communicator " + at + " failed: " + said);
+  };
+  query(ncclCommCount(comm, &info.nranks), "ncclCommCount");
+  query(ncclCommUserRank(comm, &info.rank), "ncclCommUserRank");
+  query(ncclCommCuDevice(comm, &info.device), "ncclCommCuDevice");
+  if (info.nranks < 1 || info.rank < 0 || info.rank >= info.nranks || info.device < 0) {
+    throw Error(std::string("nccl: the ") + which + " communicator says it is rank " + std::to_string(info.rank) +
+                " of " + std::to_string(info.nranks) + " on cuda:" + std::to_string(info.device) +
+                ", which cannot be: is it an initialized communicator?");
+  }
+  return info;
+}
+
 }  // namespace
 
 NcclTransport::NcclTransport(const NcclOptions& options)
     : owns_comms_(options.owns_comms), timeout_(options.timeout) {
-  if (options.net == nullptr) throw Error("nccl: the net communicator is null");
+  const CommInfo net = QueryComm(options.net, "net");
   comm_[0] = options.net;
-  int nranks = 0, rank = 0, device = 0;
-  RESHARD_NCCL_CHECK(ncclCommCount(comm_[0], &nranks));
-  RESHARD_NCCL_CHECK(ncclCommUserRank(comm_[0], &rank));
-  RESHARD_NCCL_CHECK(ncclCommCuDevice(comm_[0], &device));
+  const int nranks = net.nranks, rank = net.rank, device = net.device;
   if (options.nvlink != nullptr && options.nvlink != options.net) {
-    int n = 0, r = 0, d = 0;
-    RESHARD_NCCL_CHECK(ncclCommCount(options.nvlink, &n));
-    RESHARD_NCCL_CHECK(ncclCommUserRank(options.nvlink, &r));
-    RESHARD_NCCL_CHECK(ncclCommCuDevice(options.nvlink, &d));
+    const CommInfo nvlink = QueryComm(options.nvlink, "nvlink");
+    const int n = nvlink.nranks, r = nvlink.rank, d = nvlink.device;
     if (n != nranks || r != rank || d != device) {
       throw Error("nccl: the nvlink communicator is rank " + std::to_string(r) + " of " + std::to_string(n) +
                   " on cuda:" + std::to_string(d) + ", the net one rank " + std::to_string(rank) + " of " +
@@ -58,7 +94,9 @@ NcclTransport::NcclTransport(const NcclOptions& options)
   rank_ = static_cast<uint32_t>(rank);
   size_ = static_cast<uint32_t>(nranks);
   if (options.loopback_size > 0) {
-    if (nranks != 1) throw Error("nccl: loopback needs one-rank communicators, got " + std::to_string(nranks));
+    if (nranks != 1) {
+      throw Error("nccl: loopback needs one-rank communicators, the net one has " + std::to_string(nranks) + " ranks");
+    }
     loopback_ = true;
     rank_ = options.loopback_rank;
     size_ = options.loopback_size;
@@ -185,7 +223,7 @@ void NcclTransport::CheckAsync(const std::string& doing) {
   }
 }
 
-void NcclTransport::Settle(Clock::time_point deadline, const std::string& doing) {
+void NcclTransport::Settle(Clock::time_point deadline, const std::string& doing, const std::string& timed_out) {
   const auto since = Clock::now();
   for (;;) {
     bool busy = false;
@@ -197,6 +235,7 @@ void NcclTransport::Settle(Clock::time_point deadline, const std::string& doing)
     if (!busy) return;
     if (Clock::now() >= deadline) {
       Abort();
+      if (!timed_out.empty()) throw Error(timed_out + "; the communicators were aborted");
       throw Error("timed out after " + SecondsString(timeout_) + " " + doing + "; the communicators were aborted");
     }
     Pause(since);
@@ -275,6 +314,107 @@ void NcclTransport::wait(size_t handle, Clock::time_point deadline) {
     }
     Pause(since);
   }
+}
+
+namespace {
+
+// The device buffer of allgather() and the event it waits on, released on
+// every path. The buffer is stream-ordered (cudaMallocAsync/cudaFreeAsync on
+// the stream the all-gather runs on), so freeing it right after a failure is
+// safe even while the all-gather is still queued: the free waits for it.
+struct GatherScratch {
+  explicit GatherScratch(cudaStream_t s) : stream(s) {}
+  ~GatherScratch() {
+    if (buffer != nullptr) {
+      if (async) {
+        cudaFreeAsync(buffer, stream);
+      } else {
+        // After a failure the communicators are aborted, which ends NCCL's
+        // kernel: cudaFree's implicit synchronization returns.
+        cudaFree(buffer);
+      }
+    }
+    if (event != nullptr) cudaEventDestroy(event);
+  }
+  GatherScratch(const GatherScratch&) = delete;
+  GatherScratch& operator=(const GatherScratch&) = delete;
+
+  cudaStream_t stream;
+  char* buffer = nullptr;
+  bool async = true;
+  cudaEvent_t event = nullptr;
+};
+
+}  // namespace
+
+bool NcclTransport::allgather(const void* mine, size_t bytes, void* all, Clock::time_point deadline) {
+  // One process presented as a rank of many: there are no other processes to
+  // hear from, and the one-rank communicators could not gather them anyway.
+  if (loopback_) return false;
+  if (aborted_) throw Error(abort_reason_);
+  char* out = static_cast<char*>(all);
+  std::memcpy(out + size_t{rank_} * bytes, mine, bytes);
+  // A one-rank job goes through NCCL too, so that one GPU can test this path.
+  if (bytes == 0) return true;
+  using std::chrono::milliseconds;
+  const auto budget = std::max(milliseconds(0), std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
+  const std::string what = "ncclAllGather of " + std::to_string(bytes) + " bytes a rank on the net communicator";
+  const std::string doing = "gathering every rank's hello (" + what + ")";
+  // NCCL completes a collective for all ranks or none: it cannot say which
+  // rank is missing, where the default's messages to every peer could.
+  const std::string missing = "no hello from every rank within " + SecondsString(budget) +
+                              ": the all-gather of the plan digests (" + what +
+                              ") did not complete; a rank that has not started its session, or is stuck before it, "
+                              "holds up every rank";
+  cuda::DeviceGuard guard(device_);
+  // The net channel's stream, idle between rounds: not the caller's stream,
+  // whose queued work would delay the hello (and count against its deadline).
+  GatherScratch scratch(lane_stream_[0]);
+  const cudaStream_t s = scratch.stream;
+  const size_t total = size_t{size_} * bytes;
+  void* p = nullptr;
+  cudaError_t e = cudaMallocAsync(&p, total, s);
+  if (e == cudaErrorNotSupported) {  // a device without memory pools
+    cudaGetLastError();
+    scratch.async = false;
+    e = cudaMalloc(&p, total);
+  }
+  RESHARD_CUDA_CHECK(e);
+  scratch.buffer = static_cast<char*>(p);
+  RESHARD_CUDA_CHECK(cudaEventCreateWithFlags(&scratch.event, cudaEventDisableTiming));
+  char* slot = scratch.buffer + size_t{rank_} * bytes;
+  RESHARD_CUDA_CHECK(cudaMemcpyAsync(slot, mine, bytes, cudaMemcpyHostToDevice, s));
+  // In place: rank r's bytes already sit at buffer + r * bytes.
+  try {
+    RESHARD_NCCL_CHECK(ncclAllGather(slot, scratch.buffer, bytes, ncclUint8, comm_[0], s));
+  } catch (...) {
+    Abort();
+    throw;
+  }
+  // A non-blocking communicator may still be setting up the collective's
+  // connections (ncclInProgress), which waits for every rank.
+  Settle(deadline, doing, missing);
+  RESHARD_CUDA_CHECK(cudaEventRecord(scratch.event, s));
+  const auto since = Clock::now();
+  for (;;) {
+    const cudaError_t q = cudaEventQuery(scratch.event);
+    if (q == cudaSuccess) break;
+    if (q != cudaErrorNotReady) {
+      Abort();
+      cuda::FailCuda(q, "cudaEventQuery(all-gather)", __FILE__, __LINE__);
+    }
+    CheckAsync(doing);
+    if (Clock::now() >= deadline) {
+      Abort();
+      throw Error(missing + "; the communicators were aborted");
+    }
+    Pause(since);
+  }
+  // Only now: a copy to pageable host memory returns only once complete, so
+  // queued behind the all-gather it would wait past the deadline.
+  RESHARD_CUDA_CHECK(cudaMemcpyAsync(out, scratch.buffer, total, cudaMemcpyDeviceToHost, s));
+  RESHARD_CUDA_CHECK(cudaStreamSynchronize(s));
+  return true;
 }
 
 void NcclTransport::reset() {

@@ -47,15 +47,20 @@ struct NcclOptions {
   bool owns_comms = false;
   /// Test hook: with one-rank communicators, present the transport as plan
   /// rank `loopback_rank` of `loopback_size` and send every message to this
-  /// rank itself (NCCL send-to-self). 0: off.
+  /// rank itself (NCCL send-to-self); allgather() then returns false (no
+  /// hello: nothing to prove). 0: off.
   uint32_t loopback_size = 0;
   uint32_t loopback_rank = 0;
 };
 
 class NcclTransport : public Transport {
  public:
-  /// Checks the communicators (same rank, size and device). Throws
-  /// reshard::Error naming the failed CUDA or NCCL call.
+  /// Checks the communicators before any NCCL call on them: each can be an
+  /// ncclComm_t of this process (not null, mapped, aligned:
+  /// runtime/cuda/comm_check.h; a mapped pointer to something else NCCL
+  /// itself refuses), and both have the same rank, size and device. Throws
+  /// reshard::Error naming the communicator and what was found, or the failed
+  /// CUDA or NCCL call.
   explicit NcclTransport(const NcclOptions& options);
   /// New one-rank communicators on `device` (one per channel), owned, in
   /// loopback as rank `rank` of `size`: for tests and benchmarks.
@@ -82,6 +87,16 @@ class NcclTransport : public Transport {
   /// ncclCommGetAsyncError; at the deadline aborts the communicators.
   void wait(size_t handle, Clock::time_point deadline) override;
   void reset() override;
+  /// One ncclAllGather on the net communicator, not the default's message to
+  /// every peer (which would make NCCL connect every pair of ranks, 130,816
+  /// pairs for the hello of a 512-rank job). `mine` goes through a
+  /// device buffer on the net channel's stream; the wait polls like wait():
+  /// an asynchronous error, or `deadline` passing ("no hello from every rank
+  /// within 60.0 s: the all-gather of the plan digests ... did not
+  /// complete"), aborts the communicators and throws. NCCL cannot say which
+  /// rank is missing. In loopback (NcclOptions::loopback_size != 0) returns
+  /// false and does nothing: the other ranks are this process.
+  bool allgather(const void* mine, size_t bytes, void* all, Clock::time_point deadline) override;
   Kernels& kernels() override { return kernels_; }
 
   int device() const { return device_; }
@@ -99,8 +114,9 @@ class NcclTransport : public Transport {
 
   void Abort() noexcept;
   // Polls the communicators until no call is in progress; throws (after
-  // aborting) on an asynchronous error or at `deadline`.
-  void Settle(Clock::time_point deadline, const std::string& doing);
+  // aborting) on an asynchronous error or at `deadline` (the message
+  // `timed_out` if given, else "timed out after ... `doing`").
+  void Settle(Clock::time_point deadline, const std::string& doing, const std::string& timed_out = "");
   void CheckAsync(const std::string& doing);
 
   ncclComm_t comm_[2] = {nullptr, nullptr};

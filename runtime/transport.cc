@@ -1,0 +1,57 @@
+#include "runtime/transport.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "runtime/error.h"
+
+namespace reshard {
+
+bool Transport::allgather(const void* mine, size_t bytes, void* all, Clock::time_point deadline) {
+  MessageCalls calls;
+  calls.post = [this](bool send, uint32_t peer, void* data, size_t n) { return post(send, 0, peer, kHelloSeq, data, n); };
+  calls.start = [this] { start(); };
+  calls.wait = [this](size_t h, Clock::time_point d) { wait(h, d); };
+  calls.reset = [this] { reset(); };
+  return GatherByMessages(calls, mine, bytes, all, deadline);
+}
+
+bool Transport::GatherByMessages(const MessageCalls& calls, const void* mine, size_t bytes, void* all,
+                                 Clock::time_point deadline) {
+  char* out = static_cast<char*>(all);
+  const uint32_t me = rank(), n = size();
+  std::memcpy(out + size_t{me} * bytes, mine, bytes);
+  if (n == 1) return true;
+  // Receives first, then sends (Gloo starts each as it is posted), then wait
+  // for every receive in rank order: the first peer not heard from is named.
+  std::vector<size_t> recvs(n), sends(n);
+  std::vector<char> copy(static_cast<const char*>(mine), static_cast<const char*>(mine) + bytes);
+  for (uint32_t p = 0; p < n; ++p)
+    if (p != me) recvs[p] = calls.post(false, p, out + size_t{p} * bytes, bytes);
+  for (uint32_t p = 0; p < n; ++p)
+    if (p != me) sends[p] = calls.post(true, p, copy.data(), bytes);
+  calls.start();
+  for (uint32_t p = 0; p < n; ++p) {
+    if (p == me) continue;
+    try {
+      calls.wait(recvs[p], deadline);
+    } catch (const Error& e) {
+      calls.reset();
+      throw Error("no hello from rank " + std::to_string(p) + ": " + e.what());
+    }
+  }
+  for (uint32_t p = 0; p < n; ++p) {
+    if (p == me) continue;
+    try {
+      calls.wait(sends[p], deadline);
+    } catch (const Error& e) {
+      calls.reset();
+      throw Error("rank " + std::to_string(p) + " did not take the hello: " + e.what());
+    }
+  }
+  calls.reset();
+  return true;
+}
+
+}  // namespace reshard
