@@ -1,9 +1,15 @@
 #include "runtime/gloo_transport.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <csignal>
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <ctime>
 
 #include <gloo/barrier.h>
 #include <gloo/common/error.h>
@@ -14,6 +20,7 @@
 #include <gloo/transport/unbound_buffer.h>
 
 #include "runtime/error.h"
+#include "runtime/interrupt.h"
 #include "runtime/tcp_store.h"
 #include "runtime/waiting_store.h"
 
@@ -82,6 +89,57 @@ std::string SecondsString(std::chrono::milliseconds ms) {
   return buf;
 }
 
+std::string HostName() {
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  return host;
+}
+
+// The key a rank that gives up connecting sets, with why, so that every peer
+// still waiting stops with that reason instead of at the timeout.
+std::string AbortKey(const std::string& prefix) { return prefix + "/abort"; }
+
+// Claims `rank` in the rendezvous directory: creates DIR/PREFIX.rank.N.claim
+// exclusively, holding "pid host time". Another process's claim is a second
+// process started as that rank, or an earlier run's rendezvous in the same
+// directory (Gloo's FileStore cannot overwrite keys, so such a directory
+// cannot be used again). Returns "" or why the rank cannot be claimed.
+std::string ClaimRank(const std::string& dir, const std::string& prefix, uint32_t rank) {
+  std::string name = prefix;
+  std::replace(name.begin(), name.end(), '/', '_');
+  const std::string path = dir + "/" + name + ".rank." + std::to_string(rank) + ".claim";
+  const std::string host = HostName();
+  char when[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", std::localtime(&now));
+  const std::string mine = std::to_string(getpid()) + " " + host + " " + when;
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd >= 0) {
+    [[maybe_unused]] ssize_t n = ::write(fd, mine.data(), mine.size());
+    ::close(fd);
+    return "";
+  }
+  if (errno != EEXIST) return "";  // a directory we cannot write claims in: Gloo's own error follows
+  char buf[512] = {};
+  fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    [[maybe_unused]] ssize_t n = ::read(fd, buf, sizeof buf - 1);
+    ::close(fd);
+  }
+  long pid = 0;
+  char theirs_host[256] = {}, theirs_when[64] = {};
+  std::sscanf(buf, "%ld %255s %63s", &pid, theirs_host, theirs_when);
+  const std::string r = std::to_string(rank);
+  if (theirs_host == host && pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+    return "an earlier run (pid " + std::to_string(pid) + " on this host, exited) joined this rendezvous as rank " + r +
+           " at " + theirs_when + ": use a fresh directory per run (Gloo cannot overwrite its keys)";
+  }
+  return "rank " + r + " has already joined the rendezvous in '" + dir + "' (pid " + std::to_string(pid) + " on " +
+         theirs_host + " at " + theirs_when + "; this is pid " + std::to_string(getpid()) + " on " + host +
+         "): two processes were started as rank " + r +
+         ", or the directory holds an earlier job's rendezvous (use a fresh directory per job)";
+}
+
 }  // namespace
 
 size_t GlooChunkBytes(const GlooOptions& options) {
@@ -117,7 +175,25 @@ GlooTransport::GlooTransport(uint32_t rank, uint32_t size, const GlooOptions& op
     } else {
       auto file_store = std::make_unique<ProbingFileStore>(where);
       files = file_store.get();
-      base = std::make_unique<WaitingStore>(std::move(file_store), options.timeout);
+      const std::string abort_key = AbortKey(options.prefix);
+      if (std::string taken = ClaimRank(where, options.prefix, rank); !taken.empty()) {
+        // Tell the ranks waiting for this rank's address why it will not come.
+        try {
+          files->set(abort_key, std::vector<char>(taken.begin(), taken.end()));
+        } catch (const std::exception&) {  // a peer has set it already
+        }
+        throw ConnectAborted(taken);
+      }
+      auto has = [files](const std::vector<std::string>& keys) {
+        for (const std::string& k : keys)
+          if (!files->Has(k)) return false;
+        return true;
+      };
+      base = std::make_unique<WaitingStore>(std::move(file_store), options.timeout, has, [files, abort_key] {
+        if (!files->Has(abort_key)) return std::string();
+        const std::vector<char> why = files->get(abort_key);
+        return std::string(why.begin(), why.end());
+      });
     }
     gloo::rendezvous::PrefixStore store(options.prefix, *base);
     auto context = std::make_shared<gloo::rendezvous::Context>(static_cast<int>(rank), static_cast<int>(size));
@@ -149,6 +225,16 @@ GlooTransport::GlooTransport(uint32_t rank, uint32_t size, const GlooOptions& op
       nv->connectFullMesh(nv_store, nv_device);
       nvlink_context_ = std::move(nv);
     }
+  } catch (const ConnectAborted& e) {
+    throw Error("rank " + std::to_string(rank) + ": gloo: cannot connect " + std::to_string(size) + " ranks through '" +
+                where + "': " + e.what());
+  } catch (const Interrupted& e) {
+    const std::string why = "rank " + std::to_string(rank) + " left: " + e.what();
+    try {
+      if (base) base->set(AbortKey(options.prefix), std::vector<char>(why.begin(), why.end()));
+    } catch (const std::exception&) {
+    }
+    throw Interrupted(e.signal(), "rank " + std::to_string(rank) + ": " + e.what());
   } catch (const std::exception& e) {
     std::string why = Clean(e.what());
     std::vector<uint32_t> missing = WaitedRanks(why, options.prefix);
@@ -163,9 +249,21 @@ GlooTransport::GlooTransport(uint32_t rank, uint32_t size, const GlooOptions& op
                 " ranks through '" + where + "' within " + SecondsString(options.timeout) + ": " + why);
   }
   if (!mismatch.empty()) throw Error(mismatch);
+  aborter_ = RegisterAborter([this] {
+    std::lock_guard<std::mutex> lock(wait_mu_);
+    interrupted_ = true;
+    if (waiting_ != nullptr) {
+      if (waiting_send_) {
+        waiting_->abortWaitSend();
+      } else {
+        waiting_->abortWaitRecv();
+      }
+    }
+  });
 }
 
 GlooTransport::~GlooTransport() {
+  if (aborter_ >= 0) UnregisterAborter(aborter_);
   ops_.clear();
   // A destructor must not throw: Gloo enforces on pairs whose peer has gone
   // already, and an escaping exception here would abort the process.
@@ -221,13 +319,29 @@ void GlooTransport::wait(size_t handle, Clock::time_point deadline) {
   const std::string what = std::to_string(op.bytes) + " bytes";
   try {
     bool ok = true;
-    for (size_t k = 0; k < op.parts && ok; ++k) {
+    {
+      std::lock_guard<std::mutex> lock(wait_mu_);
+      waiting_ = op.buffer.get();
+      waiting_send_ = op.send;
+    }
+    struct Done {
+      GlooTransport* t;
+      ~Done() {
+        std::lock_guard<std::mutex> lock(t->wait_mu_);
+        t->waiting_ = nullptr;
+      }
+    } done{this};
+    for (size_t k = 0; k < op.parts && ok && !interrupted_; ++k) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       // Gloo reads a zero timeout as "wait forever".
       if (left < std::chrono::milliseconds(1)) left = std::chrono::milliseconds(1);
       ok = op.send ? op.buffer->waitSend(nullptr, left) : op.buffer->waitRecv(nullptr, left);
     }
-    if (!ok) throw Error("aborted while " + std::string(op.send ? "sending " : "receiving ") + what);
+    if (interrupted_ || !ok) {
+      const std::string doing = (op.send ? "sending " : "receiving ") + what;
+      if (int sig = InterruptSignal()) throw Interrupted(sig, "interrupted (" + SignalName(sig) + ") while " + doing);
+      throw Error("aborted while " + doing);
+    }
   } catch (const gloo::IoException& e) {
     std::string msg = Clean(e.what());
     if (msg.find("Timed out") != std::string::npos || msg.find("timed out") != std::string::npos) {
@@ -240,6 +354,15 @@ void GlooTransport::wait(size_t handle, Clock::time_point deadline) {
 }
 
 void GlooTransport::reset() { ops_.clear(); }
+
+void GlooTransport::abandon() {
+  ops_.clear();
+  try {
+    if (nvlink_context_) nvlink_context_->closeConnections();
+    if (context_) context_->closeConnections();
+  } catch (const std::exception&) {
+  }
+}
 
 bool GlooTransport::allgather(const void* mine, size_t bytes, void* all, Clock::time_point deadline) {
   MessageCalls calls;

@@ -2,7 +2,9 @@
 #pragma once
 
 #include <chrono>
+#include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -51,8 +53,13 @@ size_t GlooChunkBytes(const GlooOptions& options);
 class GlooTransport : public Transport {
  public:
   /// Connects a full mesh of `size` ranks. Throws reshard::Error when a rank
-  /// does not show up within the timeout. Ignores SIGPIPE in the process (a
-  /// peer that dies must fail a send, not kill the sender), unless a handler is set.
+  /// does not show up within the timeout, when another process has already
+  /// joined this rendezvous as `rank` (a directory: the claim file
+  /// PREFIX.rank.N.claim, created exclusively; HOST:PORT: the server sees the
+  /// rank twice), or when a peer gave up connecting (the store's abort key:
+  /// a duplicate, an interrupt); Interrupted on SIGINT/SIGTERM/SIGHUP within
+  /// an InterruptScope. Ignores SIGPIPE in the process (a peer that dies must
+  /// fail a send, not kill the sender), unless a handler is set.
   GlooTransport(uint32_t rank, uint32_t size, const GlooOptions& options);
   ~GlooTransport() override;
 
@@ -67,6 +74,8 @@ class GlooTransport : public Transport {
   /// The hello's gather, by messages on the net mesh (not through overridden
   /// post/wait: test wrappers count only a run's messages).
   bool allgather(const void* mine, size_t bytes, void* all, Clock::time_point deadline) override;
+  /// Closes every connection: the peers' waits on this rank fail at once.
+  void abandon() override;
   /// Waits until every rank has called barrier() (within the timeout). Call
   /// it before destroying the transport once a run is over: a rank that
   /// closes its connections while a peer is still receiving what it sent can
@@ -87,6 +96,13 @@ class GlooTransport : public Transport {
   std::chrono::milliseconds timeout_;
   size_t chunk_bytes_;
   size_t Post(gloo::Context& context, bool send, uint32_t peer, uint64_t seq, void* data, size_t bytes);
+
+  // The message wait() is blocked on, for the interrupt aborter (runtime/interrupt.h).
+  std::mutex wait_mu_;
+  gloo::transport::UnboundBuffer* waiting_ = nullptr;
+  bool waiting_send_ = false;
+  std::atomic<bool> interrupted_{false};
+  int aborter_ = -1;
 
   std::shared_ptr<gloo::Context> context_;
   std::shared_ptr<gloo::Context> nvlink_context_;  // null: nvlink shares context_

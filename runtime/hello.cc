@@ -112,7 +112,7 @@ bool ExchangeHellos(const Plan& plan, uint32_t plan_rank, Transport& transport) 
   try {
     if (!transport.allgather(&mine, sizeof mine, all.data(), deadline)) return false;
   } catch (const Error& e) {
-    throw Error(at + "connect: every rank says which plan it runs when its session starts; " + e.what());
+    throw HelloFailed(at + "connect: every rank says which plan it runs when its session starts; " + e.what());
   }
   const std::string why = CheckHellos(all, transport.rank());
   if (!why.empty()) throw Error(at + why);

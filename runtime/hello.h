@@ -10,10 +10,18 @@
 #include <string>
 #include <vector>
 
+#include "runtime/error.h"
 #include "runtime/plan.h"
 #include "runtime/transport.h"
 
 namespace reshard {
+
+/// The hello did not complete: a peer not heard from, or failed (a peer's
+/// problem, where a mismatch in the table is the plan's).
+class HelloFailed : public Error {
+ public:
+  using Error::Error;
+};
 
 /// What each rank says. Fixed size, host byte order (all ranks of a job are
 /// little-endian x86-64 or aarch64).

@@ -6,6 +6,7 @@
 #include "runtime/dtype.h"
 #include "runtime/error.h"
 #include "runtime/hello.h"
+#include "runtime/interrupt.h"
 
 namespace reshard {
 namespace {
@@ -47,7 +48,15 @@ Session::Session(const Plan& plan, uint32_t global_rank, Transport& transport)
   const std::string at = "rank " + std::to_string(rank_) + ": ";
   // First, while every rank is here: one plan, distinct ranks (a mismatch
   // found only locally would leave the peers waiting for this rank).
-  proven_ = ExchangeHellos(plan, global_rank, transport);
+  try {
+    proven_ = ExchangeHellos(plan, global_rank, transport);
+  } catch (const Error&) {
+    if (int sig = InterruptSignal()) {
+      transport.abandon();  // the peers' hello waits fail now, naming this rank
+      throw Interrupted(sig, at + "interrupted (" + SignalName(sig) + ") during the hello at connect");
+    }
+    throw;
+  }
   if (transport.size() != plan.num_ranks()) {
     throw Error(at + "the transport connects " + std::to_string(transport.size()) + " ranks, the plan has " +
                 std::to_string(plan.num_ranks()));
@@ -142,7 +151,16 @@ RunStats Session::run() {
     }
     throw Error(msg);
   }
-  return executor_.Run(bound_, staging_);
+  try {
+    return executor_.Run(bound_, staging_);
+  } catch (const Error& e) {
+    if (int sig = InterruptSignal()) {
+      transport_.abandon();  // the peers' waits on this rank fail now, naming it
+      throw Interrupted(sig, "rank " + std::to_string(rank_) + ": interrupted (" + SignalName(sig) +
+                                 ") during run(); the transport is closed: " + e.what());
+    }
+    throw;
+  }
 }
 
 }  // namespace reshard

@@ -38,7 +38,9 @@ class Session {
   /// The memory bound to each buffer of program().buffers() (nullptr: unbound).
   const std::vector<char*>& bound() const { return bound_; }
   /// Replays the program. Throws reshard::Error before any byte moves when a
-  /// buffer is unbound, and on a failed or stalled peer (see Executor::Run).
+  /// buffer is unbound, and on a failed or stalled peer (see Executor::Run);
+  /// Interrupted on SIGINT/SIGTERM/SIGHUP within an InterruptScope, after
+  /// abandoning the transport (its peers fail at once, naming this rank).
   RunStats run();
 
   const fb::Program& program() const { return program_; }
@@ -54,7 +56,7 @@ class Session {
   [[maybe_unused]] const Plan& plan_;
   const fb::Program& program_;
   uint32_t rank_;
-  [[maybe_unused]] Transport& transport_;
+  Transport& transport_;
   size_t staging_bytes_;
   Kernels& kernels_;
   char* staging_ = nullptr;  // from kernels_.Allocate

@@ -20,9 +20,23 @@
 #include <thread>
 
 #include "runtime/error.h"
+#include "runtime/interrupt.h"
+#include "runtime/waiting_store.h"
 
 namespace reshard {
 namespace {
+
+// A set of PREFIX/abort (a rank that gives up connecting, with why) makes the
+// server answer every get and set with the reason, behind this mark.
+bool IsAbortKey(const std::string& key) {
+  return key.size() >= 6 && key.compare(key.size() - 6, 6, "/abort") == 0;
+}
+const std::string kAbortMark("\0reshard-abort\0", 15);
+std::vector<char> AbortValue(const std::string& why) {
+  std::vector<char> v(kAbortMark.begin(), kAbortMark.end());
+  v.insert(v.end(), why.begin(), why.end());
+  return v;
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -135,6 +149,7 @@ struct TcpStore::Server {
   std::condition_variable cv;
   std::map<std::string, std::vector<char>> keys;
   std::set<uint32_t> said_hello;
+  std::string aborted;  // why connecting stopped ("" while it goes on): every get and set is answered with it
   uint32_t expected = 0;
   size_t active = 0;
   int listen_fd = -1;
@@ -172,7 +187,11 @@ struct TcpStore::Server {
       {
         std::lock_guard<std::mutex> lock(mu);
         if (stop) break;
-        // Answer the gets whose key has arrived.
+        // Answer the gets whose key has arrived (all of them, once connecting was aborted).
+        for (size_t p = 0; p < pending.size() && !aborted.empty();) {
+          reply(pending[p].first, AbortValue(aborted));
+          pending.erase(pending.begin() + static_cast<long>(p));
+        }
         for (size_t p = 0; p < pending.size();) {
           auto it = keys.find(pending[p].second);
           if (it == keys.end()) {
@@ -237,8 +256,18 @@ struct TcpStore::Server {
           c.in.erase(0, total);
           std::lock_guard<std::mutex> lock(mu);
           if (op == 'H') {
-            said_hello.insert(static_cast<uint32_t>(std::stoul(key)));
+            const uint32_t id = static_cast<uint32_t>(std::stoul(key));
+            if (!said_hello.insert(id).second && aborted.empty()) {
+              aborted = "rank " + std::to_string(id) + " joined the rendezvous at '" + address +
+                        "' twice: two processes were started as rank " + std::to_string(id);
+            }
             cv.notify_all();
+          } else if (!aborted.empty() && (op == 'S' || op == 'G')) {
+            reply(c.fd, AbortValue(aborted));
+          } else if (op == 'S' && IsAbortKey(key)) {
+            aborted = std::string(value.begin(), value.end());
+            cv.notify_all();
+            reply(c.fd, {});
           } else if (op == 'S') {
             keys[key] = std::move(value);
             cv.notify_all();
@@ -351,7 +380,7 @@ TcpStore::~TcpStore() {
       // still be reading keys after this rank's mesh is up.
       std::unique_lock<std::mutex> lock(s.mu);
       s.cv.wait_until(lock, Clock::now() + timeout_,
-                      [&] { return s.said_hello.size() >= s.expected && s.active == 0; });
+                      [&] { return (s.said_hello.size() >= s.expected || !s.aborted.empty()) && s.active == 0; });
       s.stop = true;
     }
     s.Wake();
@@ -368,17 +397,30 @@ std::vector<char> TcpStore::Request(char op, const std::string& key, const std::
   if (server_) {
     Server& s = *server_;
     std::unique_lock<std::mutex> lock(s.mu);
+    if (!s.aborted.empty()) throw ConnectAborted(s.aborted);
     if (op == 'S') {
-      s.keys[key] = value;
+      if (IsAbortKey(key)) {
+        s.aborted = std::string(value.begin(), value.end());
+      } else {
+        s.keys[key] = value;
+      }
       s.cv.notify_all();
       lock.unlock();
       s.Wake();
       return {};
     }
-    if (!s.cv.wait_until(lock, deadline, [&] { return s.keys.count(key) > 0; })) {
-      throw Error("rendezvous '" + address_ + "': timed out after " + SecondsString(timeout) + " waiting for key '" +
-                  key + "' (a rank has not arrived)");
+    for (;;) {
+      const auto slice = std::min(deadline, Clock::now() + std::chrono::milliseconds(100));
+      if (s.cv.wait_until(lock, slice, [&] { return s.keys.count(key) > 0 || !s.aborted.empty(); })) break;
+      lock.unlock();
+      InterruptCheck("connecting");
+      lock.lock();
+      if (Clock::now() >= deadline) {
+        throw Error("rendezvous '" + address_ + "': timed out after " + SecondsString(timeout) +
+                    " waiting for key '" + key + "' (a rank has not arrived)");
+      }
     }
+    if (!s.aborted.empty()) throw ConnectAborted(s.aborted);
     return s.keys[key];
   }
   if (fd_ < 0) throw Error("rendezvous '" + address_ + "': not connected");
@@ -395,7 +437,11 @@ std::vector<char> TcpStore::Request(char op, const std::string& key, const std::
     }
     if (need != UINT64_MAX && in.size() >= 8 + need) break;
     pollfd p{fd_, POLLIN, 0};
-    int rc = poll(&p, 1, MsLeft(deadline));
+    int rc = poll(&p, 1, std::min(MsLeft(deadline), 100));
+    if (rc == 0 && Clock::now() < deadline) {
+      InterruptCheck("connecting");
+      continue;
+    }
     if (rc == 0) {
       throw Error("rendezvous '" + address_ + "': timed out after " + SecondsString(timeout) +
                   (op == 'G' ? " waiting for key '" + key + "' (a rank has not arrived)" : " setting key '" + key + "'"));
@@ -408,7 +454,11 @@ std::vector<char> TcpStore::Request(char op, const std::string& key, const std::
     }
     in.append(buf, static_cast<size_t>(n));
   }
-  return std::vector<char>(in.begin() + 8, in.begin() + 8 + static_cast<long>(need));
+  std::vector<char> got(in.begin() + 8, in.begin() + 8 + static_cast<long>(need));
+  if (got.size() >= kAbortMark.size() && std::equal(kAbortMark.begin(), kAbortMark.end(), got.begin())) {
+    throw ConnectAborted(std::string(got.begin() + static_cast<long>(kAbortMark.size()), got.end()));
+  }
+  return got;
 }
 
 void TcpStore::set(const std::string& key, const std::vector<char>& data) { Request('S', key, data, timeout_); }

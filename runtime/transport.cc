@@ -27,12 +27,19 @@ bool Transport::GatherByMessages(const MessageCalls& calls, const void* mine, si
   // for every receive in rank order: the first peer not heard from is named.
   std::vector<size_t> recvs(n), sends(n);
   std::vector<char> copy(static_cast<const char*>(mine), static_cast<const char*>(mine) + bytes);
-  for (uint32_t p = 0; p < n; ++p)
-    if (p != me) recvs[p] = calls.post(false, p, out + size_t{p} * bytes, bytes);
-  for (uint32_t p = 0; p < n; ++p)
-    if (p != me) sends[p] = calls.post(true, p, copy.data(), bytes);
-  calls.start();
-  for (uint32_t p = 0; p < n; ++p) {
+  uint32_t p = 0;
+  try {
+    for (p = 0; p < n; ++p)
+      if (p != me) recvs[p] = calls.post(false, p, out + size_t{p} * bytes, bytes);
+    for (p = 0; p < n; ++p)
+      if (p != me) sends[p] = calls.post(true, p, copy.data(), bytes);
+    p = n;
+    calls.start();
+  } catch (const Error& e) {
+    calls.reset();
+    throw Error((p < n ? "cannot reach rank " + std::to_string(p) + ": " : std::string()) + e.what());
+  }
+  for (p = 0; p < n; ++p) {
     if (p == me) continue;
     try {
       calls.wait(recvs[p], deadline);
@@ -41,7 +48,7 @@ bool Transport::GatherByMessages(const MessageCalls& calls, const void* mine, si
       throw Error("no hello from rank " + std::to_string(p) + ": " + e.what());
     }
   }
-  for (uint32_t p = 0; p < n; ++p) {
+  for (p = 0; p < n; ++p) {
     if (p == me) continue;
     try {
       calls.wait(sends[p], deadline);

@@ -48,6 +48,10 @@ class Transport {
   /// Forgets all posted messages (all waited for, or abandoned after a
   /// failure); handles restart at 0.
   virtual void reset() = 0;
+  /// Gives up on the transport after an interrupted call: closes what lets
+  /// the peers see at once that this rank left (Gloo closes its connections).
+  /// The transport must not be used after it. The default does nothing.
+  virtual void abandon() {}
   /// Gathers `bytes` bytes from every rank into `all` (rank r's at
   /// all + r * bytes): the session's hello at connect (runtime/hello.h),
   /// host memory on both sides. Every rank calls it once per session, before

@@ -25,6 +25,7 @@
 #include "runtime/gloo_transport.h"
 #include "runtime/plan.h"
 #include "runtime/synthetic.h"
+#include "runtime/interrupt.h"
 #include "runtime/tcp_store.h"
 #include "tools/commands.h"
 
@@ -67,6 +68,9 @@ void WriteAll(int fd, const std::string& s) {
 // The child's side: everything it has to say goes into `fd` as lines.
 int RunChild(const Plan& plan, uint32_t rank, const std::string& rendezvous, const std::string& listen,
              const std::string& nvlink_listen, double timeout_s, int fd) {
+  // Ctrl-C (or the parent's forwarded signal) ends connecting or the run
+  // within a second; the peers fail at once, naming this rank.
+  InterruptScope interrupts;
   try {
     GlooOptions options;
     options.rendezvous = rendezvous;
@@ -93,6 +97,9 @@ int RunChild(const Plan& plan, uint32_t rank, const std::string& rendezvous, con
     } catch (const std::exception&) {
     }
     return run.check.wrong == 0 ? 0 : 1;
+  } catch (const Interrupted& e) {
+    WriteAll(fd, "error " + OneLine(e.what()) + "\n");
+    return 128 + e.signal();
   } catch (const std::exception& e) {
     WriteAll(fd, "error " + OneLine(e.what()) + "\n");
     return 1;
@@ -266,6 +273,11 @@ int RunRanks(const std::string& path, uint32_t first, uint32_t last, std::string
   // Every rank bounds its own waits by the timeout; this watchdog only
   // catches a rank stuck elsewhere (connecting takes one timeout, each round
   // at most one more).
+  // Opened after the forks (a child must not inherit the watcher thread):
+  // SIGINT/SIGTERM/SIGHUP to this process go on to every rank, which ends
+  // within a second and says so; the run then exits 128 + the signal.
+  InterruptScope interrupts;
+  int interrupted = 0;
   const auto start = Clock::now();
   const double watchdog_s = timeout_s * (rounds + 2) + 10;
   const bool tty = isatty(STDERR_FILENO);
@@ -302,6 +314,13 @@ int RunRanks(const std::string& path, uint32_t first, uint32_t last, std::string
         grace_end = Clock::now() + std::chrono::milliseconds(1500);
       }
     }
+    if (const int sig = interrupts.signal(); sig != 0 && interrupted == 0) {
+      interrupted = sig;
+      for (const RankReport& r : ranks)
+        if (!r.exited) kill(r.pid, sig);  // a terminal's Ctrl-C reached them already; a kill to this pid did not
+      if (first_failure.empty()) first_failure = "the run was interrupted (" + SignalName(sig) + ")";
+      grace_end = std::min(grace_end, Clock::now() + std::chrono::milliseconds(1000));
+    }
     const auto now = Clock::now();
     const bool watchdog = std::chrono::duration<double>(now - start).count() > watchdog_s;
     if (now > grace_end || watchdog) {
@@ -315,6 +334,9 @@ int RunRanks(const std::string& path, uint32_t first, uint32_t last, std::string
         char why[160];
         if (watchdog) {
           std::snprintf(why, sizeof why, "did not finish within %.0f s (killed)", watchdog_s);
+        } else if (interrupted != 0) {
+          std::snprintf(why, sizeof why, "did not end within 1 s of the interrupt (%s): killed",
+                        SignalName(interrupted).c_str());
         } else {
           std::snprintf(why, sizeof why, "killed after %s failed", first_failure.c_str());
         }
@@ -395,6 +417,10 @@ int RunRanks(const std::string& path, uint32_t first, uint32_t last, std::string
     std::printf("%s\n", success ? "ok" : "FAILED");
   }
   std::fflush(stdout);
+  if (interrupted != 0) {
+    std::fprintf(stderr, "reshard run: interrupted (%s)\n", SignalName(interrupted).c_str());
+    return 128 + interrupted;
+  }
   return success ? 0 : 1;
 }
 

@@ -74,6 +74,13 @@ class Plan:
         return self._p.digest
 
     @property
+    def content_digest(self) -> str:
+        """Digest of the whole plan file (32 hex digits, XXH3-128): equal digests,
+        the same plan. Every rank's session compares it with every other's at
+        connect; ``reshard show`` prints it."""
+        return self._p.content_digest
+
+    @property
     def compiler_version(self) -> str:
         return self._p.compiler_version
 

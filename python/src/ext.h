@@ -5,11 +5,14 @@
 
 #include <nanobind/nanobind.h>
 
+#include <csignal>
 #include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
 
+#include "runtime/hello.h"
+#include "runtime/interrupt.h"
 #include "runtime/plan.h"
 #include "runtime/session.h"
 #include "runtime/transport.h"
@@ -39,6 +42,39 @@ auto Tagged(ErrorKind kind, Fn&& fn) -> decltype(fn()) {
   } catch (const std::exception& e) {
     throw TaggedError(kind, e.what());
   }
+}
+
+/// Runs `fn` with the GIL released inside an InterruptScope (runtime/
+/// interrupt.h), errors tagged as Tagged does; a failed hello (a peer's) is a
+/// PeerError whatever `kind`. When SIGINT/SIGTERM/SIGHUP ends the call, the
+/// signal is raised again once Python's handlers are back, and Python's own
+/// handler runs: KeyboardInterrupt for SIGINT, what the program installed for
+/// the others (by default SIGTERM ends the process, as it would have). Where
+/// that handler raises nothing (another thread than the main one, a handler
+/// that returns) the call raises reshard.PeerError with the runtime's message.
+template <typename Fn>
+auto Interruptible(ErrorKind kind, Fn&& fn) -> decltype(fn()) {
+  int sig = 0;
+  std::string what;
+  {
+    nb::gil_scoped_release release;
+    InterruptScope scope;
+    try {
+      return fn();
+    } catch (const Interrupted& e) {
+      sig = e.signal();
+      what = e.what();
+    } catch (const TaggedError&) {
+      throw;
+    } catch (const HelloFailed& e) {
+      throw TaggedError(ErrorKind::kPeer, e.what());
+    } catch (const std::exception& e) {
+      throw TaggedError(kind, e.what());
+    }
+  }
+  std::raise(sig);
+  if (PyErr_CheckSignals() != 0) throw nb::python_error();
+  throw TaggedError(ErrorKind::kPeer, what);
 }
 
 struct PyPlan {

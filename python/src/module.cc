@@ -141,6 +141,7 @@ void BindPlan(nb::module_& m) {
       .def_prop_ro("schema_version", [](const PyPlan& p) { return p.plan.root().schema_version(); })
       .def_prop_ro("compiler_version", [](const PyPlan& p) { return Str(p.plan.root().compiler_version()); })
       .def_prop_ro("digest", [](const PyPlan& p) { return Str(p.plan.root().digest()); })
+      .def_prop_ro("content_digest", [](const PyPlan& p) { return p.plan.content_digest().hex(); })
       .def_prop_ro("strategy",
                    [](const PyPlan& p) { return std::string(fb::EnumNameStrategy(p.plan.root().strategy())); })
       .def_prop_ro("model", [](const PyPlan& p) { return Str(p.plan.root().model()); })
@@ -168,8 +169,8 @@ void BindTransports(nb::module_& m) {
       "_gloo_transport",
       [](uint32_t rank, uint32_t size, const std::string& rendezvous, const std::string& prefix,
          const std::string& hostname, const std::string& nvlink_hostname, double timeout_s) {
-        nb::gil_scoped_release release;  // connecting blocks until every rank has come
-        return Tagged(ErrorKind::kPeer, [&] {
+        // Connecting blocks until every rank has come: without the GIL, Ctrl-C ends it.
+        return Interruptible(ErrorKind::kPeer, [&] {
           GlooOptions o;
           o.rendezvous = rendezvous;
           o.prefix = prefix;
@@ -233,7 +234,8 @@ void BindSession(nb::module_& m) {
       .def(
           "__init__",
           [](PySession* self, const PyPlan& plan, uint32_t rank, PyTransport& transport) {
-            auto session = Tagged(ErrorKind::kPlan, [&] {
+            // The hello blocks until every rank has its session: without the GIL, Ctrl-C ends it.
+            auto session = Interruptible(ErrorKind::kPlan, [&] {
               if (rank >= plan.plan.num_ranks()) {
                 throw Error(plan.plan.path() + ": rank " + std::to_string(rank) + " out of range: the plan has " +
                             std::to_string(plan.plan.num_ranks()) + " ranks");
@@ -266,16 +268,13 @@ void BindSession(nb::module_& m) {
       .def("bound_ptr", [](const PySession& s, uint32_t i) { return reinterpret_cast<uintptr_t>(s.session->bound().at(i)); })
       .def("run", [](PySession& s) {
         auto out = std::make_unique<PyRunStats>();
-        {
-          nb::gil_scoped_release release;
-          // Unbound buffers fail before any byte moves: a binding error, not a peer's.
-          bool complete = true;
-          const auto& bound = s.session->bound();
-          for (uint32_t i = 0; i < bound.size() && complete; ++i) {
-            complete = bound[i] != nullptr || BufferElements(*s.session->program().buffers()->Get(i)) == 0;
-          }
-          out->s = Tagged(complete ? ErrorKind::kPeer : ErrorKind::kBind, [&] { return s.session->run(); });
+        // Unbound buffers fail before any byte moves: a binding error, not a peer's.
+        bool complete = true;
+        const auto& bound = s.session->bound();
+        for (uint32_t i = 0; i < bound.size() && complete; ++i) {
+          complete = bound[i] != nullptr || BufferElements(*s.session->program().buffers()->Get(i)) == 0;
         }
+        out->s = Interruptible(complete ? ErrorKind::kPeer : ErrorKind::kBind, [&] { return s.session->run(); });
         return out;
       });
 
