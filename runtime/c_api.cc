@@ -17,6 +17,7 @@
 
 struct reshard_plan {
   reshard::Plan plan;
+  std::string digest;  // content_digest().hex(), taken at open
 };
 struct reshard_transport {
   std::unique_ptr<reshard::Transport> transport;
@@ -56,12 +57,25 @@ reshard_plan* reshard_plan_open(const char* path) {
   return Guard(
       [&]() -> reshard_plan* {
         Require(path, "path");
-        return new reshard_plan{reshard::Plan::open(path)};
+        reshard::Plan plan = reshard::Plan::open(path);
+        std::string digest = plan.content_digest().hex();
+        return new reshard_plan{std::move(plan), std::move(digest)};
       },
       nullptr);
 }
 
 uint32_t reshard_plan_num_ranks(const reshard_plan* plan) { return plan ? plan->plan.num_ranks() : 0; }
+uint32_t reshard_plan_num_active_ranks(const reshard_plan* plan) {
+  return plan ? static_cast<uint32_t>(plan->plan.active_ranks().size()) : 0;
+}
+uint32_t reshard_plan_active_rank(const reshard_plan* plan, uint32_t i) {
+  if (plan == nullptr || i >= plan->plan.active_ranks().size()) return UINT32_MAX;
+  return plan->plan.active_ranks()[i];
+}
+const char* reshard_plan_content_digest(const reshard_plan* plan) {
+  if (plan == nullptr) return "";
+  return plan->digest.c_str();
+}
 
 void reshard_plan_close(reshard_plan* plan) { delete plan; }
 

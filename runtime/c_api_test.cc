@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "runtime/synthetic.h"
 #include "runtime/test.h"
 
@@ -28,6 +30,9 @@ TEST(CApiTest, RunsTwoRanks) {
     reshard_plan* plan = reshard_plan_open(dir.File("p.rsplan").c_str());
     if (plan == nullptr) return reshard_last_error();
     if (reshard_plan_num_ranks(plan) != 2) return "num_ranks";
+    if (reshard_plan_num_active_ranks(plan) != 2 || reshard_plan_active_rank(plan, 1) != 1 ||
+        reshard_plan_active_rank(plan, 2) != UINT32_MAX || std::strlen(reshard_plan_content_digest(plan)) != 32)
+      return "active ranks or digest";
     reshard_transport* t =
         reshard_gloo_transport_create(static_cast<uint32_t>(r), 2, dir.path().c_str(), "capi", nullptr, 10);
     if (t == nullptr) return reshard_last_error();

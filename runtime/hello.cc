@@ -7,6 +7,7 @@
 #include <map>
 
 #include "runtime/error.h"
+#include "runtime/rank_map.h"
 
 namespace reshard {
 namespace {
@@ -116,6 +117,20 @@ bool ExchangeHellos(const Plan& plan, uint32_t plan_rank, Transport& transport) 
   }
   const std::string why = CheckHellos(all, transport.rank());
   if (!why.empty()) throw Error(at + why);
+  // Every process plays the plan rank of its transport rank (the table is
+  // the same on every rank, so all of them fail alike).
+  for (uint32_t t = 0; t < all.size(); ++t) {
+    const int64_t want = PlanRankOf(plan, transport.size(), t);
+    if (want < 0 || want == all[t].plan_rank) continue;
+    const bool every = transport.size() == plan.num_ranks();
+    throw Error(at + "transport rank " + std::to_string(t) + " (pid " + std::to_string(all[t].pid) + " on " +
+                std::string(all[t].host, strnlen(all[t].host, sizeof all[t].host)) + ") plays plan rank " +
+                std::to_string(all[t].plan_rank) + ", but on a transport over " +
+                (every ? "every plan rank it must play plan rank " + std::to_string(want)
+                       : "the plan's " + std::to_string(transport.size()) + " active ranks it must play plan rank " +
+                             std::to_string(want) + " (process i plays Plan.active_ranks[i])") +
+                "; nothing was sent");
+  }
   return true;
 }
 

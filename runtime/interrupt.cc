@@ -8,7 +8,8 @@
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <thread>
+#include <pthread.h>
+#include <cstdint>
 
 namespace reshard {
 namespace {
@@ -29,10 +30,12 @@ void OnSignal(int sig) {
 
 struct State {
   std::mutex mu;
+  pid_t pid = 0;  // the process that installed: a forked child starts afresh
   int scopes = 0;
   struct sigaction old[3];
   bool installed[3] = {false, false, false};
-  std::thread watcher;
+  pthread_t watcher{};
+  bool watching = false;
   std::map<int, std::function<void()>> aborters;
   int next = 0;
   bool fired = false;  // aborters have been called for this signal
@@ -51,12 +54,13 @@ void FireAborters() {
   for (auto& [id, abort] : s.aborters) abort();
 }
 
-void Watch() {
+void* Watch(void* fd_arg) {
+  const int fd = static_cast<int>(reinterpret_cast<intptr_t>(fd_arg));
   for (;;) {
     char c;
-    ssize_t n = ::read(g_pipe[0], &c, 1);
+    ssize_t n = ::read(fd, &c, 1);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0 || c == 0) return;  // 0: the last scope closed
+    if (n <= 0 || c == 0) return nullptr;  // 0: the last scope closed
     FireAborters();
   }
 }
@@ -78,10 +82,24 @@ std::string SignalName(int sig) {
 InterruptScope::InterruptScope() {
   State& s = S();
   std::lock_guard<std::mutex> lock(s.mu);
+  if (s.pid != getpid()) {
+    // Forked from a process inside a scope: its watcher thread and handlers
+    // are not this process's. Start afresh (the pipe's ends are copies).
+    if (s.scopes > 0 && g_pipe[0] >= 0) {
+      ::close(g_pipe[0]);
+      ::close(g_pipe[1]);
+    }
+    g_pipe[0] = g_pipe[1] = -1;
+    s.scopes = 0;
+    s.watching = false;
+    s.pid = getpid();
+  }
   if (s.scopes++ > 0) return;
   g_signal = 0;
   s.fired = false;
-  if (g_pipe[0] < 0 && ::pipe2(g_pipe, O_CLOEXEC) != 0) {
+  // A pipe per installation: one shared with a forked process would let
+  // its watcher take this one's stop byte.
+  if (::pipe2(g_pipe, O_CLOEXEC) != 0) {
     g_pipe[0] = g_pipe[1] = -1;
     return;  // no watcher, no handlers: signals act as before
   }
@@ -96,22 +114,34 @@ InterruptScope::InterruptScope() {
     sigemptyset(&mine.sa_mask);
     if (sigaction(kSignals[i], &mine, &s.old[i]) == 0) s.installed[i] = true;
   }
-  s.watcher = std::thread(Watch);
+  s.watching = pthread_create(&s.watcher, nullptr, Watch, reinterpret_cast<void*>(static_cast<intptr_t>(g_pipe[0]))) == 0;
 }
 
 InterruptScope::~InterruptScope() {
   State& s = S();
-  std::thread watcher;
+  pthread_t watcher{};
+  bool join = false;
+  int fds[2] = {-1, -1};
   {
     std::lock_guard<std::mutex> lock(s.mu);
+    if (s.pid != getpid() || s.scopes == 0) return;  // opened before a fork: not this process's
     if (--s.scopes > 0) return;
     for (int i = 0; i < 3; ++i)
       if (s.installed[i]) sigaction(kSignals[i], &s.old[i], nullptr);
-    const char stop = 0;
-    [[maybe_unused]] ssize_t n = ::write(g_pipe[1], &stop, 1);
-    watcher = std::move(s.watcher);
+    if (g_pipe[1] >= 0) {
+      const char stop = 0;
+      [[maybe_unused]] ssize_t n = ::write(g_pipe[1], &stop, 1);
+    }
+    watcher = s.watcher;
+    join = s.watching;
+    s.watching = false;
+    fds[0] = g_pipe[0];
+    fds[1] = g_pipe[1];
+    g_pipe[0] = g_pipe[1] = -1;
   }
-  if (watcher.joinable()) watcher.join();
+  if (join) pthread_join(watcher, nullptr);
+  for (int fd : fds)
+    if (fd >= 0) ::close(fd);
 }
 
 int InterruptScope::signal() const { return g_signal.load(); }

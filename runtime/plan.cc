@@ -117,6 +117,9 @@ struct Plan::Impl {
   std::vector<uint8_t> owned;   // from_bytes
   std::mutex mu;
   std::vector<uint8_t> checked;  // per rank: 1 once program(r) passed its checks
+  std::vector<uint32_t> active;   // active_ranks(), filled once under mu
+  std::vector<int64_t> process;   // plan rank -> index in active, -1 idle
+  bool active_known = false;
   ContentDigest digest;           // computed (plans without the field), under mu
   bool digest_computed = false;
 
@@ -209,6 +212,30 @@ const fb::Plan& Plan::root() const { return *fb::GetPlan(impl_->data); }
 uint32_t Plan::num_ranks() const { return root().num_ranks(); }
 const std::string& Plan::path() const { return impl_->path; }
 size_t Plan::size_bytes() const { return impl_->size; }
+
+const std::vector<uint32_t>& Plan::active_ranks() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (!impl_->active_known) {
+    // The verifier has checked every program's structure; these fields need no more.
+    const uint32_t n = num_ranks();
+    impl_->process.assign(n, -1);
+    for (uint32_t r = 0; r < n; ++r) {
+      const fb::Program* p = root().programs()->Get(r);
+      const bool used = p->src_rank() >= 0 || p->dst_rank() >= 0 || (p->buffers() && p->buffers()->size() > 0) ||
+                        (p->steps() && p->steps()->size() > 0);
+      if (!used) continue;
+      impl_->process[r] = static_cast<int64_t>(impl_->active.size());
+      impl_->active.push_back(r);
+    }
+    impl_->active_known = true;
+  }
+  return impl_->active;
+}
+
+int64_t Plan::process_of(uint32_t plan_rank) const {
+  active_ranks();
+  return plan_rank < impl_->process.size() ? impl_->process[plan_rank] : -1;
+}
 
 bool Plan::carries_content_digest() const { return root().content_digest() != nullptr; }
 

@@ -46,6 +46,15 @@ class Plan {
   /// or, for plans written before that field, computed from the bytes once.
   /// Two plan files with the same digest hold the same plan.
   ContentDigest content_digest() const;
+  /// The plan ranks that need a process, ascending: those the training or
+  /// inference side uses, or that hold buffers or steps. The rest are idle
+  /// (the unused GPUs of partly used NVLink domains) and need none. A job
+  /// launches one process per active rank; process i plays plan rank
+  /// active_ranks()[i], on a transport of active_ranks().size() ranks (see
+  /// Session). Where every rank is active, process i plays plan rank i.
+  const std::vector<uint32_t>& active_ranks() const;
+  /// The index of `plan_rank` in active_ranks() (its process), or -1 if idle.
+  int64_t process_of(uint32_t plan_rank) const;
   /// Whether the file carries its digest (false: content_digest() computed it).
   bool carries_content_digest() const;
   /// Recomputes the digest from the bytes and returns "" when it matches the

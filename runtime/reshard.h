@@ -34,10 +34,21 @@ const char* reshard_last_error(void);
 
 reshard_plan* reshard_plan_open(const char* path);
 uint32_t reshard_plan_num_ranks(const reshard_plan* plan);
+/* The plan ranks that need a process (the training or inference side uses
+ * them, or they hold buffers or steps), ascending: active rank i is process i
+ * of a job that launches only those, on transports of
+ * reshard_plan_num_active_ranks ranks. The others are idle. */
+uint32_t reshard_plan_num_active_ranks(const reshard_plan* plan);
+uint32_t reshard_plan_active_rank(const reshard_plan* plan, uint32_t i);
+/* The plan's content digest: 32 hex digits (valid as long as the plan). */
+const char* reshard_plan_content_digest(const reshard_plan* plan);
 void reshard_plan_close(reshard_plan* plan);
 
-/* A Gloo TCP transport: `store_dir` is a directory every rank shares for the
- * rendezvous, `prefix` separates meshes sharing it (NULL: "reshard"),
+/* Transports connect every plan rank (transport rank = plan rank) or only
+ * the active ones (transport rank i = reshard_plan_active_rank(plan, i)).
+ * A Gloo TCP transport: `store_dir` is a fresh directory every rank shares
+ * for the rendezvous (a directory an earlier run used is refused, naming it;
+ * so is a second process claiming a rank), `prefix` separates meshes sharing it (NULL: "reshard"),
  * `hostname` the address to listen on (NULL: 127.0.0.1), `timeout_s` the limit
  * for connecting and for each round's messages (<= 0: 60 s). Blocks until all
  * `size` ranks have connected. */
@@ -58,7 +69,7 @@ int reshard_transport_barrier(reshard_transport* transport);
  * buffer bound to a session over it is memory of the communicators' CUDA
  * device, and the session's staging (exactly the plan's staging size) is
  * allocated there. `net_comm` is an ncclComm_t over all plan ranks (rank =
- * plan rank), `nvlink_comm` one for the nvlink channel (NULL: nvlink messages
+ * plan rank) or over the active ones (rank i = active rank i), `nvlink_comm` one for the nvlink channel (NULL: nvlink messages
  * share net_comm), `stream` the cudaStream_t kernels run on (NULL: one of the
  * transport's own), `timeout_s` the limit for each round's messages (<= 0:
  * 60 s). The communicators stay the caller's; after a failed run they are
@@ -67,7 +78,12 @@ int reshard_transport_barrier(reshard_transport* transport);
 reshard_transport* reshard_nccl_transport_create(void* net_comm, void* nvlink_comm, void* stream, double timeout_s);
 void reshard_transport_destroy(reshard_transport* transport);
 
-/* The plan and transport must outlive the session. */
+/* The plan and transport must outlive the session. Blocks until every rank
+ * has created its session: the ranks exchange the plan's content digest and
+ * their plan ranks, and every rank fails alike (naming the ranks and both
+ * digests, or the duplicate) when they do not run one plan as distinct ranks.
+ * Bound memory is the caller's promise: it must stay allocated and in place
+ * until re-bound or the session is destroyed (the C API cannot check it). */
 reshard_session* reshard_session_create(const reshard_plan* plan, uint32_t global_rank, reshard_transport* transport);
 /* Number of buffers the rank binds, and the name/dtype/shape of buffer i
  * (the name pointer lives as long as the plan). */

@@ -7,6 +7,7 @@
 #include "runtime/error.h"
 #include "runtime/hello.h"
 #include "runtime/interrupt.h"
+#include "runtime/rank_map.h"
 
 namespace reshard {
 namespace {
@@ -35,6 +36,14 @@ size_t EditDistance(const std::string& a, const std::string& b) {
   return row[b.size()];
 }
 
+// The transport the executor talks through: `transport` itself, or, over the
+// active ranks only, a view of it that names peers by plan rank.
+std::unique_ptr<Transport> MapRanks(const Plan& plan, Transport& transport) {
+  const uint32_t size = transport.size();
+  if (size == plan.num_ranks() || size != plan.active_ranks().size() || transport.rank() >= size) return nullptr;
+  return std::make_unique<RankMappedTransport>(plan, transport);
+}
+
 }  // namespace
 
 Session::Session(const Plan& plan, uint32_t global_rank, Transport& transport)
@@ -44,7 +53,8 @@ Session::Session(const Plan& plan, uint32_t global_rank, Transport& transport)
       transport_(transport),
       staging_bytes_(program_.staging_bytes()),
       kernels_(transport.kernels()),
-      executor_(program_, transport) {
+      mapped_(MapRanks(plan, transport)),
+      executor_(program_, mapped_ ? *mapped_ : transport) {
   const std::string at = "rank " + std::to_string(rank_) + ": ";
   // First, while every rank is here: one plan, distinct ranks (a mismatch
   // found only locally would leave the peers waiting for this rank).
@@ -57,13 +67,7 @@ Session::Session(const Plan& plan, uint32_t global_rank, Transport& transport)
     }
     throw;
   }
-  if (transport.size() != plan.num_ranks()) {
-    throw Error(at + "the transport connects " + std::to_string(transport.size()) + " ranks, the plan has " +
-                std::to_string(plan.num_ranks()));
-  }
-  if (transport.rank() != global_rank) {
-    throw Error(at + "the transport is rank " + std::to_string(transport.rank()) + "'s");
-  }
+  if (std::string why = RankMismatch(plan, global_rank, transport); !why.empty()) throw Error(at + why);
   // Every dtype of the schema moves; which conversions a step may ask for
   // Plan::program has checked.
   const uint32_t nbuf = program_.buffers() ? program_.buffers()->size() : 0;

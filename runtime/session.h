@@ -16,7 +16,8 @@ namespace reshard {
 class Session {
  public:
   /// Checks the rank's program (Plan::program), that the transport is the
-  /// rank's, and that every dtype is one the kernels convert; exchanges the
+  /// rank's (a transport over every plan rank, rank = plan rank; or over the
+  /// active ones only, rank i = plan.active_ranks()[i]), and that every dtype is one the kernels convert; exchanges the
   /// hello with every rank (runtime/hello.h: one plan, distinct ranks; blocks
   /// until every rank has created its session, or the transport's timeout);
   /// allocates exactly
@@ -61,6 +62,7 @@ class Session {
   Kernels& kernels_;
   char* staging_ = nullptr;  // from kernels_.Allocate
   bool proven_ = false;
+  std::unique_ptr<Transport> mapped_;  // plan ranks over a transport of the active ones (runtime/rank_map.h)
   std::vector<char*> bound_;
   Executor executor_;
 };

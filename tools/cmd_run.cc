@@ -78,7 +78,9 @@ int RunChild(const Plan& plan, uint32_t rank, const std::string& rendezvous, con
     options.nvlink_hostname = nvlink_listen;
     options.prefix = "run";
     options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
-    GlooTransport transport(rank, plan.num_ranks(), options);
+    // Over the active ranks only: process_of(rank) of active_ranks().size().
+    GlooTransport transport(static_cast<uint32_t>(plan.process_of(rank)),
+                            static_cast<uint32_t>(plan.active_ranks().size()), options);
     // Every rank starts its run together (filling 100 MB of sources takes
     // each a different time), so that the slowest rank's time is the run's.
     SyntheticRun run = RunSynthetic(plan, rank, transport, 10, [&] { transport.barrier(); });
@@ -212,7 +214,18 @@ int RunRanks(const std::string& path, uint32_t first, uint32_t last, std::string
     throw Error("--ranks: rank " + std::to_string(last) + " is out of range: the plan has " + std::to_string(total) +
                 " ranks (0-" + std::to_string(total - 1) + ")");
   }
-  const uint32_t n = last - first + 1;
+  // One process per active rank of the range: idle ranks (unused GPUs of
+  // partly used NVLink domains) have nothing to run, and the transport
+  // connects the active ranks only (process i plays active_ranks()[i]).
+  std::vector<uint32_t> plan_ranks;
+  for (uint32_t r = first; r <= last; ++r)
+    if (plan.process_of(r) >= 0) plan_ranks.push_back(r);
+  if (plan_ranks.empty()) {
+    throw Error("--ranks " + std::to_string(first) + "-" + std::to_string(last) +
+                ": every one of these plan ranks is idle (no side, buffers or steps): nothing to run here");
+  }
+  const uint32_t n = static_cast<uint32_t>(plan_ranks.size());
+  const uint32_t idle = last - first + 1 - n;
   uint32_t rounds = 0;
   for (uint32_t r = 0; r < total; ++r) {
     const fb::Program& p = plan.program(r);  // every program checked before any process starts
@@ -248,7 +261,7 @@ int RunRanks(const std::string& path, uint32_t first, uint32_t last, std::string
   std::fflush(stderr);
   const pid_t parent = getpid();
   for (uint32_t r = 0; r < n; ++r) {
-    const uint32_t rank = first + r;
+    const uint32_t rank = plan_ranks[r];
     int fds[2];
     if (pipe(fds) != 0) throw Error(std::string("pipe: ") + strerror(errno));
     pid_t pid = fork();
@@ -309,7 +322,7 @@ int RunRanks(const std::string& path, uint32_t first, uint32_t last, std::string
       ++finished;
       bool failed = !(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0);
       if (failed && first_failure.empty()) {
-        first_failure = "rank " + std::to_string(first + i);
+        first_failure = "rank " + std::to_string(plan_ranks[i]);
         // Let the other ranks notice and report the failure themselves.
         grace_end = Clock::now() + std::chrono::milliseconds(1500);
       }
@@ -381,21 +394,21 @@ int RunRanks(const std::string& path, uint32_t first, uint32_t last, std::string
     if (!rank_ok) {
       ++failed;
       std::string why = Describe(r);
-      if (why.rfind("rank ", 0) != 0) why = "rank " + std::to_string(first + i) + ": " + why;
+      if (why.rfind("rank ", 0) != 0) why = "rank " + std::to_string(plan_ranks[i]) + ": " + why;
       failures.push_back(why);
     }
-    for (const std::string& w : r.wrong_elements) wrong_elements.push_back("rank " + std::to_string(first + i) + ": " + w);
+    for (const std::string& w : r.wrong_elements) wrong_elements.push_back("rank " + std::to_string(plan_ranks[i]) + ": " + w);
   }
   const double gbps = seconds > 0 ? bytes / seconds / 1e9 : 0;
   const bool success = failed == 0 && wrong == 0;
   if (json) {
     std::printf("{\"plan\": %s, \"ranks\": %u, \"failed_ranks\": %u, \"bytes\": %llu, \"net_bytes\": %llu, "
                 "\"nvlink_bytes\": %llu, \"seconds\": %.6f, \"gbps\": %.6f, \"checked\": %llu, \"wrong\": %llu, "
-                "\"ok\": %s, \"first_rank\": %u, \"plan_ranks\": %u, \"failures\": [",
+                "\"ok\": %s, \"first_rank\": %u, \"plan_ranks\": %u, \"idle_ranks\": %u, \"failures\": [",
                 JsonString(path).c_str(), n, failed, static_cast<unsigned long long>(bytes),
                 static_cast<unsigned long long>(net), static_cast<unsigned long long>(nvlink), seconds, gbps,
                 static_cast<unsigned long long>(checked), static_cast<unsigned long long>(wrong),
-                success ? "true" : "false", first, total);
+                success ? "true" : "false", first, total, idle);
     for (size_t i = 0; i < failures.size(); ++i) std::printf("%s%s", i ? ", " : "", JsonString(failures[i]).c_str());
     std::printf("], \"wrong_elements\": [");
     for (size_t i = 0; i < wrong_elements.size(); ++i) {
@@ -404,10 +417,11 @@ int RunRanks(const std::string& path, uint32_t first, uint32_t last, std::string
     std::printf("]}\n");
   } else {
     for (const std::string& f : failures) std::fprintf(stderr, "reshard run: %s\n", f.c_str());
-    if (n == total) {
-      std::printf("ranks:   %u, %u failed\n", n, failed);
+    const std::string skipped = idle == 0 ? "" : ", " + std::to_string(idle) + " idle ranks need no process";
+    if (n + idle == total) {
+      std::printf("ranks:   %u, %u failed%s\n", n, failed, skipped.c_str());
     } else {
-      std::printf("ranks:   %u (%u-%u of %u), %u failed\n", n, first, last, total, failed);
+      std::printf("ranks:   %u (%u-%u of %u), %u failed%s\n", n, first, last, total, failed, skipped.c_str());
     }
     std::printf("moved:   %s (net %s, nvlink %s) in %.3f s: %.3f GB/s\n", Bytes(static_cast<double>(bytes)).c_str(),
                 Bytes(static_cast<double>(net)).c_str(), Bytes(static_cast<double>(nvlink)).c_str(), seconds, gbps);
@@ -440,11 +454,11 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("PLAN", opts->plan, "the plan file (.rsplan)")->required();
   cmd->add_flag("--local", opts->local, "run every rank as a process on this machine");
   cmd->add_option("--ranks", opts->ranks,
-                  "run ranks A-B (or one rank A) here, one process each, meeting the other hosts' ranks "
-                  "through --rendezvous");
+                  "run plan ranks A-B (or one rank A) here, one process per active rank (idle ranks "
+                  "need none), meeting the other hosts' ranks through --rendezvous");
   cmd->add_option("--rendezvous", opts->rendezvous,
-                  "where the ranks meet: a directory every host shares, or HOST:PORT (the host running "
-                  "rank 0 serves it there)");
+                  "where the ranks meet: a fresh directory every host shares, or HOST:PORT (the host "
+                  "running the first active rank serves it there)");
   cmd->add_option("--listen", opts->listen,
                   "address this host's ranks listen on for their peers (default: the address that "
                   "reaches the rendezvous host; 127.0.0.1 with a directory)");

@@ -22,6 +22,34 @@ unsigned long long U(uint64_t v) { return static_cast<unsigned long long>(v); }
 
 }  // namespace
 
+// "process 0-3: plan ranks 0-3 (train 0-3); process 4-7: plan ranks 8-11 (infer 0-3)": runs of
+// consecutive processes whose plan ranks and side ranks are consecutive too.
+std::string ProcessMap(const Plan& plan) {
+  const std::vector<uint32_t>& active = plan.active_ranks();
+  std::string out;
+  for (size_t i = 0; i < active.size();) {
+    const fb::Program* a = plan.root().programs()->Get(active[i]);
+    const bool train = a->src_rank() >= 0, infer = a->dst_rank() >= 0;
+    auto side_rank = [&](const fb::Program* p) { return train ? p->src_rank() : infer ? p->dst_rank() : -1; };
+    size_t j = i;
+    while (j + 1 < active.size() && active[j + 1] == active[j] + 1) {
+      const fb::Program* b = plan.root().programs()->Get(active[j + 1]);
+      if ((b->src_rank() >= 0) != train || (b->dst_rank() >= 0) != infer) break;
+      if (side_rank(b) != side_rank(plan.root().programs()->Get(active[j])) + 1 && side_rank(b) >= 0) break;
+      ++j;
+    }
+    auto range = [](int64_t x, int64_t y) { return x == y ? std::to_string(x) : std::to_string(x) + "-" + std::to_string(y); };
+    const fb::Program* last = plan.root().programs()->Get(active[j]);
+    std::string side = train && infer ? "train and infer" : train ? "train " + range(a->src_rank(), last->src_rank())
+                                                        : infer   ? "infer " + range(a->dst_rank(), last->dst_rank())
+                                                                  : "no side";
+    out += std::string(out.empty() ? "" : "; ") + (i == j ? "process " : "processes ") + range(i, j) + ": plan rank" +
+           (i == j ? " " : "s ") + range(active[i], active[j]) + " (" + side + ")";
+    i = j + 1;
+  }
+  return out;
+}
+
 void AddShowCommand(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand(
       "show",
@@ -62,6 +90,8 @@ void AddShowCommand(CLI::App& app, int& exit_code) {
       j["dest_layout"] = str(root.dest_layout());
       j["cluster"] = str(root.cluster());
       j["ranks"] = n;
+      j["active_ranks"] = plan.active_ranks();
+      j["processes"] = plan.active_ranks().size();
       j["rounds"] = root.num_rounds();
       j["staging_limit"] = root.staging_limit();
       j["net"] = {{"bytes", st.bytes[0]}, {"messages", st.messages[0]}};
@@ -73,6 +103,8 @@ void AddShowCommand(CLI::App& app, int& exit_code) {
         const fb::Program& p = plan.program(r);
         nlohmann::ordered_json x = {{"rank", r},
                                     {"side", report::Side(p)},
+                                    {"process", plan.process_of(r) >= 0 ? nlohmann::ordered_json(plan.process_of(r))
+                                                                         : nlohmann::ordered_json(nullptr)},
                                     {"domain", report::DomainOf(root, r)},
                                     {"net_sent", t.sent[0]},
                                     {"nvlink_sent", t.sent[1]},
@@ -126,6 +158,16 @@ void AddShowCommand(CLI::App& app, int& exit_code) {
                 root.num_rounds(), Bytes(root.staging_limit()).c_str(), root.schema_version(),
                 root.compiler_version() ? root.compiler_version()->c_str() : "?",
                 root.digest() ? root.digest()->c_str() : "?");
+    {
+      const size_t active = plan.active_ranks().size();
+      if (active == n) {
+        std::printf("  processes: %zu, process i plays plan rank i\n", active);
+      } else {
+        std::printf("  processes: %zu for the %zu active ranks (%zu idle ranks need none); a transport over the active "
+                    "ranks: process i plays plan rank Plan.active_ranks[i]: %s\n",
+                    active, active, n - active, ProcessMap(plan).c_str());
+      }
+    }
     std::printf("  content digest %s%s (every rank's plan must have it: compared at connect)\n",
                 plan.content_digest().hex().c_str(), plan.carries_content_digest() ? "" : ", computed: an older plan file");
     std::printf("totals: net %s in %llu messages, nvlink %s in %llu messages\n", Bytes(st.bytes[0]).c_str(),

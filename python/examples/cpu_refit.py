@@ -22,9 +22,12 @@ import reshard.testing as rt
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def rank_main(rank, plan_path, store, results):
+def rank_main(process, plan_path, store, results):
+    # One process per active plan rank (idle GPUs of partly used NVLink domains need none):
+    # process i plays plan rank plan.active_ranks[i] on a transport of len(plan.active_ranks).
     plan = reshard.Plan.open(plan_path)
-    transport = reshard.GlooTransport(rank, plan.num_ranks, store=store)
+    rank = plan.active_ranks[process]
+    transport = reshard.GlooTransport(process, len(plan.active_ranks), store=store)
     session = reshard.Session(plan, rank, transport)
     weights = rt.allocate(session)  # {buffer name: torch tensor}, as a module's named_parameters() would be
     session.bind_module(weights)
@@ -45,8 +48,9 @@ def main():
         print(summary["summary"])
         plan = reshard.Plan.open(plan_path)
         results = mp.get_context("fork").Queue()
-        mp.start_processes(rank_main, args=(plan_path, tmp, results), nprocs=plan.num_ranks, start_method="fork")
-        rows = sorted(results.get() for _ in range(plan.num_ranks))
+        processes = len(plan.active_ranks)
+        mp.start_processes(rank_main, args=(plan_path, tmp, results), nprocs=processes, start_method="fork")
+        rows = sorted(results.get() for _ in range(processes))
     for rank, sent, secs, checked, wrong in rows:
         print(f"rank {rank:2d}: sent {sent:8d} B in {secs * 1e3:6.2f} ms, checked {checked:7d} elements, {wrong} wrong")
     wrong = sum(r[4] for r in rows)

@@ -25,15 +25,18 @@ import reshard
 
 
 def make_transport(plan: reshard.Plan, global_rank: int, device: int, broadcast_object) -> reshard.NcclTransport:
-    """Communicators made by reshard over the whole refit job.
+    """Communicators made by reshard over the refit job's processes: one per
+    active plan rank (idle GPUs of partly used NVLink domains have none), the
+    process of plan rank r being communicator rank plan.process_of(r).
 
     `broadcast_object(obj)` is the framework's way to ship a small object from
-    global rank 0 to every rank (a Ray object ref, torch.distributed's
+    process 0 to every process (a Ray object ref, torch.distributed's
     broadcast_object_list over an existing group, a key in a store)."""
-    uid = broadcast_object(reshard.nccl.unique_id() if global_rank == 0 else None)
-    world = reshard.nccl.Communicator.init(plan.num_ranks, global_rank, uid, device=device)
+    process = plan.process_of(global_rank)
+    uid = broadcast_object(reshard.nccl.unique_id() if process == 0 else None)
+    world = reshard.nccl.Communicator.init(len(plan.active_ranks), process, uid, device=device)
     # The NVLink channel: one communicator per NVLink domain of the plan's cluster.
-    nvlink = world.split(color=plan.domains[global_rank], key=global_rank)
+    nvlink = world.split(color=plan.domains[global_rank], key=process)
     stream = torch.cuda.Stream(device=device)
     return reshard.NcclTransport(world, nvlink, stream=stream, timeout_s=120)
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import bisect
 import os
-from typing import Dict, List, NamedTuple, Tuple, Union
+from typing import Dict, List, NamedTuple, Optional, Tuple, Union
 
 from . import _reshard
 from ._tensors import DTYPES
@@ -47,11 +48,12 @@ class Plan:
     >>> [b.name for b in plan.buffers(rank)]
     """
 
-    __slots__ = ("_p", "_programs")
+    __slots__ = ("_p", "_programs", "_active")
 
     def __init__(self, handle: "_reshard._Plan"):
         self._p = handle
         self._programs: Dict[int, Program] = {}
+        self._active: Optional[Tuple[int, ...]] = None
 
     @staticmethod
     def open(path: Union[str, "os.PathLike[str]"]) -> "Plan":
@@ -67,6 +69,32 @@ class Plan:
     def num_ranks(self) -> int:
         """Global ranks: training ranks and inference ranks (disjoint unless colocated)."""
         return self._p.num_ranks
+
+    @property
+    def active_ranks(self) -> Tuple[int, ...]:
+        """The plan ranks that need a process, ascending: those the training or
+        inference side uses (or that hold buffers or steps). The others are
+        idle, the unused GPUs of partly used NVLink domains, and need none.
+
+        A job launches one process per active rank: process ``i`` plays plan
+        rank ``active_ranks[i]``, on transports (and NCCL communicators) of
+        ``len(active_ranks)`` ranks with rank ``i``. Where no rank is idle,
+        process ``i`` plays plan rank ``i``. ``reshard show`` prints the map."""
+        if self._active is None:
+            self._active = tuple(self._p.active_ranks)
+        return self._active
+
+    def process_of(self, rank: int) -> int:
+        """The process (transport rank, communicator rank) that plays plan rank
+        `rank` in a job launched over the active ranks: its index in
+        :attr:`active_ranks`. Raises ValueError for an idle rank."""
+        active = self.active_ranks
+        i = bisect.bisect_left(active, rank)
+        if i == len(active) or active[i] != rank:
+            if not 0 <= rank < self.num_ranks:
+                raise ValueError(f"rank {rank}: the plan has ranks 0..{self.num_ranks - 1}")
+            raise ValueError(f"plan rank {rank} is idle (no side, buffers or steps): it needs no process")
+        return i
 
     @property
     def digest(self) -> str:

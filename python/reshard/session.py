@@ -103,8 +103,10 @@ class Session:
     ::
 
         plan = reshard.Plan.open("refit.rsplan")
-        transport = reshard.GlooTransport(rank, plan.num_ranks, store="/shared/rdzv")
-        s = reshard.Session(plan, rank, transport)
+        # one process per active plan rank: process i plays plan.active_ranks[i]
+        rank = plan.active_ranks[process]
+        transport = reshard.GlooTransport(process, len(plan.active_ranks), store="/shared/fresh-dir")
+        s = reshard.Session(plan, rank, transport)  # every rank says hello: one plan, distinct ranks
         s.bind_module(model)              # or s.bind(name, tensor) per buffer
         stats = s.run()                   # every step; the GIL is released
 

@@ -48,13 +48,21 @@ class Transport:
 class GlooTransport(Transport):
     """Gloo over TCP, for host (CPU) memory.
 
+    `rank` and `size` are the process's: a transport connects every plan rank
+    (size ``plan.num_ranks``, rank = plan rank) or only the active ones (size
+    ``len(plan.active_ranks)``, rank i plays ``plan.active_ranks[i]``).
     ``GlooTransport(rank, size, store=DIR)`` meets the other ranks through
-    files in a directory every rank can see (it must exist);
+    files in a fresh directory every rank can see (it must exist; one an
+    earlier run used is refused, naming it, and so is a second process
+    claiming a rank);
     ``GlooTransport(rank, size, store="HOST:PORT")`` through a TCP
     rendezvous instead, for hosts that share no file system: rank 0 serves on
     that address (HOST must be one of its own), the others connect to it.
     The constructor blocks (with the GIL released) until all `size` ranks
-    have connected, or raises :class:`reshard.PeerError` after `timeout_s`.
+    have connected, or raises :class:`reshard.PeerError` after `timeout_s`
+    (naming the ranks that never joined), at once when another rank gave up
+    (a duplicate, an interrupted rank: the message says), or
+    ``KeyboardInterrupt`` within a second of Ctrl-C.
 
     `prefix` separates meshes that share a store; `hostname` is the address
     this rank listens on for messages (the other hosts' ranks must reach it);
@@ -108,7 +116,8 @@ class NcclTransport(Transport):
     """NCCL point-to-point over the caller's communicators, for CUDA memory.
 
     `net` is an ncclComm_t over all plan ranks (communicator rank = plan
-    rank); `nvlink` one for the NVLink channel (None: it shares `net`);
+    rank) or over the active ones (communicator rank i plays
+    ``plan.active_ranks[i]``); `nvlink` one for the NVLink channel (None: it shares `net`);
     `stream` the cudaStream_t the kernels run on (None: the transport's own).
     Each may be given as an int or as the object a framework holds it in: a
     :class:`reshard.nccl.Communicator`, vLLM's ``PyNcclCommunicator``, torch's

@@ -219,7 +219,7 @@ class ReshardInitInfo(WeightTransferInitInfo):
     plan_path: str  #: the compiled plan, readable by every worker
     rank: int  #: this worker's global rank in the plan (an inference rank)
     store: str = ""  #: Gloo rendezvous (a shared directory or HOST:PORT); "" with an NCCL unique id
-    nccl_unique_id: bytes = b""  #: made by plan rank 0 (reshard.nccl.unique_id()), shipped by the trainer
+    nccl_unique_id: bytes = b""  #: made by process 0 (plan rank active_ranks[0]: reshard.nccl.unique_id()), shipped by the trainer
     timeout_s: float = 120.0
 
 
@@ -239,16 +239,17 @@ class ReshardWeightTransferEngine(WeightTransferEngine):
         from . import GlooTransport, Plan
 
         plan = Plan.open(init_info.plan_path)
+        # Transports over the plan's active ranks: process i plays plan rank active_ranks[i].
+        process, processes = plan.process_of(init_info.rank), len(plan.active_ranks)
         if init_info.nccl_unique_id:
             from . import NcclTransport, nccl
 
             device = self.device.index or 0
-            world = nccl.Communicator.init(plan.num_ranks, init_info.rank, init_info.nccl_unique_id, device=device)
-            transport = NcclTransport(world, world.split(color=plan.domains[init_info.rank], key=init_info.rank),
+            world = nccl.Communicator.init(processes, process, init_info.nccl_unique_id, device=device)
+            transport = NcclTransport(world, world.split(color=plan.domains[init_info.rank], key=process),
                                       timeout_s=init_info.timeout_s)
         else:
-            transport = GlooTransport(init_info.rank, plan.num_ranks, store=init_info.store,
-                                      timeout_s=init_info.timeout_s)
+            transport = GlooTransport(process, processes, store=init_info.store, timeout_s=init_info.timeout_s)
         self.refit = WorkerRefit(Session(plan, init_info.rank, transport), self.model, self.vllm_config)
         self.stats: Optional[RunStats] = None
 

@@ -142,6 +142,7 @@ void BindPlan(nb::module_& m) {
       .def_prop_ro("compiler_version", [](const PyPlan& p) { return Str(p.plan.root().compiler_version()); })
       .def_prop_ro("digest", [](const PyPlan& p) { return Str(p.plan.root().digest()); })
       .def_prop_ro("content_digest", [](const PyPlan& p) { return p.plan.content_digest().hex(); })
+      .def_prop_ro("active_ranks", [](const PyPlan& p) { return p.plan.active_ranks(); })
       .def_prop_ro("strategy",
                    [](const PyPlan& p) { return std::string(fb::EnumNameStrategy(p.plan.root().strategy())); })
       .def_prop_ro("model", [](const PyPlan& p) { return Str(p.plan.root().model()); })

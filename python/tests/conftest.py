@@ -85,3 +85,9 @@ def run_threads(fns) -> list:
     if errors:
         raise errors[0]
     return results
+
+
+def make_sessions(plan, transports) -> list:
+    """A session per rank of `transports` (rank r plays plan rank r), made by
+    threads: a session's hello waits until every rank has made its own."""
+    return run_threads([lambda r=r: reshard.Session(plan, r, transports[r]) for r in range(len(transports))])

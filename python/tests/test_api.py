@@ -17,7 +17,7 @@ import torch
 
 import reshard
 import reshard.testing as rt
-from conftest import CLUSTER, ROOT, SAMPLES, mesh, reshard_binary, run_threads
+from conftest import CLUSTER, ROOT, SAMPLES, make_sessions, mesh, reshard_binary, run_threads
 
 # -- plans ---------------------------------------------------------------------
 
@@ -141,7 +141,7 @@ def dense(plans, tmp_path_factory):
 
 def session(dense, rank):
     plan, transports = dense
-    return reshard.Session(plan, rank, transports[rank])
+    return make_sessions(plan, transports)[rank]
 
 
 def torch_like(b):
@@ -331,7 +331,7 @@ def _cpu_timed(fn) -> float:
 def refit_in_threads(plan, transports, strided=False, like="torch", transposed=False):
     """Every rank of `plan` as a thread: bind fresh tensors (destinations as
     strided views if asked), poison, fill, run, check every element."""
-    sessions = [reshard.Session(plan, r, transports[r]) for r in range(plan.num_ranks)]
+    sessions = make_sessions(plan, transports)
     pads = []
     for s in sessions:
         for b in s.buffers:
@@ -458,7 +458,7 @@ def test_a_stalled_peer_times_out_naming_step_and_peer(plans, tmp_path):
     plan = reshard.Plan.open(plans["tiny-dense"])
     transports = mesh(plan.num_ranks, tmp_path, timeout_s=1.0)
     dst = plan.dest_ranks[0]
-    s = reshard.Session(plan, dst, transports[dst])
+    s = make_sessions(plan, transports)[dst]  # every rank says hello; only dst runs
     for b in s.buffers:
         s.bind(b.name, torch_like(b))
     t0 = time.perf_counter()
@@ -487,7 +487,9 @@ def test_session_checks_rank_and_transport(plans, tmp_path):
     [t] = mesh(1, tmp_path)
     with pytest.raises(reshard.PlanError) as e:
         reshard.Session(plan, 0, t)
-    assert str(e.value) == "rank 0: the transport connects 1 ranks, the plan has 12"
+    assert str(e.value) == (
+        "rank 0: the transport connects 1 ranks, the plan has 12 ranks (a transport connects every plan rank, or only "
+        "the active ones: Plan.active_ranks)")
     with pytest.raises(TypeError):
         reshard.Session("plan.rsplan", 0, t)
 

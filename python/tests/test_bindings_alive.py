@@ -8,11 +8,11 @@ import torch
 
 import reshard
 import reshard.testing as rt
-from conftest import mesh, run_threads
+from conftest import make_sessions, mesh, run_threads
 
 
 def _bound(plan, tmp_path):
-    sessions = [reshard.Session(plan, r, t) for r, t in enumerate(mesh(plan.num_ranks, tmp_path))]
+    sessions = make_sessions(plan, mesh(plan.num_ranks, tmp_path))
     for s in sessions:
         for b in s.buffers:
             s.bind(b.name, torch.zeros(b.shape, dtype={"bf16": torch.bfloat16, "fp32": torch.float32}[b.dtype]))
@@ -53,7 +53,7 @@ def test_freed_storage_is_refused_by_name(plans, tmp_path, side):
 
 def test_replaced_data_is_refused_by_name(plans, tmp_path):
     plan = reshard.Plan.open(plans["tiny-dense"])
-    sessions = [reshard.Session(plan, r, t) for r, t in enumerate(mesh(plan.num_ranks, tmp_path))]
+    sessions = make_sessions(plan, mesh(plan.num_ranks, tmp_path))
     rank = plan.dest_ranks[0]
     s = sessions[rank]
     b = next(b for b in s.buffers if b.is_destination)

@@ -11,7 +11,7 @@ import torch
 
 import reshard
 import reshard.testing as rt
-from conftest import mesh, run_threads
+from conftest import make_sessions, mesh, run_threads
 
 
 def _modules(plan):
@@ -38,7 +38,7 @@ class Holder(torch.nn.Module):
 def test_trainer_refit_rebinds_what_the_framework_replaced(plans, tmp_path):
     plan = reshard.Plan.open(plans["tiny-dense"])
     tensors = _modules(plan)
-    sessions = [reshard.Session(plan, r, t) for r, t in enumerate(mesh(plan.num_ranks, tmp_path))]
+    sessions = make_sessions(plan, mesh(plan.num_ranks, tmp_path))
     refits = [reshard.TrainerRefit(s, tensors[r]) for r, s in enumerate(sessions)]
     for r, s in enumerate(sessions):
         rt.fill_sources(s)
@@ -66,7 +66,7 @@ def test_trainer_refit_rebinds_what_the_framework_replaced(plans, tmp_path):
 def test_trainer_refit_on_a_module_sees_data_replaced_in_place(plans, tmp_path):
     plan = reshard.Plan.open(plans["tiny-dense"])
     src = plan.source_ranks[0]
-    s = reshard.Session(plan, src, mesh(plan.num_ranks, tmp_path)[src])
+    s = make_sessions(plan, mesh(plan.num_ranks, tmp_path))[src]
     holder = Holder(_modules(plan)[src])
     plan_names = {b.name for b in s.buffers}
     # bind through a mapping of plan names to the module's parameters
