@@ -112,22 +112,7 @@ TEST(IdleRanksTest, AProcessOnTheWrongPlanRankEndsEveryRank) {
   }
 }
 
-// A transport that cannot gather (no hello): the local checks speak.
-class Silent : public Transport {
- public:
-  Silent(uint32_t rank, uint32_t size) : rank_(rank), size_(size) {}
-  uint32_t rank() const override { return rank_; }
-  uint32_t size() const override { return size_; }
-  std::chrono::milliseconds timeout() const override { return std::chrono::milliseconds(1000); }
-  size_t post_send(uint32_t, uint64_t, const void*, size_t) override { throw Error("no messages"); }
-  size_t post_recv(uint32_t, uint64_t, void*, size_t) override { throw Error("no messages"); }
-  void wait(size_t, Clock::time_point) override {}
-  void reset() override {}
-  bool allgather(const void*, size_t, void*, Clock::time_point) override { return false; }
-
- private:
-  uint32_t rank_, size_;
-};
+using Silent = testing::NoTransport;  // cannot gather: the local checks speak
 
 TEST(IdleRanksTest, MismatchesSayWhichProcessPlaysWhichRank) {
   TempDir dir;

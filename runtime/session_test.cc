@@ -23,22 +23,7 @@ using testing::StagingRegion;
 using K = fb::StepKind;
 using D = fb::Dtype;
 
-// A transport for plans without messages.
-class NoTransport : public Transport {
- public:
-  NoTransport(uint32_t rank, uint32_t size) : rank_(rank), size_(size) {}
-  uint32_t rank() const override { return rank_; }
-  uint32_t size() const override { return size_; }
-  std::chrono::milliseconds timeout() const override { return std::chrono::milliseconds(1000); }
-  size_t post_send(uint32_t, uint64_t, const void*, size_t) override { throw Error("no messages"); }
-  size_t post_recv(uint32_t, uint64_t, void*, size_t) override { throw Error("no messages"); }
-  void wait(size_t, Clock::time_point) override {}
-  void reset() override {}
-  bool allgather(const void*, size_t, void*, Clock::time_point) override { return false; }  // no peers to ask
-
- private:
-  uint32_t rank_, size_;
-};
+using testing::NoTransport;
 
 // One rank: tensor v fp32 [8,16] in 'v'; a transposed fp16 copy 'vt' [16,8]
 // written by a copy step, and bf16 'half' [8,8] = columns 4..12 written by
@@ -107,7 +92,9 @@ TEST(SessionTest, TransportMustMatch) {
     Session s(plan, 0, wrong_size);
     FAIL();
   } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "rank 0: the transport connects 2 ranks, the plan has 1");
+    EXPECT_STREQ(e.what(),
+                 "rank 0: the transport connects 2 ranks, the plan has 1 ranks (a transport connects every plan rank, "
+                 "or only the active ones: Plan.active_ranks)");
   }
   try {
     Session s(plan, 0, wrong_rank);

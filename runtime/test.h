@@ -21,8 +21,27 @@
 
 #include "runtime/error.h"
 #include "runtime/plan.h"
+#include "runtime/transport.h"
 
 namespace reshard::testing {
+
+/// A transport for plans without messages: it cannot gather either, so a
+/// session over it proves nothing at connect and its local checks speak.
+class NoTransport : public Transport {
+ public:
+  NoTransport(uint32_t rank, uint32_t size) : rank_(rank), size_(size) {}
+  uint32_t rank() const override { return rank_; }
+  uint32_t size() const override { return size_; }
+  std::chrono::milliseconds timeout() const override { return std::chrono::milliseconds(1000); }
+  size_t post_send(uint32_t, uint64_t, const void*, size_t) override { throw Error("no messages"); }
+  size_t post_recv(uint32_t, uint64_t, void*, size_t) override { throw Error("no messages"); }
+  void wait(size_t, Clock::time_point) override {}
+  void reset() override {}
+  bool allgather(const void*, size_t, void*, Clock::time_point) override { return false; }
+
+ private:
+  uint32_t rank_, size_;
+};
 
 inline fb::Region MakeRegion(uint32_t buffer, uint64_t offset, std::vector<uint32_t> shape,
                              std::vector<uint32_t> stride, uint8_t buffer_modes = 0) {
