@@ -58,7 +58,8 @@ flatbuffers::Offset<fb::Program> EmitProgram(flatbuffers::FlatBufferBuilder& b, 
       std::vector<uint64_t> shape(d.shape.begin(), d.shape.end());
       it = shapes.emplace(d.shape, b.CreateVector(shape)).first;
     }
-    bufs.push_back(fb::CreateBuffer(b, b.CreateSharedString(d.name), ToFb(d.dtype), it->second));
+    bufs.push_back(fb::CreateBuffer(b, b.CreateSharedString(d.name), ToFb(d.dtype), it->second,
+                                    d.held_transposed ? 1 : 0));
   }
   auto buffers = b.CreateVector(bufs);
   std::vector<fb::Fragment> frags;

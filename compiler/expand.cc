@@ -645,6 +645,12 @@ void Expander::ExpandRule(const BufferRule& rule, const std::vector<int>& parts)
       }
     };
     add_buffers(name_tmpl, rule.path + "/name", dtype, phys);
+    if (rule.held_transposed) {
+      if (phys.size() != 2)
+        Fail(rule.path + "/held", "\"held\": \"transposed\" is for 2-D buffers; this rule's buffers have " +
+                                      std::to_string(phys.size()) + " dims");
+      for (size_t k = base; k < rl.buffers.size(); ++k) rl.buffers[k].held_transposed = true;
+    }
     // Per dim, the list of (global lo, global hi, memory position) segments
     // of one part; one fragment per combination of segments.
     const int nd = ns + nshape;

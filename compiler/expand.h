@@ -14,6 +14,7 @@ struct BufferDesc {
   std::string name;
   Dtype dtype = Dtype::bf16;
   std::vector<int64_t> shape;
+  bool held_transposed = false;  // BufferRule::held_transposed
   int64_t elements() const;
 };
 

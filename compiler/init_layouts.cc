@@ -666,6 +666,13 @@ ordered_json MakeServing(const Arch& a, const std::string& model, Settings& s, s
     }
     const bool quantized = !q.kind.empty() && IsQuantized(t.role);
     if (quantized) rule["quant"] = QuantJson(q, buf);
+    // compressed_tensors_w8a8_fp8.py process_weights_after_loading: a
+    // per-channel FP8 linear's weight becomes a transposed view of its
+    // [rows, cols] storage (what CUTLASS's scaled_mm reads); the fused
+    // experts keep theirs (seen on real vLLM 0.33 ranks: tests/data/recorded/
+    // vllm-moe-tp2-fp8-channel, strides [1, rows] on the linears only).
+    const bool expert = t.role == Role::expert_gate || t.role == Role::expert_up || t.role == Role::expert_down;
+    if (quantized && vllm && q.kind == "fp8-channel" && !expert) rule["held"] = "transposed";
     if (c == Cut::vocab && vocab.padded != a.vocab) rule["shape"] = {vocab.per_rank, a.hidden};
     // Buffers vLLM keeps under their HF names need no rule (default_buffers).
     if (buf == t.name && !quantized && !rule.contains("shape")) continue;

@@ -689,7 +689,8 @@ LayoutSpec ParseLayout(const json& root, const std::string& file, const ModelSpe
     for (size_t i = 0; i < bufs.size(); ++i) {
       std::string path = "/buffers/" + std::to_string(i);
       const json& bj = r.Object(bufs[i], path);
-      r.Keys(bj, path, {"name", "parts", "tensor", "concat", "interleave", "shape", "dtype", "quant", "shard", "range", "at"});
+      r.Keys(bj, path,
+             {"name", "parts", "tensor", "concat", "interleave", "shape", "dtype", "quant", "shard", "range", "at", "held"});
       BufferRule b;
       b.path = path;
       b.name = r.String(r.Get(bj, path, "name"), path + "/name");
@@ -722,6 +723,14 @@ LayoutSpec ParseLayout(const json& root, const std::string& file, const ModelSpe
         if (b.fuse == Fuse::none)
           r.Fail(path + "/shard", "only a fused buffer (\"concat\" or \"interleave\") is sharded as a whole; "
                                   "shard a single tensor in its placement");
+      }
+      if (bj.contains("held")) {
+        const std::string held = r.String(bj["held"], path + "/held");
+        if (held != "transposed")
+          r.Fail(path + "/held",
+                 std::string("expected \"transposed\" (the framework holds the 2-D buffer as storage.t()), got '") +
+                     held + "'");
+        b.held_transposed = true;
       }
       if (bj.contains("shape")) b.shape = r.IntList(bj["shape"], path + "/shape", 1);
       if (bj.contains("dtype")) b.dtype = r.ParseDtype(bj["dtype"], path + "/dtype");

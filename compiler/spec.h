@@ -116,6 +116,11 @@ struct BufferRule {
   /// `"at": {AXIS: I}`: the rule names only what ranks at these positions of
   /// the parts' mesh hold (Megatron's tied output_layer copy on the last stage).
   std::vector<std::pair<std::string, int64_t>> at;
+  /// `"held": "transposed"`: the framework holds each (2-D) buffer of the
+  /// rule as a transposed view of its row-major memory (vLLM's per-channel
+  /// FP8 linears after loading: `weight.t()`); bindings of that view bind
+  /// the memory in place (Plan Buffer.held).
+  bool held_transposed = false;
   std::string path;
 };
 

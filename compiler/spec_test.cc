@@ -149,6 +149,19 @@ TEST(BadInput, BufferNameProducedTwice) {
             "buffer rules overlap");
 }
 
+TEST(BadInput, HeldIsTransposedOn2DBuffersOnly) {
+  json i = Infer();
+  i["buffers"][0]["held"] = "sideways";
+  EXPECT_EQ(CompileError(Model(), Train(), i),
+            "infer.json: /buffers/0/held: expected \"transposed\" (the framework holds the 2-D buffer as "
+            "storage.t()), got 'sideways'");
+  i["buffers"].push_back({{"name", "layers.{layer}.bias2"}, {"tensor", "layers.{layer}.bias"}, {"held", "transposed"}});
+  i["buffers"][0].erase("held");
+  EXPECT_EQ(CompileError(Model(), Train(), i),
+            "infer.json: /buffers/1/held: \"held\": \"transposed\" is for 2-D buffers; this rule's buffers have 1 "
+            "dims");
+}
+
 TEST(BadInput, BufferShapeTooSmall) {
   json i = Infer();
   i["buffers"][0]["shape"] = {4, 8};

@@ -32,6 +32,8 @@ const char* DiffKindString(DiffKind k) {
       return "wrong shape";
     case DiffKind::wrong_dtype:
       return "wrong dtype";
+    case DiffKind::undeclared_view:
+      return "undeclared view";
   }
   return "?";
 }
@@ -241,11 +243,22 @@ StateDictReport CheckStateDict(const LayoutSpec& layout, const Expansion& expans
       std::string theirs = DescribeBuffer(p.dtype ? DtypeString(*p.dtype) : p.dtype_name, p.shape);
       const std::optional<std::vector<int64_t>> storage = StorageShape(p);
       // A permuted view of the layout's memory, square ones included: the
-      // memory is what a refit writes and what the Python binding binds.
-      if (storage && *storage == b.shape && !(p.shape == b.shape && StorageIsInOrder(p)))
+      // memory is what a refit writes, and the Python binding binds it in
+      // place only where the layout declares the buffer held transposed.
+      const bool view = storage && *storage == b.shape && !(p.shape == b.shape && StorageIsInOrder(p));
+      const bool transposed = view && p.shape.size() == 2 && p.shape[0] == b.shape[1] && p.shape[1] == b.shape[0];
+      if (view && transposed && b.held_transposed)
         rep.views.push_back(head + "view: " + b.name + ": the dump has " + theirs + " with strides " + Ints(p.stride) +
-                            ", a permuted view of the layout's row-major " + mine + "; bind its storage order" +
-                            (p.shape.size() == 2 ? " (p.t())" : ""));
+                            ", the transposed view of the layout's row-major " + mine +
+                            " the layout declares (\"held\": \"transposed\"): binding it binds the memory");
+      else if (view)
+        rep.diffs.push_back(
+            {d->rank, DiffKind::undeclared_view, b.name, mine, theirs,
+             head + "undeclared view: " + b.name + ": the dump has " + theirs + " with strides " + Ints(p.stride) +
+                 ", a permuted view of the layout's row-major " + mine + "; " +
+                 (transposed ? "declare it in the layout (\"held\": \"transposed\" in its buffer rule), or the "
+                               "binding copies through the view"
+                             : "only 2-D transposed views can be declared held")});
       else if (p.shape != b.shape)
         rep.diffs.push_back(
             {d->rank, DiffKind::wrong_shape, b.name, mine, theirs,

@@ -53,8 +53,9 @@ std::vector<RankDump> ParseStateDictDump(const nlohmann::json& j, const std::str
 /// files) is an error naming both places.
 std::vector<RankDump> LoadStateDictDumps(const std::vector<std::string>& files);
 
-enum class DiffKind { missing, extra, wrong_shape, wrong_dtype };
-const char* DiffKindString(DiffKind k);  // "missing", "extra", "wrong shape", "wrong dtype"
+enum class DiffKind { missing, extra, wrong_shape, wrong_dtype, undeclared_view };
+/// "missing", "extra", "wrong shape", "wrong dtype", "undeclared view"
+const char* DiffKindString(DiffKind k);
 
 struct StateDictDiff {
   int64_t rank = 0;
@@ -80,10 +81,10 @@ struct StateDictReport {
   int64_t layout_buffers = 0;        // buffers the layout binds on those ranks
   int64_t dump_params = 0;           // parameters the dump lists on those ranks
   std::vector<StateDictDiff> diffs;  // by rank, then in the layout's buffer order, then extras in the dump's order
-  /// Parameters whose shape is a permutation of the layout's but whose
-  /// strides make their memory exactly the layout's row-major buffer: no
-  /// difference for the bytes a refit writes; bind the storage order
-  /// (`p.t()` for a transposed 2-D view). One line each, as printed.
+  /// Parameters that are the transposed view of the layout's row-major 2-D
+  /// buffer where the layout declares it (`"held": "transposed"`): no
+  /// difference (the binding binds the memory). Undeclared views are
+  /// differences (DiffKind::undeclared_view). One line each, as printed.
   std::vector<std::string> views;
   /// The engine's own tensors (runtime buffers, tensors derived at load),
   /// by rank in the dump's order.

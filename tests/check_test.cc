@@ -138,9 +138,10 @@ TEST(CheckTest, RankSubsetChecksOnlyTheDumpedRanks) {
 }
 
 // Bad dumps: the file and the JSON path of what is wrong, exit 2, nothing on stdout.
-// A parameter that is a permuted view of the layout's memory (vLLM's
-// per-channel FP8 `weight.t()`) is said as such, not as a difference; strides
-// that are not a permutation of the layout's row-major memory stay one.
+// A parameter that is the transposed view of the layout's memory (vLLM's
+// per-channel FP8 `weight.t()`) is no difference where the layout declares it
+// ("held": "transposed"), and an undeclared view where it does not; strides
+// that are not a permutation of the layout's row-major memory stay a wrong shape.
 TEST(CheckTest, TransposedViewsOfTheLayoutsMemory) {
   Fixture f;
   json r0 = TrueRank(0);
@@ -151,9 +152,24 @@ TEST(CheckTest, TransposedViewsOfTheLayoutsMemory) {
   Result r = f.Check({f.Dump("v.json", r0)});
   EXPECT_EQ(r.code, 1) << r.err;
   EXPECT_EQ(r.out,
+            "rank 0: undeclared view: layers.0.proj.weight: the dump has bf16[4, 3] with strides [1, 4], a permuted "
+            "view of the layout's row-major bf16[3, 4]; declare it in the layout (\"held\": \"transposed\" in its "
+            "buffer rule), or the binding copies through the view\n"
+            "rank 0: wrong shape: layers.1.proj.weight: the layout says bf16[3, 4], the dump has bf16[4, 3]\n" +
+                f.layout + ": 2 differences from the dump: 1 of 2 ranks (0), 5 layout buffers, 5 dumped parameters\n");
+  // Declared: a buffer rule for each proj weight, held transposed.
+  json layout = json::parse(kLayout);
+  layout["default_buffers"] = true;
+  layout["buffers"] = {{{"name", "layers.{layer}.proj.weight"}, {"tensor", "layers.{layer}.proj.weight"},
+                        {"held", "transposed"}}};
+  Fixture::WriteText(f.layout, layout.dump());
+  r = f.Check({f.dir.File("v.json")});
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_EQ(r.out,
             "rank 0: wrong shape: layers.1.proj.weight: the layout says bf16[3, 4], the dump has bf16[4, 3]\n"
-            "rank 0: view: layers.0.proj.weight: the dump has bf16[4, 3] with strides [1, 4], a permuted view of the "
-            "layout's row-major bf16[3, 4]; bind its storage order (p.t())\n" +
+            "rank 0: view: layers.0.proj.weight: the dump has bf16[4, 3] with strides [1, 4], the transposed view of "
+            "the layout's row-major bf16[3, 4] the layout declares (\"held\": \"transposed\"): binding it binds the "
+            "memory\n" +
                 f.layout + ": 1 differences from the dump: 1 of 2 ranks (0), 5 layout buffers, 5 dumped parameters\n");
   r0["params"][4]["stride"] = {1, 4};
   r = f.Check({f.Dump("v.json", r0)}, {"--json"});

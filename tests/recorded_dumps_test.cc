@@ -65,8 +65,8 @@ const std::map<std::string, std::set<std::string>>& ExpectedViews() {
                                                  std::tuple{"o_proj", "[64, 64]", "[64, 64]"}})
           lines.insert("rank " + std::to_string(rank) + ": view: model.layers." + std::to_string(layer) +
                        ".self_attn." + proj + ".weight: the dump has fp8_e4m3" + dump +
-                       " with strides [1, 64], a permuted view of the layout's row-major fp8_e4m3" + layout +
-                       "; bind its storage order (p.t())");
+                       " with strides [1, 64], the transposed view of the layout's row-major fp8_e4m3" + layout +
+                       " the layout declares (\"held\": \"transposed\"): binding it binds the memory");
     return std::map<std::string, std::set<std::string>>{{"vllm-moe-tp2-fp8-channel", lines}};
   }();
   return views;

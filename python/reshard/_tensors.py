@@ -67,32 +67,21 @@ def _describe_torch(t: Any) -> TensorInfo:
 _by_type: dict = {}
 
 
-def storage_view(t: Any, info: TensorInfo, shape: tuple) -> Any:
-    """`t` seen in the order of its memory, when it is a permuted view of
-    contiguous memory of `shape` (vLLM's per-channel FP8 linears are, after
-    loading, `weight.t()`: [in, out] over [out, in] row-major memory); else
-    None. The result shares `t`'s memory: binding it binds `t`'s bytes."""
-    if info.contiguous or len(info.shape) != len(shape) or sorted(info.shape) != sorted(shape):
+def transposed_storage(t: Any, info: TensorInfo, shape: tuple) -> Any:
+    """The memory under `t` seen as `shape`, when `t` is the transposed view
+    of contiguous 2-D memory of `shape` (vLLM's per-channel FP8 linears are,
+    after loading, ``weight.t()``: [in, out] over [out, in] row-major memory);
+    else None. The result shares `t`'s memory: binding it binds `t`'s bytes.
+    Used only for buffers the layout declares held transposed."""
+    if info.contiguous or len(info.shape) != 2 or len(shape) != 2 or tuple(info.shape) != (shape[1], shape[0]):
         return None
     if info.kind == "torch":
-        strides = list(t.stride())
-    elif info.kind == "numpy":
-        strides = [s // t.itemsize for s in t.strides]
-    else:
-        return None
-    order = sorted(range(len(strides)), key=lambda d: -strides[d])
-    expect = 1
-    for d in reversed(order):
-        if info.shape[d] != 1 and strides[d] != expect:
-            return None
-        expect *= info.shape[d]
-    if tuple(info.shape[d] for d in order) != tuple(shape):
-        return None
-    if info.kind == "torch":
-        return t.permute(*order)
-    import numpy as np
-
-    return np.transpose(t, order)
+        view = t.t()
+        return view if view.is_contiguous() else None
+    if info.kind == "numpy":
+        view = t.T
+        return view if view.flags["C_CONTIGUOUS"] else None
+    return None
 
 
 def describe(t: Any) -> TensorInfo:

@@ -12,14 +12,18 @@ from ._tensors import DTYPES
 
 class Buffer(NamedTuple):
     """A weight buffer a rank binds: its name, plan dtype ("bf16", "fp16",
-    "fp32", "fp8_e4m3", "e8m0") and shape, and whether the plan reads it (it
-    holds source weights) and/or writes it (it is a destination)."""
+    "fp32", "fp8_e4m3", "e8m0") and shape, whether the plan reads it (it
+    holds source weights) and/or writes it (it is a destination), and whether
+    the framework holds it transposed (`held_transposed`: the layout's
+    ``"held": "transposed"``, e.g. vLLM's per-channel FP8 linears, whose
+    parameter is ``storage.t()``; binding that view binds the storage)."""
 
     name: str
     dtype: str
     shape: Tuple[int, ...]
     is_source: bool
     is_destination: bool
+    held_transposed: bool = False
 
 
 class Program(NamedTuple):
@@ -167,8 +171,8 @@ class Plan:
         prog = self._programs.get(rank)
         if prog is None:
             d = self._p.program(rank)
-            buffers = tuple(Buffer(name, DTYPES[dt], shape, bool(role & 1), bool(role & 2))
-                            for name, dt, shape, role in d["buffers"])
+            buffers = tuple(Buffer(name, DTYPES[dt], shape, bool(role & 1), bool(role & 2), held)
+                            for name, dt, shape, role, held in d["buffers"])
             prog = Program(d["rank"], d["src_rank"], d["dst_rank"], d["staging_bytes"], d["steps"], d["rounds"],
                            buffers)
             self._programs[rank] = prog

@@ -6,7 +6,7 @@ import difflib
 from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Tuple
 
 from . import _reshard
-from ._tensors import DTYPE_CODES, DTYPE_SIZES, DTYPES, TensorInfo, describe, storage_view
+from ._tensors import DTYPE_CODES, DTYPE_SIZES, DTYPES, TensorInfo, describe, transposed_storage
 from .errors import BindError
 from .plan import Buffer, Plan
 from .transport import Transport
@@ -123,10 +123,13 @@ class Session:
     view into it before each run where the plan reads the buffer, and back
     after each run where it writes it — one extra pass over the view's bytes
     per direction and the view's size in extra memory (PyTorch and NumPy only).
-    A permuted view of contiguous memory shaped as the plan's buffer (vLLM's
-    per-channel FP8 linears are ``weight.t()`` after loading) binds that
-    memory in place, in its storage order: the plan writes the bytes the
-    framework's kernels read.
+    Views bind by memory only by declaration: for a buffer the layout declares
+    ``"held": "transposed"`` (:attr:`Buffer.held_transposed`: vLLM's
+    per-channel FP8 linears are ``weight.t()`` after loading), the transposed
+    view of contiguous memory binds that memory in place, in its storage
+    order: the plan writes the bytes the framework's kernels read. Any other
+    strided view, a transposed one included, goes through the copy, and a
+    tensor of another shape is refused.
 
     A session is not thread-safe: bind and run from one thread at a time.
     """
@@ -188,12 +191,12 @@ class Session:
 
     @staticmethod
     def _describe(tensor: Any, b: Buffer) -> TensorInfo:
-        """The tensor's facts, seen in its memory's order when it is a permuted
-        view of contiguous memory shaped as the plan's buffer (a transposed
-        FP8 weight, square or not): binding it binds that memory in place."""
+        """The tensor's facts; for a buffer the layout declares held
+        transposed (``Buffer.held_transposed``), the transposed view of its
+        memory is seen as that memory (binding it binds the memory in place)."""
         info = describe(tensor)
-        if not info.contiguous:  # square ones too: the memory, not the view's order, is what the plan writes
-            view = storage_view(info.keep if info.kind == "torch" else tensor, info, b.shape)
+        if b.held_transposed and not info.contiguous:
+            view = transposed_storage(info.keep if info.kind == "torch" else tensor, info, b.shape)
             if view is not None:
                 return describe(view)
         return info
@@ -213,7 +216,11 @@ class Session:
             what = info.dtype_name if code is None else f"{DTYPES[code]} ({info.dtype_name})"
             return f"dtype {what}, the plan expects {b.dtype}", -1
         if info.shape != b.shape:
-            return f"shape {_shape(info.shape)}, the plan expects {_shape(b.shape)}", -1
+            hint = ""
+            if len(b.shape) == 2 and tuple(info.shape) == (b.shape[1], b.shape[0]) and not b.held_transposed:
+                hint = (" (a transposed tensor: only buffers the layout declares \"held\": \"transposed\" bind "
+                        "their transposed view; pass the tensor in the plan's shape)")
+            return f"shape {_shape(info.shape)}, the plan expects {_shape(b.shape)}{hint}", -1
         if info.device != self._device:
             where = info.device if info.device_index < 0 else f"{info.device}:{info.device_index}"
             return f"memory on {where}, the {self.transport.kind} transport needs {self._device} memory", -1

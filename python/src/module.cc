@@ -83,7 +83,8 @@ nb::dict ProgramInfo(const Plan& plan, uint32_t rank) {
       const fb::Buffer* b = p.buffers()->Get(i);
       nb::list shape;
       for (uint64_t s : *b->shape()) shape.append(s);
-      buffers.append(nb::make_tuple(b->name()->str(), static_cast<int>(b->dtype()), nb::tuple(shape), roles[i]));
+      buffers.append(
+          nb::make_tuple(b->name()->str(), static_cast<int>(b->dtype()), nb::tuple(shape), roles[i], b->held() == 1));
     }
   }
   d["buffers"] = buffers;

@@ -336,7 +336,7 @@ def refit_in_threads(plan, transports, strided=False, like="torch", transposed=F
     for s in sessions:
         for b in s.buffers:
             code = {"bf16": torch.bfloat16, "fp32": torch.float32}[b.dtype]
-            if transposed and b.is_destination and len(b.shape) == 2:
+            if transposed and b.held_transposed and b.is_destination:
                 # vLLM's per-channel FP8 linears after loading: weight.t(), a view of [out, in] memory.
                 storage = torch.zeros(b.shape, dtype=code)
                 view = storage.t()
@@ -420,23 +420,80 @@ def test_strided_views_and_numpy(plans, tmp_path):
     assert any(st.kind == "numpy" for s in sessions for st in s._staged.values())
 
 
-def test_transposed_views_bind_their_memory(plans, tmp_path):
-    """A parameter swapped for `weight.t()` after loading (vLLM's per-channel FP8
-    linears) binds the memory behind it, in place; a view that is no
-    permutation of the plan's buffer is still refused with its shape."""
-    plan = reshard.Plan.open(plans["tiny-dense"])
-    sessions, _, checked = refit_in_threads(plan, mesh(plan.num_ranks, tmp_path), transposed=True)
+def _held_plan(tmp_path) -> reshard.Plan:
+    """tiny-dense -> TP1 x DP4 whose qkv_proj ([128,64]) and o_proj ([64,64],
+    square) the layout declares held transposed, as vLLM holds per-channel FP8
+    linears after loading (weight.t())."""
+    d = SAMPLES / "tiny-dense"
+    infer = json.loads((d / "infer-tp1-dp4.json").read_text())
+    for rule in infer["buffers"]:
+        if rule["name"].endswith("qkv_proj.weight"):
+            rule["held"] = "transposed"
+    infer["buffers"].append({"name": "model.layers.{layer}.self_attn.o_proj.weight",
+                             "tensor": "model.layers.{layer}.self_attn.o_proj.weight", "held": "transposed"})
+    (tmp_path / "held.json").write_text(json.dumps(infer))
+    reshard.compile(d / "model.json", d / "train.json", tmp_path / "held.json", CLUSTER, tmp_path / "held.rsplan")
+    return reshard.Plan.open(tmp_path / "held.rsplan")
+
+
+def test_views_bind_their_memory_only_where_the_layout_declares_it(tmp_path):
+    """A parameter swapped for `weight.t()` after loading binds the memory
+    behind it, in place, where the layout declares the buffer held transposed
+    (square ones too); the refit is exact."""
+    plan = _held_plan(tmp_path)
+    dst = plan.dest_ranks[0]
+    held = {b.name: b.shape for b in plan.buffers(dst) if b.held_transposed}
+    assert any(n.endswith("qkv_proj.weight") for n in held) and any(s[0] == s[1] for s in held.values())
+    (tmp_path / "s").mkdir()
+    sessions, _, checked = refit_in_threads(plan, mesh(plan.num_ranks, tmp_path / "s"), transposed=True)
     assert checked > 0
-    s = sessions[plan.dest_ranks[0]]
-    b = next(b for b in s.buffers if len(b.shape) == 2 and b.shape[0] != b.shape[1])
-    np_storage = np.zeros(b.shape, dtype=np.float32 if b.dtype == "fp32" else np.uint16)
-    s.bind(b.name, np_storage.T, dtype=None if b.dtype == "fp32" else "bf16")
-    assert s.tensor(b.name).__array_interface__["data"][0] == np_storage.__array_interface__["data"][0]
-    wrong = torch.zeros((b.shape[1] * 2, b.shape[0]), dtype=torch.bfloat16)[::2]  # strided, no permutation of it
+    s = sessions[dst]
+    assert not s._staged and all(s.tensor(n).shape == tuple(sh) for n, sh in held.items())  # the memory, in place
+    name, shape = next((n, sh) for n, sh in held.items() if sh[0] != sh[1])
+    np_storage = np.zeros(shape, dtype=np.uint16)  # numpy: the same rule
+    s.bind(name, np_storage.T, dtype="bf16")
+    assert s.tensor(name).__array_interface__["data"][0] == np_storage.__array_interface__["data"][0]
+    wrong = torch.zeros((shape[1] * 2, shape[0]), dtype=torch.bfloat16)[::2]  # strided, not the transpose of memory
     with pytest.raises(reshard.BindError) as e:
-        s.bind(b.name, wrong)
-    assert str(e.value).endswith(f"is bound with shape [{b.shape[1]},{b.shape[0]}], the plan expects "
-                                 f"[{b.shape[0]},{b.shape[1]}]")
+        s.bind(name, wrong)
+    assert str(e.value).endswith(f"is bound with shape [{shape[1]},{shape[0]}], the plan expects "
+                                 f"[{shape[0]},{shape[1]}]")
+
+
+def test_views_elsewhere_are_copied_or_refused(plans, tmp_path):
+    """Where the layout declares nothing, a transposed view is what it says: a
+    square one goes through the copy (its elements, not its memory, get the
+    plan's values) and one of the transposed shape is refused, saying why."""
+    plan = reshard.Plan.open(plans["tiny-dense-tp1-dp4"])
+    sessions = make_sessions(plan, mesh(plan.num_ranks, tmp_path))
+    dst = plan.dest_ranks[0]
+    s = sessions[dst]
+    assert not any(b.held_transposed for b in s.buffers)
+    square = next(b for b in s.buffers if len(b.shape) == 2 and b.shape[0] == b.shape[1] and b.dtype == "bf16")
+    wide = next(b for b in s.buffers if len(b.shape) == 2 and b.shape[0] != b.shape[1] and b.dtype == "bf16")
+    for b in s.buffers:
+        if b.name != square.name:
+            s.bind(b.name, torch_like(b))
+    storage = torch.zeros(square.shape, dtype=torch.bfloat16)
+    s.bind(square.name, storage.t())
+    assert square.name in {s._buffers[i].name for i in s._staged}  # the copy path, not the memory
+    with pytest.raises(reshard.BindError) as e:
+        s.bind(wide.name, torch.zeros(wide.shape, dtype=torch.bfloat16).t())
+    assert str(e.value) == (
+        f"rank {dst}: buffer '{wide.name}' is bound with shape [{wide.shape[1]},{wide.shape[0]}], the plan expects "
+        f"[{wide.shape[0]},{wide.shape[1]}] (a transposed tensor: only buffers the layout declares \"held\": "
+        "\"transposed\" bind their transposed view; pass the tensor in the plan's shape)")
+    for other in sessions:
+        if other is not s:
+            for b in other.buffers:
+                other.bind(b.name, torch_like(b))
+            rt.poison_destinations(other)
+            rt.fill_sources(other)
+    rt.poison_destinations(s)
+    run_threads([x.run for x in sessions])
+    assert rt.check_destinations(s).wrong == 0
+    # The view holds the plan's values element for element: its memory is their transpose.
+    assert torch.equal(storage.t(), s._staged[s._index[square.name]].staging)
 
 
 def test_rebinding_between_runs(plans, tmp_path):
