@@ -233,6 +233,17 @@ TEST(GlooTest, MissingRankFailsToConnect) {
                                 "' within 1.0 s: ranks 1-3 never joined the rendezvous (no process published its "
                                 "address: not started, or started with another rendezvous, prefix or rank count)");
   EXPECT_LT(seconds, 1.8) << "connecting must end at the stated timeout";
+  // A rank other than 0 first waits for rank 0's host name (key rank_0): the
+  // message still lists every rank that never came.
+  TempDir other;
+  options.store_dir = other.path();
+  out = RunRanks(1, [&](int r) -> std::string {
+    GlooTransport gloo(2, 4, options);
+    return "";
+  });
+  EXPECT_EQ(out[0].message, "rank 2: gloo: cannot connect 4 ranks through '" + other.path() +
+                                "' within 1.0 s: ranks 0, 1, 3 never joined the rendezvous (no process published its "
+                                "address: not started, or started with another rendezvous, prefix or rank count)");
 }
 
 // Messages cut into parts (GlooOptions::chunk_bytes) arrive whole and in

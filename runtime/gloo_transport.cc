@@ -60,10 +60,13 @@ std::vector<uint32_t> WaitedRanks(const std::string& what, const std::string& pr
     const std::string key = keys.substr(pos, end - pos);
     pos = end + 1;
     if (key.empty()) continue;
-    if (key.rfind(prefix + "/", 0) != 0 || key.size() == prefix.size() + 1 ||
-        key.find_first_not_of("0123456789", prefix.size() + 1) != std::string::npos || key.size() > prefix.size() + 10)
+    // A rank's keys: PREFIX/N (its addresses) and PREFIX/rank_N (its host name).
+    size_t digits = prefix.size() + 1;
+    if (key.compare(digits, 5, "rank_") == 0) digits += 5;
+    if (key.rfind(prefix + "/", 0) != 0 || key.size() == digits ||
+        key.find_first_not_of("0123456789", digits) != std::string::npos || key.size() > digits + 9)
       return {};  // not a rank's key
-    ranks.push_back(static_cast<uint32_t>(std::stoul(key.substr(prefix.size() + 1))));
+    ranks.push_back(static_cast<uint32_t>(std::stoul(key.substr(digits))));
   }
   return ranks;
 }
