@@ -104,15 +104,14 @@ TEST(BoundaryTest, AReusedDirectoryIsNamed) {
 
 // Ctrl-C while connecting (rank 2 never comes): rank 1 ends within a second,
 // and rank 0 hears why at once instead of waiting out its 20 s.
-TEST(BoundaryTest, InterruptWhileConnectingEndsThePeersToo) {
-  TempDir dir;
+void ExpectInterruptEndsThePeers(const std::string& rendezvous) {
   auto out = RunRanks(
       2,
       [&](int r) -> std::string {
         InterruptScope interrupts;
         if (r == 1) SignalSelfAfter(1000ms);
         try {
-          GlooTransport gloo(static_cast<uint32_t>(r), 3, Options(dir.path(), 20000));
+          GlooTransport gloo(static_cast<uint32_t>(r), 3, Options(rendezvous, 20000));
         } catch (const Interrupted& e) {
           return "Interrupted: " + std::string(e.what());
         }
@@ -125,6 +124,15 @@ TEST(BoundaryTest, InterruptWhileConnectingEndsThePeersToo) {
                                                            "left: interrupted \\(SIGINT\\) while connecting")))
       << out[0].message;
   EXPECT_LT(out[0].seconds, 3.5);
+}
+
+TEST(BoundaryTest, InterruptWhileConnectingEndsThePeersToo) {
+  TempDir dir;
+  ExpectInterruptEndsThePeers(dir.path());
+}
+
+TEST(BoundaryTest, InterruptWhileConnectingThroughTcpEndsThePeersToo) {
+  ExpectInterruptEndsThePeers("127.0.0.1:" + std::to_string(FreePort()));
 }
 
 // Ctrl-C during run(): rank 1 waits for rank 0's messages; interrupted, it

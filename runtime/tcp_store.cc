@@ -364,6 +364,7 @@ std::unique_ptr<TcpStore> TcpStore::Connect(const std::string& address, uint32_t
     }
     ::close(fd);
     last = strerror(err);
+    InterruptCheck("connecting");  // a rank waiting for the server to start
     if (Clock::now() >= deadline) {
       throw Error("rendezvous: cannot connect to '" + address + "' within " + SecondsString(timeout) + ": " + last);
     }
@@ -438,7 +439,7 @@ std::vector<char> TcpStore::Request(char op, const std::string& key, const std::
     if (need != UINT64_MAX && in.size() >= 8 + need) break;
     pollfd p{fd_, POLLIN, 0};
     int rc = poll(&p, 1, std::min(MsLeft(deadline), 100));
-    if (rc == 0 && Clock::now() < deadline) {
+    if ((rc == 0 && Clock::now() < deadline) || (rc < 0 && errno == EINTR)) {
       InterruptCheck("connecting");
       continue;
     }
