@@ -417,8 +417,18 @@ std::vector<char> TcpStore::Request(char op, const std::string& key, const std::
       InterruptCheck("connecting");
       lock.lock();
       if (Clock::now() >= deadline) {
+        // The serving rank knows who never came: the clients that never said hello.
+        std::string never;
+        size_t count = 0;
+        for (uint32_t id = 1; id <= s.expected; ++id) {
+          if (s.said_hello.count(id)) continue;
+          never += (never.empty() ? "" : ", ") + std::to_string(id);
+          ++count;
+        }
         throw Error("rendezvous '" + address_ + "': timed out after " + SecondsString(timeout) +
-                    " waiting for key '" + key + "' (a rank has not arrived)");
+                    " waiting for key '" + key + "' (a rank has not arrived" +
+                    (count == 0 ? std::string(")")
+                                : std::string(count == 1 ? "; rank " : "; ranks ") + never + " never connected)"));
       }
     }
     if (!s.aborted.empty()) throw ConnectAborted(s.aborted);

@@ -104,6 +104,15 @@ TEST(TcpStoreTest, MissingKeyTimesOutNamingIt) {
             "rendezvous '" + addr + "': timed out after 0.3 s waiting for key 'rank/3' (a rank has not arrived)");
   EXPECT_EQ(ErrorOf([&] { server->get("rank/3"); }),
             "rendezvous '" + addr + "': timed out after 0.3 s waiting for key 'rank/3' (a rank has not arrived)");
+  // Serving three clients of which one came: the serving rank names the others.
+  const std::string addr3 = "127.0.0.1:" + std::to_string(FreePort());
+  auto server3 = TcpStore::Serve(addr3, 3, std::chrono::milliseconds(300));
+  auto client1 = TcpStore::Connect(addr3, 1, std::chrono::milliseconds(300));
+  client1->set("rank/1", {'x'});  // its hello has been read once its first request is answered
+  EXPECT_EQ(ErrorOf([&] { server3->get("rank/3"); }),
+            "rendezvous '" + addr3 +
+                "': timed out after 0.3 s waiting for key 'rank/3' (a rank has not arrived; ranks 2, 3 never connected)");
+  client1.reset();
 }
 
 TEST(TcpStoreTest, TakenPortIsAClearError) {
