@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <regex>
 #include <thread>
 
@@ -36,6 +37,11 @@ GlooOptions Options(const std::string& rendezvous, int timeout_ms) {
   o.timeout = std::chrono::milliseconds(timeout_ms);
   return o;
 }
+
+// As a user's terminal program has it: a launcher that starts the tests in
+// the background passes SIGINT on ignored, and reshard leaves an ignored
+// signal ignored. Called before an InterruptScope opens (or a child starts).
+void DefaultSigint() { std::signal(SIGINT, SIG_DFL); }
 
 // This process sends itself `sig` after `after` (as a terminal's Ctrl-C would).
 void SignalSelfAfter(std::chrono::milliseconds after, int sig = SIGINT) {
@@ -108,6 +114,7 @@ void ExpectInterruptEndsThePeers(const std::string& rendezvous) {
   auto out = RunRanks(
       2,
       [&](int r) -> std::string {
+        DefaultSigint();
         InterruptScope interrupts;
         if (r == 1) SignalSelfAfter(1000ms);
         try {
@@ -145,6 +152,7 @@ TEST(BoundaryTest, InterruptDuringRunEndsItAndThePeerNamesTheRank) {
       [&](int r) -> std::string {
         Plan plan = Plan::from_bytes(bytes, "p.rsplan");
         GlooTransport gloo(static_cast<uint32_t>(r), 2, Options(dir.path(), 20000));
+        DefaultSigint();
         InterruptScope interrupts;
         if (r == 0) {
           // Says hello, then runs late: rank 1 is interrupted meanwhile.
@@ -175,6 +183,7 @@ TEST(BoundaryTest, InterruptDuringRunEndsItAndThePeerNamesTheRank) {
 TEST(BoundaryTest, RunExits130OnSigint) {
   TempDir dir;
   testing::WriteFile(dir.File("p.rsplan"), BuildPlan(PackAndDirectPlan()));
+  DefaultSigint();  // the CLI inherits it
   const auto t0 = std::chrono::steady_clock::now();
   // The signal goes to the shell's child named reshard, which runs in the
   // foreground (a script's background jobs start with SIGINT ignored).

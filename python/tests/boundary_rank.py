@@ -10,11 +10,17 @@ KeyboardInterrupt prints "KeyboardInterrupt <seconds since the last marker>"
 and exits 130.
 """
 
+import signal
 import sys
 import time
 
-import reshard
-import reshard.testing as rt
+# As a user's program has it: a launcher that started the tests in the
+# background (a script's `&`, CI) passes SIGINT on ignored, and reshard
+# leaves an ignored signal ignored.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
+import reshard  # noqa: E402
+import reshard.testing as rt  # noqa: E402
 
 plan_path, process, processes, plan_rank, store, mode = sys.argv[1:7]
 delay = float(sys.argv[7]) if len(sys.argv) > 7 else 0.0
