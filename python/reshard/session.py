@@ -110,6 +110,14 @@ class Session:
         s.bind_module(model)              # or s.bind(name, tensor) per buffer
         stats = s.run()                   # every step; the GIL is released
 
+    Making a session blocks (the GIL released) until every rank has made
+    its own: the ranks exchange the plan's content digest and their plan
+    ranks, and all of them raise the same :class:`reshard.PlanError` when
+    they do not run one plan as distinct ranks (naming the ranks and the
+    digests, or the duplicate), :class:`reshard.PeerError` naming a rank not
+    heard from within the transport's timeout, ``KeyboardInterrupt`` within a
+    second of Ctrl-C.
+
     Binding checks name, dtype, shape and device against the plan (a
     :class:`reshard.BindError` says which and what was expected) and keeps a
     reference to the tensor's memory until it is re-bound or the session is
