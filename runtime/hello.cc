@@ -64,7 +64,7 @@ Hello MakeHello(const Plan& plan, uint32_t plan_rank, const Transport& transport
   return h;
 }
 
-std::string CheckHellos(const std::vector<Hello>& all, uint32_t me) {
+std::string CheckHellos(const std::vector<Hello>& all) {
   std::vector<uint32_t> strangers;
   for (uint32_t r = 0; r < all.size(); ++r)
     if (std::memcmp(all[r].magic, kMagic, sizeof kMagic) != 0) strangers.push_back(r);
@@ -97,7 +97,6 @@ std::string CheckHellos(const std::vector<Hello>& all, uint32_t me) {
     return "plan rank " + std::to_string(plan_rank) + " is played by " + std::to_string(ranks.size()) +
            " processes: " + who + "; each plan rank needs exactly one process; nothing was sent";
   }
-  (void)me;
   return "";
 }
 
@@ -115,7 +114,7 @@ bool ExchangeHellos(const Plan& plan, uint32_t plan_rank, Transport& transport) 
   } catch (const Error& e) {
     throw HelloFailed(at + "connect: every rank says which plan it runs when its session starts; " + e.what());
   }
-  const std::string why = CheckHellos(all, transport.rank());
+  const std::string why = CheckHellos(all);
   if (!why.empty()) throw Error(at + why);
   // Every process plays the plan rank of its transport rank (the table is
   // the same on every rank, so all of them fail alike).

@@ -42,8 +42,8 @@ static_assert(sizeof(Hello) == 128, "Hello is exchanged as raw bytes");
 Hello MakeHello(const Plan& plan, uint32_t plan_rank, const Transport& transport);
 
 /// Why the gathered table (one Hello per transport rank) is not one plan with
-/// distinct plan ranks, from the point of view of `me`; "" when it is.
-std::string CheckHellos(const std::vector<Hello>& all, uint32_t me);
+/// distinct plan ranks; "" when it is. The same on every rank.
+std::string CheckHellos(const std::vector<Hello>& all);
 
 /// Exchanges hellos over `transport` and throws reshard::Error ("rank R: ...")
 /// on any mismatch, or when a peer is not heard from by the transport's timeout.

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <functional>
 #include <regex>
 
 #include "runtime/error.h"
@@ -33,6 +34,25 @@ std::string CompileIdlePlan(const TempDir& dir) {
                         dir.File("idle.rsplan"));
   EXPECT_EQ(r.exit_code, 0) << r.out;
   return dir.File("idle.rsplan");
+}
+
+// Eight processes over a transport of the active ranks, process p playing
+// plan rank `plan_rank(plan, p)`; what each reported.
+std::vector<testing::RankOutcome> RunActive(const std::string& path,
+                                            const std::function<uint32_t(const Plan&, int)>& plan_rank) {
+  TempDir rdzv;
+  return RunRanks(
+      8,
+      [&](int process) -> std::string {
+        Plan plan = Plan::open(path);
+        GlooOptions o;
+        o.rendezvous = rdzv.path();
+        o.timeout = std::chrono::milliseconds(20000);
+        GlooTransport gloo(static_cast<uint32_t>(process), 8, o);
+        SyntheticRun run = RunSynthetic(plan, plan_rank(plan, process), gloo);
+        return run.check.wrong == 0 ? "" : "wrong elements";
+      },
+      60);
 }
 
 TEST(IdleRanksTest, ThePlanNamesItsActiveRanks) {
@@ -66,41 +86,17 @@ TEST(IdleRanksTest, RunLaunchesOnlyTheActiveRanks) {
 // Sessions over a transport of the active ranks move every element right;
 // every process plays active_ranks()[its transport rank].
 TEST(IdleRanksTest, SessionsOverTheActiveRanksOnly) {
-  TempDir dir, rdzv;
-  const std::string path = CompileIdlePlan(dir);
-  auto out = RunRanks(
-      8,
-      [&](int process) -> std::string {
-        Plan plan = Plan::open(path);
-        GlooOptions o;
-        o.rendezvous = rdzv.path();
-        o.timeout = std::chrono::milliseconds(20000);
-        GlooTransport gloo(static_cast<uint32_t>(process), 8, o);
-        SyntheticRun run = RunSynthetic(plan, plan.active_ranks()[process], gloo);
-        return run.check.wrong == 0 ? "" : "wrong elements";
-      },
-      60);
+  TempDir dir;
+  auto out = RunActive(CompileIdlePlan(dir), [](const Plan& plan, int p) { return plan.active_ranks()[p]; });
   for (int p = 0; p < 8; ++p) EXPECT_EQ(out[p].exit_code, 0) << p << ": " << out[p].message;
 }
 
 // A process that plays the wrong plan rank for its transport rank: every
 // process ends at the hello with the same message, nothing sent.
 TEST(IdleRanksTest, AProcessOnTheWrongPlanRankEndsEveryRank) {
-  TempDir dir, rdzv;
-  const std::string path = CompileIdlePlan(dir);
-  auto out = RunRanks(
-      8,
-      [&](int process) -> std::string {
-        Plan plan = Plan::open(path);
-        GlooOptions o;
-        o.rendezvous = rdzv.path();
-        o.timeout = std::chrono::milliseconds(20000);
-        GlooTransport gloo(static_cast<uint32_t>(process), 8, o);
-        // The launcher's bug: process i as plan rank i (4 and 5 are idle ranks).
-        RunSynthetic(plan, static_cast<uint32_t>(process), gloo);
-        return "ran";
-      },
-      60);
+  TempDir dir;
+  // The launcher's bug: process i as plan rank i (4 and 5 are idle ranks).
+  auto out = RunActive(CompileIdlePlan(dir), [](const Plan&, int p) { return static_cast<uint32_t>(p); });
   for (int p = 0; p < 8; ++p) {
     EXPECT_TRUE(std::regex_match(out[p].message,
                                  std::regex("rank " + std::to_string(p) +
