@@ -154,6 +154,17 @@ std::vector<Interval> Expander::AxisSelection(const TensorSpec& t, int d, const 
     }
     if (sum != L) Fail(a.path + "/sizes", "sizes sum to " + std::to_string(sum) + ", " + what + " needs " + std::to_string(L));
     out.push_back({start, start + a.sizes[pos]});
+  } else if (a.chunk) {
+    // torch.chunk (DTensor Shard._split_tensor, FSDP2 _chunk_with_empty):
+    // chunks of ceil(size / n); trailing positions may get a short or empty one.
+    const int64_t blocks = a.blocks ? a.blocks : 1;
+    if (L % blocks != 0)
+      Fail(a.path + "/blocks", what + " is not " + std::to_string(blocks) + " equal blocks");
+    const int64_t bs = L / blocks, cs = (bs + n - 1) / n;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t lo = std::min(bs, pos * cs), hi = std::min(bs, (pos + 1) * cs);
+      if (lo < hi) out.push_back({b * bs + lo, b * bs + hi});
+    }
   } else if (a.blocks) {
     if (L % a.blocks != 0 || (L / a.blocks) % n != 0)
       Fail(a.path + "/blocks", what + " is not " + std::to_string(a.blocks) + " blocks each divisible by " +
@@ -177,7 +188,7 @@ std::vector<Interval> Expander::AxisSelection(const TensorSpec& t, int d, const 
   } else {
     if (L % n != 0)
       Fail(a.path, what + " does not divide evenly over " + std::to_string(n) + " positions of axis " + Quote(axis) +
-                       "; give \"sizes\" for an uneven split");
+                       "; give \"sizes\" for an uneven split, or \"split\": \"chunk\" for torch.chunk's");
     out.push_back({pos * (L / n), (pos + 1) * (L / n)});
   }
   return out;
@@ -200,7 +211,10 @@ std::optional<Holding> Expander::Hold(int ti, int64_t rank, bool keep_empty_shap
     int64_t full = d < ns ? model_.dims[t.stack[d]].second : t.shape[d - ns];
     lists[d].push_back({0, full});
   }
-  for (size_t k = 0; k < p.axes.size(); ++k) {
+  // Dims a torch.chunk cut left empty here: the rank holds them with a zero
+  // extent (FSDP2's empty shard), not nothing.
+  std::vector<bool> chunked_empty(nd, false);
+  for (const int k : p.order) {
     const AxisSpec& a = p.axes[k];
     if (a.kind == AxisKind::replicate) continue;
     if (a.kind == AxisKind::at) {
@@ -226,6 +240,7 @@ std::optional<Holding> Expander::Hold(int ti, int64_t rank, bool keep_empty_shap
       }
     }
     lists[d] = std::move(next);
+    if (lists[d].empty() && a.chunk) chunked_empty[d] = true;
   }
   Holding h(nd);
   for (int d = 0; d < nd; ++d) {
@@ -241,7 +256,7 @@ std::optional<Holding> Expander::Hold(int ti, int64_t rank, bool keep_empty_shap
       pre += iv.size();
       ++run;
     }
-    if (h[d].empty() && (d < ns || !keep_empty_shape)) return std::nullopt;
+    if (h[d].empty() && !chunked_empty[d] && (d < ns || !keep_empty_shape)) return std::nullopt;
   }
   return h;
 }
@@ -429,7 +444,7 @@ void Expander::ExpandRule(const BufferRule& rule, const std::vector<int>& parts)
     const TensorSpec& tj = model_.tensors[parts[j]];
     if (tj.stack != t0.stack || tj.shape.size() != t0.shape.size())
       Fail(rule.path, "parts " + Quote(t0.name) + " and " + Quote(tj.name) + " have different stack dims or ranks");
-    if (tj.dtype != t0.dtype && !rule.dtype)
+    if (tj.dtype != t0.dtype && !rule.dtype && !layout_.dtype)
       Fail(rule.path, "parts " + Quote(t0.name) + " (" + DtypeString(t0.dtype) + ") and " + Quote(tj.name) + " (" +
                           DtypeString(tj.dtype) + ") have different dtypes");
   }
@@ -582,12 +597,19 @@ void Expander::ExpandRule(const BufferRule& rule, const std::vector<int>& parts)
     if (shard_axis >= 0) {
       const int64_t n = part_mesh.axes[shard_axis].second, k = MeshCoords(part_mesh, r)[shard_axis];
       const int64_t whole = content[rule.fuse_dim];
-      if (whole % n != 0)
-        Fail(rule.path + "/shard", "the fused dim " + std::to_string(rule.fuse_dim) + " of the buffer (" +
-                                       std::to_string(whole) + " rows of all parts together) does not divide evenly over " +
-                                       std::to_string(n) + " positions of axis " + Quote(rule.shard_axis));
-      content[rule.fuse_dim] = whole / n;
-      cut_lo = k * content[rule.fuse_dim];
+      if (rule.shard_chunk) {
+        const int64_t cs = (whole + n - 1) / n;
+        cut_lo = std::min(whole, k * cs);
+        content[rule.fuse_dim] = std::min(whole, (k + 1) * cs) - cut_lo;
+      } else {
+        if (whole % n != 0)
+          Fail(rule.path + "/shard", "the fused dim " + std::to_string(rule.fuse_dim) + " of the buffer (" +
+                                         std::to_string(whole) + " rows of all parts together) does not divide evenly over " +
+                                         std::to_string(n) + " positions of axis " + Quote(rule.shard_axis) +
+                                         "; {\"axis\": ..., \"split\": \"chunk\"} cuts it as torch.chunk does");
+        content[rule.fuse_dim] = whole / n;
+        cut_lo = k * content[rule.fuse_dim];
+      }
     }
     std::vector<int64_t> trailing = content;
     if (rule.shape) {
@@ -612,7 +634,7 @@ void Expander::ExpandRule(const BufferRule& rule, const std::vector<int>& parts)
       if (instanced[d]) bstride[d] = ninst, count[d] = extent(h0[d]), ninst *= count[d];
     RankLayout& rl = e_.ranks[r];
     uint32_t base = static_cast<uint32_t>(rl.buffers.size());
-    Dtype dtype = rule.quant ? Dtype::fp8_e4m3 : rule.dtype ? *rule.dtype : t0.dtype;
+    Dtype dtype = rule.quant ? Dtype::fp8_e4m3 : rule.dtype ? *rule.dtype : layout_.dtype ? *layout_.dtype : t0.dtype;
     // One buffer per instance, named by `tmpl` (the data's or the scales' name).
     auto add_buffers = [&](const NameTemplate& tmpl, const std::string& path, Dtype dt, const std::vector<int64_t>& shape) {
       std::vector<int64_t> idx(ns, 0);

@@ -495,7 +495,7 @@ AxisSpec ParseAxis(const Reader& r, const json& v, const std::string& path, cons
     return a;
   }
   r.Object(v, path);
-  r.Keys(v, path, {"shard", "sizes", "blocks", "parts", "cyclic", "assign", "at"});
+  r.Keys(v, path, {"shard", "split", "sizes", "blocks", "parts", "cyclic", "assign", "at"});
   if (v.contains("at")) {
     if (v.size() != 1) r.Fail(path, "\"at\" takes no other fields");
     a.kind = AxisKind::at;
@@ -548,6 +548,18 @@ AxisSpec ParseAxis(const Reader& r, const json& v, const std::string& path, cons
     for (size_t i = 0; i < as.size(); ++i) a.assign.push_back(r.IntList(as[i], path + "/assign/" + std::to_string(i), 0));
   }
   if (extras > 1) r.Fail(path, "use at most one of \"sizes\", \"blocks\", \"parts\", \"cyclic\", \"assign\"");
+  if (v.contains("split")) {
+    const std::string split = r.String(v["split"], path + "/split");
+    if (split != "even" && split != "chunk")
+      r.Fail(path + "/split", "unknown split '" + split +
+                                  "', expected 'even' (the dim divides evenly) or 'chunk' (torch.chunk: chunks of "
+                                  "ceil(size / positions), the last ones short or empty)" +
+                                  DidYouMean(split, {"even", "chunk"}));
+    a.chunk = split == "chunk";
+    if (a.chunk && extras > 0 && !a.blocks)
+      r.Fail(path + "/split", "\"split\" applies to an even cut or to \"blocks\", not to \"sizes\", \"parts\", "
+                              "\"cyclic\" or \"assign\", which say where every index goes");
+  }
   if (!a.sizes.empty() && static_cast<int64_t>(a.sizes.size()) != axis_size)
     r.Fail(path + "/sizes", "has " + std::to_string(a.sizes.size()) + " entries, the axis has size " + std::to_string(axis_size));
   if (!a.assign.empty() && static_cast<int64_t>(a.assign.size()) != axis_size)
@@ -555,6 +567,33 @@ AxisSpec ParseAxis(const Reader& r, const json& v, const std::string& path, cons
   if (a.parts && axis_size % a.parts != 0)
     r.Fail(path + "/parts", std::to_string(a.parts) + " parts do not divide the axis size " + std::to_string(axis_size));
   return a;
+}
+
+// A placement's "order": the axes that shard the tensor, in the order they
+// cut it; the axes it leaves out (replicate, "at") keep their mesh order.
+std::vector<int> ParseOrder(const Reader& r, const json& v, const std::string& path, const Mesh& m, const Placement& p) {
+  const json& list = r.Array(v, path);
+  std::vector<std::string> names;
+  for (const auto& ax : m.axes) names.push_back(ax.first);
+  std::vector<int> order;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string ip = path + "/" + std::to_string(i);
+    const std::string name = r.String(list[i], ip);
+    const auto it = std::find(names.begin(), names.end(), name);
+    if (it == names.end()) r.Fail(ip, "'" + name + "' is not an axis of mesh '" + m.name + "'" + DidYouMean(name, names));
+    const int k = static_cast<int>(it - names.begin());
+    if (std::find(order.begin(), order.end(), k) != order.end()) r.Fail(ip, "axis '" + name + "' is listed twice");
+    if (p.axes[k].kind != AxisKind::shard)
+      r.Fail(ip, "axis '" + name + "' does not shard this placement; \"order\" lists the axes that cut the tensor");
+    order.push_back(k);
+  }
+  for (size_t k = 0; k < p.axes.size(); ++k)
+    if (p.axes[k].kind == AxisKind::shard && std::find(order.begin(), order.end(), static_cast<int>(k)) == order.end())
+      r.Fail(path, "axis '" + names[k] + "' shards this placement but is not listed; list every axis that cuts the "
+                   "tensor, in the order they cut it");
+  for (size_t k = 0; k < p.axes.size(); ++k)
+    if (p.axes[k].kind != AxisKind::shard) order.push_back(static_cast<int>(k));
+  return order;
 }
 
 // A buffer rule's "quant": the format, its scales and the scale buffer's name.
@@ -605,9 +644,11 @@ QuantSpec ParseQuant(const Reader& r, const json& v, const std::string& rule_pat
 LayoutSpec ParseLayout(const json& root, const std::string& file, const ModelSpec& model) {
   Reader r(file);
   r.Format(root, "reshard.layout/1");
-  r.Keys(root, "", {"format", "name", "model", "ranks", "meshes", "placements", "buffers", "default_buffers", "notes"});
+  r.Keys(root, "", {"format", "name", "model", "ranks", "meshes", "placements", "buffers", "default_buffers", "dtype",
+                    "notes"});
   LayoutSpec l;
   l.file = file;
+  if (root.contains("dtype")) l.dtype = r.ParseDtype(root["dtype"], "/dtype");
   l.name = r.String(r.Get(root, "", "name"), "/name");
   if (root.contains("model")) {
     l.model = r.String(root["model"], "/model");
@@ -659,7 +700,7 @@ LayoutSpec ParseLayout(const json& root, const std::string& file, const ModelSpe
     if (mit == mesh_names.end()) r.Fail(path + "/mesh", "unknown mesh '" + mesh + "'" + DidYouMean(mesh, mesh_names));
     p.mesh = static_cast<int>(mit - mesh_names.begin());
     const Mesh& m = l.meshes[p.mesh];
-    std::vector<std::string> allowed = {"match", "mesh", "split_heads"};
+    std::vector<std::string> allowed = {"match", "mesh", "split_heads", "order"};
     for (auto& ax : m.axes) allowed.push_back(ax.first);
     if (pj.contains("split_heads")) {
       if (!pj["split_heads"].is_boolean())
@@ -679,6 +720,8 @@ LayoutSpec ParseLayout(const json& root, const std::string& file, const ModelSpe
         p.axes.push_back(rep);
       }
     }
+    for (size_t k = 0; k < m.axes.size(); ++k) p.order.push_back(static_cast<int>(k));
+    if (pj.contains("order")) p.order = ParseOrder(r, pj["order"], path + "/order", m, p);
     l.placements.push_back(std::move(p));
   }
   std::vector<std::string> tensor_names;
@@ -719,7 +762,20 @@ LayoutSpec ParseLayout(const json& root, const std::string& file, const ModelSpe
       if (b.parts.size() > 1 && b.fuse == Fuse::none)
         r.Fail(path, "a buffer of " + std::to_string(b.parts.size()) + " parts needs \"concat\" or \"interleave\"");
       if (bj.contains("shard")) {
-        b.shard_axis = r.String(bj["shard"], path + "/shard");
+        const json& sh = bj["shard"];
+        if (sh.is_object()) {
+          r.Keys(sh, path + "/shard", {"axis", "split"});
+          b.shard_axis = r.String(r.Get(sh, path + "/shard", "axis"), path + "/shard/axis");
+          if (sh.contains("split")) {
+            const std::string split = r.String(sh["split"], path + "/shard/split");
+            if (split != "even" && split != "chunk")
+              r.Fail(path + "/shard/split", "unknown split '" + split + "', expected 'even' or 'chunk'" +
+                                                DidYouMean(split, {"even", "chunk"}));
+            b.shard_chunk = split == "chunk";
+          }
+        } else {
+          b.shard_axis = r.String(sh, path + "/shard");
+        }
         if (b.fuse == Fuse::none)
           r.Fail(path + "/shard", "only a fused buffer (\"concat\" or \"interleave\") is sharded as a whole; "
                                   "shard a single tensor in its placement");

@@ -63,6 +63,10 @@ struct AxisSpec {
   int shape_dim = -1;            // index into shape otherwise
   std::vector<int64_t> sizes;    // uneven shard
   int64_t blocks = 0, parts = 0, cyclic = 0;
+  /// `"split": "chunk"`: torch.chunk's cut (DTensor Shard, FSDP2): chunks of
+  /// ceil(L / n), the last ones short or empty; a rank whose chunk is empty
+  /// still holds the tensor, with a zero extent (a zero-size buffer).
+  bool chunk = false;
   std::vector<std::vector<int64_t>> assign;
   std::vector<int64_t> at;       // `"at": I` or `"at": [I, J, ...]`: the positions that hold it
   std::string path;
@@ -72,6 +76,11 @@ struct Placement {
   std::string match;
   int mesh = 0;
   std::vector<AxisSpec> axes;    // one per axis of the mesh
+  /// The order in which the axes cut the tensor (indices into axes): each
+  /// cuts what the ones before it left. Mesh order unless `"order"` says
+  /// otherwise (torch's _StridedShard: TP cuts first, then FSDP chunks the
+  /// TP-local piece).
+  std::vector<int> order;
   bool split_heads = false;      // cutting a declared head is intended
   std::string path;
 };
@@ -109,6 +118,7 @@ struct BufferRule {
   /// fused dim over this axis of the parts' mesh (Megatron's linear_qkv when
   /// TP exceeds the query groups); the parts replicate on that axis.
   std::string shard_axis;
+  bool shard_chunk = false;      // `"shard": {"axis": A, "split": "chunk"}`: torch.chunk's cut
   /// `"range": {DIM: [lo, hi]}`: the rule names only these instances of its
   /// parts' stack dims; other rules may name the rest (TE's dense layers fuse
   /// the pre-MLP norm into linear_fc1, MoE layers keep pre_mlp_layernorm).
@@ -133,6 +143,10 @@ struct LayoutSpec {
   /// Tensors no buffer rule names get a buffer named as the tensor. Without
   /// it, a layout with buffer rules must name every tensor it holds.
   bool default_buffers = false;
+  /// `"dtype"`: what every buffer holds unless its rule says (FSDP2's fp32
+  /// masters of a bf16 model); unset: the model tensor's dtype. Quantized
+  /// buffers and their scales keep theirs.
+  std::optional<Dtype> dtype;
 };
 
 struct ClusterSpec {

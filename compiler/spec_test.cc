@@ -72,7 +72,7 @@ TEST(BadInput, DimNotDivisibleWithoutSizes) {
   i["meshes"]["tp"] = json::parse(R"([["tp", 3]])");
   EXPECT_EQ(CompileError(Model(), Train(), i),
             "infer.json: /placements/0/tp: dim 0 of tensor 'layers.{layer}.q' (size 8) does not divide evenly over 3 positions "
-            "of axis 'tp'; give \"sizes\" for an uneven split");
+            "of axis 'tp'; give \"sizes\" for an uneven split, or \"split\": \"chunk\" for torch.chunk's");
 }
 
 TEST(BadInput, SizesDoNotSumToTheDim) {

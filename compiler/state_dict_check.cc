@@ -4,6 +4,7 @@
 #include <map>
 #include <set>
 
+#include "frameworks/torch_wrappers.h"
 #include "runtime/error.h"
 
 namespace reshard {
@@ -100,7 +101,9 @@ RankDump ParseRank(const json& j, const std::string& file, const std::string& pa
     const json& name = Field(p, file, pp, "name");
     if (!name.is_string() || name.get<std::string>().empty())
       Fail(file, pp + "/name", "expected a non-empty string, got " + (name.is_string() ? "\"\"" : Kind(name)));
-    dp.name = name.get<std::string>();
+    // Wrapper segments (activation checkpointing, torch.compile, FSDP1) are
+    // not part of the weights' names (frameworks/torch_wrappers.h).
+    dp.name = WithoutWrapperSegments(name.get<std::string>());
     const json& dtype = Field(p, file, pp, "dtype");
     if (!dtype.is_string())
       Fail(file, pp + "/dtype", "expected a string such as \"torch.bfloat16\", got " + Kind(dtype));

@@ -88,6 +88,29 @@ TEST(CheckTest, TrueDumpMatchesOneFilePerRankOrOneFile) {
                        "dtypes and shapes\n");
 }
 
+// Activation checkpointing, torch.compile and FSDP1 put wrapper segments into
+// parameter names; the weights' names (the layout's) do not have them.
+TEST(CheckTest, WrapperSegmentsAreNotPartOfTheNames) {
+  Fixture f;
+  json r0 = TrueRank(0), r1 = TrueRank(1);
+  r0["params"][2]["name"] = "layers.0._checkpoint_wrapped_module.proj.weight";
+  r0["params"][0]["name"] = "_orig_mod.embed.weight";
+  r1["params"][4]["name"] = "_fsdp_wrapped_module.layers.1._fsdp_wrapped_module.proj.weight";
+  // A segment is a whole dotted component: a parameter merely ending in the word keeps its name.
+  r1["params"][1]["name"] = "layers.0.x_orig_mod.norm.weight";
+  Result r = f.Check({f.Dump("r0.json", r0), f.Dump("r1.json", r1)});
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("rank 1: missing: layers.0.norm.weight"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 1: extra: layers.0.x_orig_mod.norm.weight"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("proj"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("embed"), std::string::npos) << r.out;
+  // Two wrapped names of one parameter are one parameter listed twice.
+  r0["params"][3]["name"] = "_orig_mod.layers.0.proj.weight";
+  r = f.Check({f.Dump("r0.json", r0), f.Dump("r1.json", TrueRank(1))});
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("parameter 'layers.0.proj.weight' is listed twice"), std::string::npos) << r.err;
+}
+
 TEST(CheckTest, EveryKindOfDifferenceIsPrinted) {
   Fixture f;
   json r0 = TrueRank(0), r1 = TrueRank(1);

@@ -51,7 +51,15 @@ INSTANTIATE_TEST_SUITE_P(
                       // Megatron TE PP2 with tied embeddings: the last stage's output_layer
                       // copy is written too; dense and MoE pre-MLP norms under their names.
                       Case{"tied-pp2-dense-norms", "train.json", "infer.json"},
-                      Case{"tied-pp2-dense-norms", "infer.json", "train.json"}),
+                      Case{"tied-pp2-dense-norms", "infer.json", "train.json"},
+                      // DTensor / FSDP2 (issue 30): torch.chunk cuts with empty shards, fp32
+                      // masters sent as bf16, TP then FSDP (_StridedShard), fused experts
+                      // chunked over experts and over their fused dim; both directions.
+                      Case{"dtensor-chunk", "fsdp4.json", "hf.json"},
+                      Case{"dtensor-chunk", "tp2-fsdp2.json", "hf.json"},
+                      Case{"dtensor-chunk", "fsdp4.json", "tp2-fsdp2.json"},
+                      Case{"dtensor-chunk", "hf.json", "fsdp4.json"},
+                      Case{"dtensor-chunk", "tp2-fsdp2.json", "fsdp4.json"}),
     [](const ::testing::TestParamInfo<Case>& i) {
       std::string n = std::string(i.param.dir) + "_" + i.param.from + "_" + i.param.to;
       for (char& ch : n)
