@@ -1,12 +1,15 @@
 // reshard init: config.json + framework settings -> model, train, infer specs.
+// The driver: the model spec from the architecture table, each side's layout
+// from its framework (frameworks/), both parsed back before anything is
+// written; the built-in clusters.
 #include "compiler/init.h"
 
 #include <fstream>
 #include <sstream>
 
-#include "compiler/init_arch.h"
-#include "compiler/init_layouts.h"
 #include "compiler/spec.h"
+#include "frameworks/architectures.h"
+#include "frameworks/layout_builder.h"
 #include "runtime/error.h"
 
 namespace reshard::init {

@@ -2,13 +2,16 @@
 // a cluster, derived from a Hugging Face config.json and the frameworks'
 // parallel settings (DESIGN.md, "Where layouts come from").
 //
-// Knowledge is kept in two kinds of tables:
-//  - compiler/init_arch.cc: one table per architecture (`model_type`): which
-//    tensors the HF checkpoint holds, their shapes from the config, and the
-//    *role* of each (column-parallel, row-parallel, vocab, norm, expert, ...);
-//  - compiler/init_layouts.cc: what each framework does with a role: its
-//    buffer names, dtypes, fusions and sharding (Megatron-Core 0.19, vLLM 0.33).
+// This is the driver (compiler/init.cc: the specs; init_files.cc: reading the
+// config, writing the files). The knowledge lives in frameworks/:
+//  - frameworks/architectures.cc: one table per architecture (`model_type`):
+//    which tensors the HF checkpoint holds, their shapes from the config, and
+//    the *role* of each (column-parallel, row-parallel, vocab, norm, expert, ...);
+//  - one file per framework (frameworks/megatron.cc, vllm.cc, hf.cc): what it
+//    does with a role: its buffer names, dtypes, fusions and sharding, with the
+//    framework's sources; frameworks/layout_builder.h what they share.
 // Adding an architecture is one table; the frameworks follow from the roles.
+// Adding a framework is one file.
 #pragma once
 
 #include <string>

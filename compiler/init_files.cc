@@ -1,5 +1,6 @@
 // reshard init's file side, shared by the CLI (tools/cmd_init.cc) and the
 // Python package (reshard.init): reading the HF config, writing the specs.
+// What the specs say comes from frameworks/ (see compiler/init.h).
 #include <filesystem>
 #include <vector>
 

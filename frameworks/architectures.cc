@@ -1,7 +1,7 @@
 // One table per architecture: the tensors of a Hugging Face checkpoint, named as
 // transformers' modeling_<model_type>.py names them (and as the safetensors
 // index of the published checkpoints lists them), with shapes from config.json.
-#include "compiler/init_arch.h"
+#include "frameworks/architectures.h"
 
 #include <algorithm>
 #include <functional>

@@ -1,7 +1,7 @@
 // The architectures `reshard init` knows: for each HF `model_type`, the tensors
 // of its checkpoint (names, shapes from config.json, where in the layer stack)
-// and the role each plays. The frameworks' layouts (init_layouts.cc) are
-// written against the roles only.
+// and the role each plays. The frameworks' layouts (frameworks/megatron.cc,
+// vllm.cc, hf.cc, ...) are written against the roles only.
 #pragma once
 
 #include <cstdint>

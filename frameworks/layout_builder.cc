@@ -1,0 +1,244 @@
+// What the frameworks' layouts share: the settings parser, the dispatch to
+// each framework's FrameworkDef, the layout Builder and the role helpers.
+// The frameworks themselves: frameworks/megatron.cc, vllm.cc, hf.cc.
+#include "frameworks/layout_builder.h"
+
+#include <algorithm>
+#include <set>
+
+#include "runtime/error.h"
+
+namespace reshard::init {
+
+using nlohmann::ordered_json;
+
+const std::vector<const FrameworkDef*>& Frameworks() {
+  static const std::vector<const FrameworkDef*> all = {&MegatronFramework(), &VllmFramework(), &HfFramework()};
+  return all;
+}
+
+std::string S(int64_t x) { return std::to_string(x); }
+
+std::string Join(const std::vector<std::string>& v) {
+  std::string out;
+  for (const auto& x : v) out += (out.empty() ? "" : ", ") + x;
+  return out;
+}
+
+[[noreturn]] void Fail(const Settings& s, const std::string& what) {
+  throw Error(s.option + " '" + s.text + "': " + what);
+}
+
+int64_t PositiveInt(const Settings& s, const std::string& key, const std::string& value) {
+  size_t used = 0;
+  long long x = 0;
+  try {
+    x = std::stoll(value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != value.size() || value.empty() || x < 1)
+    Fail(s, "'" + key + "' expects a positive integer, got '" + value + "'");
+  return x;
+}
+
+// --- settings ---------------------------------------------------------------------
+
+Settings ParseSettings(const std::string& text, const std::string& option) {
+  Settings s;
+  s.option = option;
+  s.text = text;
+  const auto colon = text.find(':');
+  const std::string fw = text.substr(0, colon);
+  for (const FrameworkDef* d : Frameworks())
+    if (d->name == fw) s.def = d;
+  if (!s.def) {
+    std::string expected;
+    const auto& all = Frameworks();
+    for (size_t i = 0; i < all.size(); ++i)
+      expected += (i == 0 ? "" : i + 1 == all.size() ? " or " : ", ") + all[i]->usage;
+    throw Error(option + " '" + text + "': unknown framework '" + fw + "', expected " + expected);
+  }
+  const FrameworkDef& def = *s.def;
+  if (colon == std::string::npos || colon + 1 == text.size()) {
+    if (def.bare) return s;
+    Fail(s, "expected " + fw + ":key=value,... (" + Join(def.keys) + ")");
+  }
+  std::vector<std::string> items;
+  std::string rest = text.substr(colon + 1), cur;
+  for (char ch : rest + ",") {
+    if (ch == ',') items.push_back(cur), cur.clear();
+    else cur += ch;
+  }
+  auto has = [](const std::vector<std::string>& v, const std::string& x) {
+    return std::find(v.begin(), v.end(), x) != v.end();
+  };
+  std::set<std::string> seen;
+  std::string list_key;  // pp-layers=3,4,4,...: bare numbers continue the list
+  for (const std::string& item : items) {
+    const auto eq = item.find('=');
+    if (eq == std::string::npos && !list_key.empty() && !item.empty() &&
+        std::all_of(item.begin(), item.end(), ::isdigit)) {
+      def.set(s, list_key, item);
+      continue;
+    }
+    list_key.clear();
+    const std::string key = item.substr(0, eq), value = eq == std::string::npos ? "" : item.substr(eq + 1);
+    if (!has(def.keys, key)) Fail(s, "unknown option '" + key + "' for " + fw + ", expected one of " + Join(def.keys));
+    if (!seen.insert(key).second) Fail(s, "'" + key + "' given twice");
+    const bool flag = has(def.flags, key);
+    if (flag && eq != std::string::npos) Fail(s, "'" + key + "' is a flag and takes no value");
+    if (!flag && eq == std::string::npos) Fail(s, "'" + key + "' needs a value (" + key + "=...)");
+    def.set(s, key, value);
+    if (has(def.list_keys, key)) list_key = key;
+  }
+  return s;
+}
+
+ordered_json MakeLayout(const Arch& arch, const std::string& model_name, Settings s, Notes& notes) {
+  return s.def->make(arch, model_name, s, notes);
+}
+
+// --- roles -------------------------------------------------------------------------
+
+Cut CutOf(Role r) {
+  switch (r) {
+    case Role::embed: case Role::lm_head: return Cut::vocab;
+    case Role::q: case Role::k: case Role::v: case Role::q_bias: case Role::k_bias: case Role::v_bias:
+    case Role::mla_q: case Role::mla_q_b: case Role::mla_kv_b: case Role::gate: case Role::up:
+    case Role::shared_gate: case Role::shared_up:
+      return Cut::column;
+    case Role::o: case Role::down: case Role::shared_down: return Cut::row;
+    case Role::expert_gate: case Role::expert_up: return Cut::expert_column;
+    case Role::expert_down: return Cut::expert_row;
+    default: return Cut::replicate;
+  }
+}
+
+bool IsNorm(Role r) {
+  return r == Role::input_norm || r == Role::post_norm || r == Role::final_norm || r == Role::q_norm ||
+         r == Role::k_norm || r == Role::mla_q_a_norm || r == Role::mla_kv_a_norm;
+}
+
+bool IsExpert(Role r) { return r == Role::expert_gate || r == Role::expert_up || r == Role::expert_down; }
+
+bool IsQuantized(Role r) {
+  switch (r) {
+    case Role::q: case Role::k: case Role::v: case Role::o: case Role::mla_q: case Role::mla_q_a:
+    case Role::mla_q_b: case Role::mla_kv_a: case Role::mla_kv_b: case Role::gate: case Role::up: case Role::down:
+    case Role::expert_gate: case Role::expert_up: case Role::expert_down: case Role::shared_gate:
+    case Role::shared_up: case Role::shared_down:
+      return true;
+    default: return false;
+  }
+}
+
+const ArchTensor* Find(const Arch& a, Role r) {
+  for (const auto& t : a.tensors)
+    if (t.role == r) return &t;
+  return nullptr;
+}
+
+std::string Rename(std::string name, const std::string& from, const std::string& to) {
+  auto at = name.rfind(from);
+  if (at == std::string::npos) throw Error("internal: '" + from + "' not in '" + name + "'");
+  return name.replace(at, from.size(), to);
+}
+
+// --- the layout being built -------------------------------------------------------------
+
+void Builder::AddMesh(const std::string& name, std::vector<Axis> axes) {
+  std::vector<Axis> kept;
+  for (auto& ax : axes)
+    if (ax.size > 1) kept.push_back(ax);
+  if (kept.empty()) kept.push_back(axes.back());
+  meshes_.push_back({name, kept});
+}
+
+bool Builder::HasAxis(const std::string& mesh, const std::string& axis) const {
+  for (const auto& m : meshes_)
+    if (m.first == mesh)
+      for (const auto& ax : m.second)
+        if (ax.name == axis) return true;
+  return false;
+}
+
+void Builder::Place(const ArchTensor& t, const std::string& mesh,
+                    const std::vector<std::pair<std::string, ordered_json>>& axes) {
+  ordered_json p;
+  p["match"] = t.name;
+  p["mesh"] = mesh;
+  for (const auto& [axis, spec] : axes)
+    if (HasAxis(mesh, axis)) p[axis] = spec;
+  placements_.push_back(p);
+}
+
+ordered_json Builder::Finish(const std::string& name, const std::string& model, int64_t ranks, bool default_buffers,
+                             const std::string& notes) {
+  ordered_json j;
+  j["format"] = "reshard.layout/1";
+  j["name"] = name;
+  j["model"] = model;
+  if (!notes.empty()) j["notes"] = notes;
+  j["ranks"] = ranks;
+  ordered_json meshes = ordered_json::object();
+  for (const auto& [n, axes] : meshes_) {
+    ordered_json list = ordered_json::array();
+    for (const auto& ax : axes) list.push_back({ax.name, ax.size});
+    meshes[n] = list;
+  }
+  j["meshes"] = meshes;
+  j["placements"] = placements_;
+  if (default_buffers) j["default_buffers"] = true;
+  j["buffers"] = buffers_.is_null() ? ordered_json::array() : buffers_;
+  return j;
+}
+
+ordered_json Shard(int64_t dim) { return {{"shard", dim}}; }
+
+VocabSplit SplitVocab(int64_t vocab, int64_t multiple, int64_t n) {
+  VocabSplit v;
+  v.padded = multiple > 0 ? (vocab + multiple - 1) / multiple * multiple : vocab;
+  v.per_rank = v.padded / n;
+  if (n > 1) {
+    v.axis = Shard(0);
+    if (v.padded != vocab) {
+      ordered_json sizes = ordered_json::array();
+      for (int64_t r = 0; r < n; ++r) sizes.push_back(std::clamp<int64_t>(vocab - r * v.per_rank, 0, v.per_rank));
+      v.axis["sizes"] = sizes;
+    }
+  }
+  return v;
+}
+
+// --- quantized storage ------------------------------------------------------------------
+
+QuantFormat QuantOf(const Arch& a, const std::string& kind) {
+  QuantFormat q;
+  std::string qkind = kind;
+  if (qkind.empty() && a.fp8_block) qkind = "fp8-block";
+  if (qkind == "none") qkind.clear();
+  if (!qkind.empty()) {
+    q.kind = qkind;
+    if (qkind == "fp8-block") {
+      q.block_rows = a.fp8_block ? a.fp8_block->first : 128;
+      q.block_cols = a.fp8_block ? a.fp8_block->second : 128;
+      q.scale_suffix = "_scale_inv";
+    } else if (qkind == "fp8-channel") {
+      q.scale_suffix = "_scale";
+    } else {
+      q.block_rows = 1, q.block_cols = 32, q.scale_suffix = "_scale";
+    }
+  }
+  return q;
+}
+
+ordered_json QuantJson(const QuantFormat& q, const std::string& buffer) {
+  if (q.kind == "fp8-block")
+    return {{"format", "fp8_e4m3"}, {"scale", "block"}, {"block", {q.block_rows, q.block_cols}},
+            {"scale_name", buffer + q.scale_suffix}};
+  if (q.kind == "fp8-channel") return {{"format", "fp8_e4m3"}, {"scale", "channel"}, {"scale_name", buffer + q.scale_suffix}};
+  return {{"format", "mxfp8"}, {"scale_name", buffer + q.scale_suffix}};
+}
+
+}  // namespace reshard::init

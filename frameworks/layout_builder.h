@@ -1,0 +1,153 @@
+// The frameworks' side of `reshard init`: parallel settings as users write them
+// ("megatron:tp=4,pp=8,ep=16", "vllm:tp=8,dp=16,ep", "hf:tp=2") and the layout
+// (reshard.layout/1) each framework's ranks hold for an architecture
+// (frameworks/architectures.h).
+//
+// One file per framework holds what that framework does with a tensor role
+// (names, dtypes, fusions, sharding) and the sources it follows:
+//   frameworks/megatron.cc   Megatron-Core 0.19
+//   frameworks/vllm.cc       vLLM 0.33
+//   frameworks/hf.cc         Hugging Face names, plain TP shards
+// Each defines a FrameworkDef (its options and its layout); this file holds
+// what they share: the settings parser, the layout Builder and the role
+// helpers. Adding a framework is a file defining its FrameworkDef, its entry in
+// Frameworks() (layout_builder.cc) and its fields in Settings.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "frameworks/architectures.h"
+
+namespace reshard::init {
+
+struct FrameworkDef;
+
+/// Parsed framework settings. Unset sizes are 0 until resolved.
+struct Settings {
+  const FrameworkDef* def = nullptr;  // the framework named before the colon
+  std::string option;            // "--train" or "--infer", for messages
+  std::string text;              // as written
+  int64_t tp = 1, pp = 1, dp = 0, cp = 1, ep = 1, etp = 0, vpp = 1, engines = 1;
+  std::vector<int64_t> pp_layers;
+  bool grouped_gemm = false, te = true, vllm_ep = false, fp32_norms = false;
+  int64_t vocab_divisible = 128;
+  std::string quant;             // vllm: "", "none", "fp8-block", "fp8-channel", "mxfp8"
+};
+
+using Notes = std::vector<std::string>;
+
+/// One framework as init knows it: how its settings are written and the
+/// layout its ranks hold.
+struct FrameworkDef {
+  std::string name;              // before the colon: "megatron"
+  std::string usage;             // in the unknown-framework error: "megatron:..."
+  std::vector<std::string> keys;       // its options, in the order errors list them
+  std::vector<std::string> flags;      // those of `keys` that take no value
+  std::vector<std::string> list_keys;  // those whose value goes on over bare numbers (pp-layers=3,4,4)
+  bool bare = false;             // the name alone is a setting ("hf")
+  /// Stores one option (a key of `keys`; value "" for a flag; a list key is
+  /// called once per number). Errors through Fail(s, ...).
+  void (*set)(Settings& s, const std::string& key, const std::string& value) = nullptr;
+  /// The layout for `arch`; may resolve defaults in `s`. `notes` gets one line
+  /// per derived fact worth saying (padding, replication).
+  nlohmann::ordered_json (*make)(const Arch& arch, const std::string& model_name, Settings& s, Notes& notes) = nullptr;
+};
+
+const FrameworkDef& MegatronFramework();  // frameworks/megatron.cc
+const FrameworkDef& VllmFramework();      // frameworks/vllm.cc
+const FrameworkDef& HfFramework();        // frameworks/hf.cc
+
+/// Every framework init knows, in the order messages list them.
+const std::vector<const FrameworkDef*>& Frameworks();
+
+/// Parses "megatron:...", "vllm:...", "hf[:tp=N]"; errors name `option`.
+Settings ParseSettings(const std::string& text, const std::string& option);
+
+/// The layout for `arch` under `s`, in the order reshard.layout/1 writes it;
+/// `notes` gets one line per derived fact worth saying (padding, replication).
+nlohmann::ordered_json MakeLayout(const Arch& arch, const std::string& model_name, Settings s, Notes& notes);
+
+// --- shared by the frameworks --------------------------------------------------------
+
+std::string S(int64_t x);
+std::string Join(const std::vector<std::string>& v);
+
+/// Throws "OPTION 'TEXT': what".
+[[noreturn]] void Fail(const Settings& s, const std::string& what);
+
+/// `value` as an integer >= 1, or an error naming `key`.
+int64_t PositiveInt(const Settings& s, const std::string& key, const std::string& value);
+
+/// Role classes: how a tensor is cut by tensor parallelism in every framework.
+enum class Cut { replicate, column, row, vocab, expert_column, expert_row };
+Cut CutOf(Role r);
+bool IsNorm(Role r);
+bool IsExpert(Role r);
+/// Linear weights a quantized inference checkpoint stores in FP8: every linear
+/// of the decoder layers except the router (vLLM builds gates with quant_config=None).
+bool IsQuantized(Role r);
+
+/// The first tensor of `a` with role `r`; nullptr when none.
+const ArchTensor* Find(const Arch& a, Role r);
+
+/// Replaces the last occurrence of `from` in `name` by `to`.
+std::string Rename(std::string name, const std::string& from, const std::string& to);
+
+struct Axis {
+  std::string name;
+  int64_t size;
+};
+
+/// The layout being built: meshes, placements and buffer rules.
+class Builder {
+ public:
+  /// A mesh without its size-1 axes (the last one kept when all are).
+  void AddMesh(const std::string& name, std::vector<Axis> axes);
+  bool HasAxis(const std::string& mesh, const std::string& axis) const;
+  /// A placement rule for one tensor family: axis -> spec, on `mesh`; axes of
+  /// size one (left out of the mesh) are dropped.
+  void Place(const ArchTensor& t, const std::string& mesh,
+             const std::vector<std::pair<std::string, nlohmann::ordered_json>>& axes);
+  void Buffer(nlohmann::ordered_json b) { buffers_.push_back(std::move(b)); }
+
+  nlohmann::ordered_json Finish(const std::string& name, const std::string& model, int64_t ranks, bool default_buffers,
+                                const std::string& notes);
+
+ private:
+  std::vector<std::pair<std::string, std::vector<Axis>>> meshes_;
+  nlohmann::ordered_json placements_ = nlohmann::ordered_json::array(), buffers_ = nlohmann::ordered_json::array();
+};
+
+nlohmann::ordered_json Shard(int64_t dim);
+
+/// The vocabulary padded to `multiple` and split evenly over `n` ranks: the
+/// placement of the vocab dim and, when there is padding, the padded buffer rows.
+struct VocabSplit {
+  nlohmann::ordered_json axis;   // null when n == 1
+  int64_t padded = 0, per_rank = 0;
+};
+VocabSplit SplitVocab(int64_t vocab, int64_t multiple, int64_t n);
+
+/// How an inference side stores quantized linear weights.
+struct QuantFormat {
+  std::string kind;              // "", "fp8-block", "fp8-channel", "mxfp8"
+  int64_t block_rows = 0, block_cols = 0;
+  std::string scale_suffix;      // appended to the weight buffer's name
+};
+/// `kind` as asked ("" for the checkpoint's own format, "none" for none).
+QuantFormat QuantOf(const Arch& a, const std::string& kind);
+/// A buffer rule's "quant" for `buffer`.
+nlohmann::ordered_json QuantJson(const QuantFormat& q, const std::string& buffer);
+
+/// Attention heads over TP as vLLM's QKVParallelLinear cuts them (also a plain
+/// HF TP split): true when KV heads are replicated (TP exceeds them). Errors
+/// name `who`; the replication is noted. frameworks/vllm.cc.
+bool HeadsOverTp(const Arch& a, const Settings& s, const std::string& who, Notes& notes);
+
+}  // namespace reshard::init

@@ -1,0 +1,269 @@
+// vLLM 0.33: what its ranks hold for each tensor role (fused buffer names,
+// quantized storage, how TP, DP, EP and PP cut it), and its settings
+// "vllm:tp=8,dp=16,ep,...".
+// Sources (vLLM v0.33, paths under vllm/model_executor/ unless said):
+//  - layers/linear.py QKVParallelLinear (KV heads replicated when TP exceeds
+//    them: divide(tp_size, total_num_kv_heads)), MergedColumnParallelLinear
+//    (gate_up_proj), vocab_parallel_embedding.py (DEFAULT_VOCAB_PADDING_SIZE =
+//    64, padded vocab split evenly over TP),
+//    fused_moe/config.py FusedMoEParallelConfig (without EP, experts' intermediate
+//    dim sharded over DP x TP; with EP, ep_rank = dp_rank x TP + tp_rank, experts
+//    contiguous; uneven counts: fused_moe/expert_map_manager.py determine_expert_map,
+//    linear placement, the first ranks one more), fused_moe/routed_experts.py
+//    RoutedExperts (owns w13_weight / w2_weight and their scales, held as
+//    `routed_experts` by the FusedMoE layer / MoERunner built as `experts`),
+//    models/deepseek_v2.py DeepseekV2MLAAttention (fused_qkv_a_proj with q LoRA,
+//    kv_a_proj_with_mqa without), quantization/fp8.py (block scales
+//    `weight_scale_inv`, the per-rank slice a multiple of the block:
+//    validate_fp8_block_shape), quantization/compressed_tensors/schemes/
+//    compressed_tensors_w8a8_fp8.py (per-channel `weight_scale` [rows, 1]; after
+//    loading the weight parameter is a transposed view of the [rows, cols] storage).
+//  Checked against per-rank dumps of real vLLM 0.33 ranks
+//  (tests/data/recorded/vllm-*/SOURCES.md, tests/recorded_dumps_test.cc).
+#include <algorithm>
+#include <set>
+
+#include "frameworks/layout_builder.h"
+#include "runtime/error.h"
+
+namespace reshard::init {
+
+// QKVParallelLinear / ColumnParallelLinear: heads over TP; KV heads either
+// divide over TP or are replicated TP / kv_heads times.
+bool HeadsOverTp(const Arch& a, const Settings& s, const std::string& who, Notes& notes) {
+  const int64_t tp = s.tp;
+  if (a.heads % tp != 0)
+    Fail(s, who + " needs num_attention_heads (" + S(a.heads) + ") divisible by tensor_parallel_size (" + S(tp) + ")");
+  const bool kv_replicated = !a.mla && tp > a.kv_heads;
+  if (kv_replicated && tp % a.kv_heads != 0)
+    Fail(s, who + " replicates KV heads when TP exceeds them: tensor_parallel_size (" + S(tp) +
+                ") must be a multiple of num_key_value_heads (" + S(a.kv_heads) + ")");
+  if (kv_replicated)
+    notes.push_back(s.option + ": TP " + S(tp) + " > " + S(a.kv_heads) + " KV heads: each KV head replicated on " +
+                    S(tp / a.kv_heads) + " ranks");
+  return kv_replicated;
+}
+
+namespace {
+
+using nlohmann::ordered_json;
+
+// The vLLM fused buffer name of a role, from the HF name (vLLM's stacked_params_mapping).
+std::string VllmName(const Arch& a, const ArchTensor& t) {
+  switch (t.role) {
+    case Role::q: case Role::k: case Role::v: return Rename(Find(a, Role::q)->name, "q_proj.weight", "qkv_proj.weight");
+    case Role::q_bias: case Role::k_bias: case Role::v_bias:
+      return Rename(Find(a, Role::q_bias)->name, "q_proj.bias", "qkv_proj.bias");
+    case Role::gate: case Role::up: return Rename(Find(a, Role::gate)->name, "gate_proj.weight", "gate_up_proj.weight");
+    case Role::shared_gate: case Role::shared_up:
+      return Rename(Find(a, Role::shared_gate)->name, "gate_proj.weight", "gate_up_proj.weight");
+    case Role::mla_q_a: case Role::mla_kv_a:
+      if (Find(a, Role::mla_q_a)) return Rename(Find(a, Role::mla_q_a)->name, "q_a_proj.weight", "fused_qkv_a_proj.weight");
+      return t.name;
+    case Role::expert_gate: case Role::expert_up: case Role::expert_down: {
+      // FusedMoE's weights live in its `routed_experts` submodule (fused_moe/routed_experts.py
+      // RoutedExperts; see tests/data/recorded/vllm-moe-*/SOURCES.md).
+      const std::string prefix = t.name.substr(0, t.name.find(".{expert}."));
+      return prefix + (t.role == Role::expert_down ? ".routed_experts.w2_weight" : ".routed_experts.w13_weight");
+    }
+    default: return t.name;
+  }
+}
+
+ordered_json MakeVllm(const Arch& a, const std::string& model, Settings& s, Notes& notes) {
+  const int64_t tp = s.tp, dp = std::max<int64_t>(s.dp, 1), engines = s.engines;
+  s.dp = dp;
+  const bool kv_replicated = HeadsOverTp(a, s, "vLLM", notes);
+  const bool ep = s.vllm_ep;
+  // vLLM pipeline stages (distributed/utils.py get_pp_indices): num_layers /
+  // pp each, the remainder one more on the stages before the last, from the
+  // second-to-last backwards; the embedding on the first stage, the final norm
+  // and lm_head on the last (PPMissingLayer elsewhere).
+  const int64_t pp = s.pp;
+  std::vector<int64_t> pp_sizes;
+  if (pp > 1) {
+    if (pp > a.layers) Fail(s, "pp (" + S(pp) + ") exceeds the model's " + S(a.layers) + " layers");
+    if (ep) Fail(s, "pp with ep is not described by reshard init yet (write the layout by hand)");
+    if (a.tied)
+      Fail(s, "pp with tied embeddings is not described by reshard init yet (vLLM ties lm_head on the last stage)");
+    pp_sizes.assign(pp, a.layers / pp);
+    for (int64_t i = 2; i < a.layers % pp + 2; ++i) pp_sizes[pp - i] += 1;
+    std::string list;
+    for (int64_t n : pp_sizes) list += (list.empty() ? "" : ",") + S(n);
+    notes.push_back(s.option + ": vLLM splits the " + S(a.layers) + " layers over " + S(pp) + " pipeline stages as " +
+                    list + " (get_pp_indices; VLLM_PP_LAYER_PARTITION changes it), layer names stay global");
+  }
+  if (ep && a.experts == 0) Fail(s, "the model has no experts; leave out ep");
+  const int64_t moe_width = ep ? 1 : dp * tp;  // who splits each expert's intermediate dim
+  const int64_t ep_size = dp * tp;
+  // vLLM's sequence-parallel MoE (config/parallel.py
+  // ParallelConfig.use_sequence_parallel_moe: the default all2all_backend
+  // "allgather_reducescatter", EP, TP > 1 and DP > 1) builds the shared
+  // experts with disable_tp=is_sequence_parallel (models/deepseek_v2.py
+  // DeepseekV2MLP): each rank holds them whole. Seen on real vLLM 0.33 ranks
+  // (tests/vllm, case vllm-mla-fp8-tp2-dp2-ep).
+  const bool shared_whole = ep && tp > 1 && dp > 1;
+  auto is_shared = [](Role r) { return r == Role::shared_gate || r == Role::shared_up || r == Role::shared_down; };
+  if (shared_whole && Find(a, Role::shared_gate))
+    notes.push_back(s.option + ": EP with TP " + S(tp) + " and DP " + S(dp) +
+                    ": vLLM runs the MoE sequence-parallel and holds the shared experts whole on every rank");
+  // Quantized storage: asked for, or the checkpoint's own format.
+  const QuantFormat q = QuantOf(a, s.quant);
+  for (const auto& t : a.tensors) {
+    const Cut c = CutOf(t.role);
+    if (c == Cut::replicate || c == Cut::vocab || (shared_whole && is_shared(t.role))) continue;
+    const bool expert = c == Cut::expert_column || c == Cut::expert_row;
+    const int64_t n = expert ? moe_width : tp;
+    const int dim = (c == Cut::row || c == Cut::expert_row) ? 1 : 0;
+    const bool replicated_kv = kv_replicated && (t.role == Role::k || t.role == Role::v || t.role == Role::k_bias ||
+                                                 t.role == Role::v_bias);
+    const int64_t per = replicated_kv ? t.shape[dim] / a.kv_heads : t.shape[dim] / n;
+    if (!replicated_kv && t.shape[dim] % n != 0)
+      Fail(s, std::string("vLLM") + (expert && n != tp ? " shards each expert's intermediate dim over DP x TP (" + S(n) +
+                                                          ") when data parallel runs without expert parallelism; "
+                                                    : " splits it evenly over TP; ") +
+                  t.name + " dim " + S(dim) + " is " + S(t.shape[dim]));
+    // quantization/fp8.py validate_fp8_block_shape: each rank's slice of a
+    // block-quantized weight is a whole number of blocks.
+    if (!q.kind.empty() && q.block_rows > 0 && IsQuantized(t.role) && n > 1) {
+      const int64_t block = dim == 0 ? q.block_rows : q.block_cols;
+      if (per % block != 0)
+        Fail(s, "vLLM refuses block-quantized weights whose per-rank slice is not a whole number of " + S(block) +
+                    "-blocks (quantization/fp8.py validate_fp8_block_shape): " + t.name + " dim " + S(dim) + " is " +
+                    S(t.shape[dim]) + " / " + S(n) + " = " + S(per));
+    }
+  }
+  if (ep && a.experts % ep_size != 0)
+    notes.push_back(s.option + ": " + S(a.experts) + " experts over EP " + S(ep_size) +
+                    ": the first ranks hold one more (vLLM's linear expert placement)");
+
+  const int64_t ranks = engines * dp * pp * tp;
+  Builder b;
+  if (pp > 1) {  // parallel_state.py initialize_model_parallel: ranks ordered (dp, pp, tp)
+    b.AddMesh("dense", {{"engine", engines}, {"dp", dp}, {"pp", pp}, {"tp", tp}});
+  } else {
+    b.AddMesh("dense", {{"engine", engines}, {"dp", dp}, {"tp", tp}});
+    if (ep) b.AddMesh("expert", {{"engine", engines}, {"ep", ep_size}});
+  }
+  const VocabSplit vocab = SplitVocab(a.vocab, 64, tp);
+  if (vocab.padded % tp != 0)
+    Fail(s, "vLLM's VocabParallelEmbedding splits the vocabulary padded to a multiple of 64 (" + S(vocab.padded) +
+                ") evenly over TP (" + S(tp) + ")");
+  if (vocab.padded != a.vocab)
+    notes.push_back(s.option + ": vLLM pads the vocabulary " + S(a.vocab) + " -> " + S(vocab.padded) + " (" +
+                    S(vocab.per_rank) + " rows per TP rank)");
+
+  std::set<std::string> done;
+  for (const auto& t : a.tensors) {
+    const Cut c = CutOf(t.role);
+    std::vector<std::pair<std::string, ordered_json>> axes;
+    const bool kv = t.role == Role::k || t.role == Role::v || t.role == Role::k_bias || t.role == Role::v_bias;
+    if (pp > 1) {
+      if (t.layers != Layers::none) axes.push_back({"pp", {{"shard", "layer"}, {"sizes", pp_sizes}}});
+      if (t.role == Role::embed) axes.push_back({"pp", {{"at", 0}}});
+      if (t.role == Role::lm_head || t.role == Role::final_norm) axes.push_back({"pp", {{"at", -1}}});
+    }
+    if (IsExpert(t.role)) {
+      const int dim = c == Cut::expert_row ? 1 : 0;
+      if (ep) {
+        ordered_json e = {{"shard", "expert"}};
+        if (a.experts % ep_size != 0) {
+          ordered_json sizes = ordered_json::array();
+          for (int64_t r = 0; r < ep_size; ++r) sizes.push_back(a.experts / ep_size + (r < a.experts % ep_size));
+          e["sizes"] = sizes;
+        }
+        axes.push_back({"ep", e});
+        b.Place(t, "expert", axes);
+      } else {
+        axes.push_back({"dp", Shard(dim)});
+        axes.push_back({"tp", Shard(dim)});
+        b.Place(t, "dense", axes);
+      }
+    } else if (shared_whole && is_shared(t.role)) {
+      b.Place(t, "dense", axes);  // whole on every rank
+    } else {
+      if (c == Cut::column) {
+        ordered_json ax = Shard(0);
+        if (kv && kv_replicated) ax["parts"] = a.kv_heads;
+        axes.push_back({"tp", ax});
+      }
+      if (c == Cut::row) axes.push_back({"tp", Shard(1)});
+      if (c == Cut::vocab && !vocab.axis.is_null()) axes.push_back({"tp", vocab.axis});
+      b.Place(t, "dense", axes);
+    }
+    const std::string buf = VllmName(a, t);
+    if (!done.insert(buf).second) continue;
+    ordered_json rule = {{"name", buf}};
+    if (buf != t.name) {  // fused by vLLM: [q; k; v], [gate; up], [q_a; kv_a]
+      if (t.role == Role::q || t.role == Role::q_bias) {
+        const bool bias = t.role == Role::q_bias;
+        rule["parts"] = {t.name, Find(a, bias ? Role::k_bias : Role::k)->name, Find(a, bias ? Role::v_bias : Role::v)->name};
+        rule["concat"] = 0;
+      } else if (t.role == Role::gate || t.role == Role::shared_gate || t.role == Role::expert_gate) {
+        const Role up = t.role == Role::gate ? Role::up : t.role == Role::shared_gate ? Role::shared_up : Role::expert_up;
+        rule["parts"] = {t.name, Find(a, up)->name};
+        rule["concat"] = 0;
+      } else if (t.role == Role::mla_q_a) {
+        rule["parts"] = {t.name, Find(a, Role::mla_kv_a)->name};
+        rule["concat"] = 0;
+      } else {
+        rule["parts"] = {t.name};
+      }
+    } else {
+      rule["parts"] = {t.name};
+    }
+    const bool quantized = !q.kind.empty() && IsQuantized(t.role);
+    if (quantized) rule["quant"] = QuantJson(q, buf);
+    // compressed_tensors_w8a8_fp8.py process_weights_after_loading: a
+    // per-channel FP8 linear's weight becomes a transposed view of its
+    // [rows, cols] storage (what CUTLASS's scaled_mm reads); the fused
+    // experts keep theirs (seen on real vLLM 0.33 ranks: tests/data/recorded/
+    // vllm-moe-tp2-fp8-channel, strides [1, rows] on the linears only).
+    const bool expert = t.role == Role::expert_gate || t.role == Role::expert_up || t.role == Role::expert_down;
+    if (quantized && q.kind == "fp8-channel" && !expert) rule["held"] = "transposed";
+    if (c == Cut::vocab && vocab.padded != a.vocab) rule["shape"] = {vocab.per_rank, a.hidden};
+    // Buffers vLLM keeps under their HF names need no rule (default_buffers).
+    if (buf == t.name && !quantized && !rule.contains("shape")) continue;
+    b.Buffer(rule);
+  }
+  std::string lname = "vllm";
+  lname += "-tp" + S(tp);
+  if (pp > 1) lname += "-pp" + S(pp);
+  if (dp > 1) lname += "-dp" + S(dp);
+  if (ep) lname += "-ep" + S(ep_size);
+  if (engines > 1) lname += "-x" + S(engines);
+  if (!q.kind.empty()) lname += "-" + q.kind;
+  std::string note = "vLLM 0.33";
+  if (engines > 1) note += ", " + S(engines) + " independent engines";
+  if (pp > 1) note += ", pipeline parallel " + S(pp);
+  if (dp > 1) note += std::string(", built-in data parallel ") + S(dp) + (ep ? "" : " (experts' intermediate dim over DP x TP)");
+  if (ep) note += ", expert parallel " + S(ep_size);
+  if (!q.kind.empty()) note += ", " + q.kind + " linear weights";
+  note += "; generated by reshard init";
+  return b.Finish(lname, model, ranks, true, note);
+}
+
+void Set(Settings& s, const std::string& key, const std::string& value) {
+  if (key == "tp") s.tp = PositiveInt(s, key, value);
+  else if (key == "pp") s.pp = PositiveInt(s, key, value);
+  else if (key == "dp") s.dp = PositiveInt(s, key, value);
+  else if (key == "ep") s.vllm_ep = true;
+  else if (key == "engines") s.engines = PositiveInt(s, key, value);
+  else if (key == "quant") {
+    static const std::vector<std::string> kinds = {"none", "fp8-block", "fp8-channel", "mxfp8"};
+    if (std::find(kinds.begin(), kinds.end(), value) == kinds.end())
+      Fail(s, "'quant' expects one of " + Join(kinds) + ", got '" + value + "'");
+    s.quant = value;
+  }
+}
+
+}  // namespace
+
+const FrameworkDef& VllmFramework() {
+  static const FrameworkDef def{
+      "vllm", "vllm:...", {"tp", "pp", "dp", "ep", "engines", "quant"}, {"ep"}, {}, false, Set, MakeVllm,
+  };
+  return def;
+}
+
+}  // namespace reshard::init
