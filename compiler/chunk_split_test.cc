@@ -52,8 +52,20 @@ TEST(ChunkSplit, TorchChunkSizesWithEmptyTrailingShards) {
   EXPECT_EQ(w, (std::vector<std::vector<int64_t>>{{63, 4}, {63, 4}, {63, 4}, {61, 4}}));
   // 3 over 4: 1, 1, 1 and an empty shard that is still a (zero-size) buffer, as FSDP2 holds it.
   EXPECT_EQ(norm, (std::vector<std::vector<int64_t>>{{1}, {1}, {1}, {0}}));
-  // The experts' stack dim: 3 experts over 4 ranks, the last holds none.
-  EXPECT_EQ(ShapeOf(e, 3, "e.0.gate"), std::vector<int64_t>{-1});
+  // 5 rows: chunks of 2 (2, 2, 1, 0).
+  EXPECT_EQ(ShapeOf(e, 2, "e.1.gate"), (std::vector<int64_t>{1, 4}));
+  EXPECT_EQ(ShapeOf(e, 3, "e.1.gate"), (std::vector<int64_t>{0, 4}));
+  // A stack dim: 3 experts over 4 ranks, the last holds none. Buffers named
+  // per expert do not exist there; a buffer that keeps the experts as its
+  // leading dim is [0, 5, 4], like transformers' fused experts under FSDP2.
+  json by_expert = Layout(4, kFsdp4, {{{"match", "e.*"}, {"dp_shard", {{"shard", "expert"}, {"split", "chunk"}}}},
+                                      {{"match", "*"}}},
+                          {{{"name", "gate"}, {"tensor", "e.{expert}.gate"}}});
+  Expansion x = ExpandJson(by_expert);
+  EXPECT_EQ(ShapeOf(x, 2, "gate"), (std::vector<int64_t>{1, 5, 4}));
+  EXPECT_EQ(ShapeOf(x, 3, "gate"), (std::vector<int64_t>{0, 5, 4}));
+  EXPECT_EQ(ShapeOf(x, 2, "e.2.up"), (std::vector<int64_t>{5, 4}));
+  EXPECT_EQ(ShapeOf(x, 3, "e.2.up"), std::vector<int64_t>{-1});
 }
 
 TEST(ChunkSplit, EvenSplitStillRefusesWhatDoesNotDivide) {
@@ -125,13 +137,13 @@ TEST(ChunkSplit, BadInputIsNamed) {
   };
   EXPECT_EQ(err({{"match", "w"}, {"tp", {{"shard", 0}, {"split", "chunks"}}}}),
             "train.json: /placements/0/tp/split: unknown split 'chunks', expected 'even' (the dim divides evenly) or "
-            "'chunk' (torch.chunk: chunks of ceil(size / positions), the last ones short or empty) (did you mean "
-            "'chunk'?)");
+            "'chunk' (torch.chunk: chunks of ceil(size / positions), the last ones short or empty); did you mean "
+            "'chunk'?");
   EXPECT_EQ(err({{"match", "w"}, {"tp", {{"shard", 0}, {"split", "chunk"}, {"sizes", {100, 150}}}}}),
             "train.json: /placements/0/tp/split: \"split\" applies to an even cut or to \"blocks\", not to \"sizes\", "
             "\"parts\", \"cyclic\" or \"assign\", which say where every index goes");
   EXPECT_EQ(err({{"match", "w"}, {"tp", {{"shard", 0}}}, {"order", {"pp"}}}),
-            "train.json: /placements/0/order/0: 'pp' is not an axis of mesh 'fsdp' (did you mean 'tp'?)");
+            "train.json: /placements/0/order/0: 'pp' is not an axis of mesh 'fsdp'; did you mean 'tp'?");
   EXPECT_EQ(err({{"match", "w"}, {"tp", {{"shard", 0}}}, {"order", {"dp_shard"}}}),
             "train.json: /placements/0/order/0: axis 'dp_shard' does not shard this placement; \"order\" lists the "
             "axes that cut the tensor");
