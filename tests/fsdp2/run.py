@@ -207,8 +207,13 @@ def rank_main(rank, cases, paths, fallbacks):
         t0 = time.time()
         model = models.build(case)
         dp_index = models.shard(case, model)
+        init = models.truth(model)
         loss = models.train_step(case, model, dp_index)
         truth = models.truth(model)  # collective: every rank gets every full tensor
+        changed = sum(not same_bits(truth[n], init[n]) for n in truth)
+        if changed < len(truth) // 2:
+            raise RuntimeError(f"case {case['name']}: the training step changed only {changed} of {len(truth)} tensors")
+        del init
         t_train = time.time() - t0
         dump = os.path.join(p["dir"], "dump", f"rank{rank}.json")
         dump_state_dict.write(dump, model, rank)
@@ -216,13 +221,11 @@ def rank_main(rank, cases, paths, fallbacks):
             dump_state_dict.write_json(dump, {"rank": rank, "params": [
                 dump_state_dict.entry(n, p.to_local() if hasattr(p, "to_local") else p)
                 for n, p in model.named_parameters()]})
-        result = {"loss": loss, "train_s": t_train}
+        result = {"loss": loss, "train_s": t_train, "changed": changed, "tensors": len(truth)}
         if hasattr(reshard, "layout_from_module"):
-            with open(p["model"]) as f:
-                spec = json.load(f)
-            layout = reshard.layout_from_module(model, spec)
-            with open(os.path.join(p["dir"], f"from-module{rank}.json"), "w") as f:
-                json.dump(layout, f, indent=1)
+            # base: the buffer rules for what is no model tensor (the fused experts)
+            reshard.layout_from_module(model, p["model"], base=p["train"],
+                                       path=os.path.join(p["dir"], f"from-module{rank}.json"))
         elif not fallbacks:
             raise RuntimeError("reshard.layout_from_module is missing from the installed package")
         try:
@@ -392,7 +395,8 @@ def main():
             vl = {k: v for r in res for k, v in r["vllm"].items()}
             binds = sorted({r["bind"] for r in res})
             print(f"{c['name']}: {c['what']}")
-            print(f"  trained (loss {res[0]['loss']:.3f}); " + "; ".join(parts))
+            print(f"  one AdamW step (loss {res[0]['loss']:.3f}) changed {res[0]['changed']} of {res[0]['tensors']} "
+                  "HF tensors; " + "; ".join(parts))
             print(f"  hf: {sum(v['tensors'] for v in hf.values())} tensors "
                   f"({sum(v['bytes'] for v in hf.values())} bytes) bit-exact against full_tensor() in bf16; "
                   f"vllm ({c['vllm']}): {sum(v['tensors'] for v in vl.values())} tensors on {len(vl)} ranks "
