@@ -7,11 +7,11 @@
 //  - frameworks/architectures.cc: one table per architecture (`model_type`):
 //    which tensors the HF checkpoint holds, their shapes from the config, and
 //    the *role* of each (column-parallel, row-parallel, vocab, norm, expert, ...);
-//  - one file per framework (frameworks/megatron.cc, vllm.cc, hf.cc): what it
+//  - one file per framework (frameworks/megatron.cc, vllm.cc, hf.cc, fsdp2.cc): what it
 //    does with a role: its buffer names, dtypes, fusions and sharding, with the
 //    framework's sources; frameworks/layout_builder.h what they share.
 // Adding an architecture is one table; the frameworks follow from the roles.
-// Adding a framework is one file.
+// Adding a framework is one file (and its line in Frameworks(), layout_builder.cc).
 #pragma once
 
 #include <string>
@@ -23,8 +23,9 @@
 namespace reshard::init {
 
 /// What `reshard init` was asked for. `train` and `infer` are framework
-/// settings such as "megatron:tp=4,pp=8,ep=16", "vllm:tp=8,dp=16,ep" or
-/// "hf:tp=2"; `cluster` is empty, a built-in cluster name or a file's text.
+/// settings such as "megatron:tp=4,pp=8,ep=16", "vllm:tp=8,dp=16,ep",
+/// "fsdp2:dp_shard=8,tp=2" or "hf:tp=2"; `cluster` is empty, a built-in
+/// cluster name or a file's text.
 struct Request {
   nlohmann::json config;         // the HF config.json
   std::string config_file;       // its name, for messages

@@ -13,7 +13,8 @@ namespace reshard::init {
 using nlohmann::ordered_json;
 
 const std::vector<const FrameworkDef*>& Frameworks() {
-  static const std::vector<const FrameworkDef*> all = {&MegatronFramework(), &VllmFramework(), &HfFramework()};
+  static const std::vector<const FrameworkDef*> all = {&MegatronFramework(), &VllmFramework(), &HfFramework(),
+                                                        &Fsdp2Framework()};
   return all;
 }
 
@@ -27,6 +28,25 @@ std::string Join(const std::vector<std::string>& v) {
 
 [[noreturn]] void Fail(const Settings& s, const std::string& what) {
   throw Error(s.option + " '" + s.text + "': " + what);
+}
+
+std::string DidYouMean(const std::string& word, const std::vector<std::string>& candidates) {
+  auto distance = [](const std::string& a, const std::string& b) {
+    std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+      cur[0] = i;
+      for (size_t j = 1; j <= b.size(); ++j)
+        cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+      std::swap(prev, cur);
+    }
+    return prev[b.size()];
+  };
+  std::string best;
+  size_t best_d = std::max<size_t>(2, word.size() / 3) + 1;
+  for (const auto& c : candidates)
+    if (const size_t d = distance(word, c); d < best_d) best_d = d, best = c;
+  return best.empty() ? "" : "; did you mean '" + best + "'?";
 }
 
 int64_t PositiveInt(const Settings& s, const std::string& key, const std::string& value) {
@@ -57,7 +77,9 @@ Settings ParseSettings(const std::string& text, const std::string& option) {
     const auto& all = Frameworks();
     for (size_t i = 0; i < all.size(); ++i)
       expected += (i == 0 ? "" : i + 1 == all.size() ? " or " : ", ") + all[i]->usage;
-    throw Error(option + " '" + text + "': unknown framework '" + fw + "', expected " + expected);
+    std::vector<std::string> names;
+    for (const FrameworkDef* d : all) names.push_back(d->name);
+    throw Error(option + " '" + text + "': unknown framework '" + fw + "', expected " + expected + DidYouMean(fw, names));
   }
   const FrameworkDef& def = *s.def;
   if (colon == std::string::npos || colon + 1 == text.size()) {
@@ -84,7 +106,8 @@ Settings ParseSettings(const std::string& text, const std::string& option) {
     }
     list_key.clear();
     const std::string key = item.substr(0, eq), value = eq == std::string::npos ? "" : item.substr(eq + 1);
-    if (!has(def.keys, key)) Fail(s, "unknown option '" + key + "' for " + fw + ", expected one of " + Join(def.keys));
+    if (!has(def.keys, key))
+      Fail(s, "unknown option '" + key + "' for " + fw + ", expected one of " + Join(def.keys) + DidYouMean(key, def.keys));
     if (!seen.insert(key).second) Fail(s, "'" + key + "' given twice");
     const bool flag = has(def.flags, key);
     if (flag && eq != std::string::npos) Fail(s, "'" + key + "' is a flag and takes no value");
@@ -164,12 +187,13 @@ bool Builder::HasAxis(const std::string& mesh, const std::string& axis) const {
 }
 
 void Builder::Place(const ArchTensor& t, const std::string& mesh,
-                    const std::vector<std::pair<std::string, ordered_json>>& axes) {
+                    const std::vector<std::pair<std::string, ordered_json>>& axes, const ordered_json& extra) {
   ordered_json p;
   p["match"] = t.name;
   p["mesh"] = mesh;
   for (const auto& [axis, spec] : axes)
     if (HasAxis(mesh, axis)) p[axis] = spec;
+  for (auto it = extra.begin(); it != extra.end(); ++it) p[it.key()] = it.value();
   placements_.push_back(p);
 }
 
@@ -181,6 +205,7 @@ ordered_json Builder::Finish(const std::string& name, const std::string& model, 
   j["model"] = model;
   if (!notes.empty()) j["notes"] = notes;
   j["ranks"] = ranks;
+  if (!dtype_.empty()) j["dtype"] = dtype_;
   ordered_json meshes = ordered_json::object();
   for (const auto& [n, axes] : meshes_) {
     ordered_json list = ordered_json::array();

@@ -8,6 +8,7 @@
 //   frameworks/megatron.cc   Megatron-Core 0.19
 //   frameworks/vllm.cc       vLLM 0.33
 //   frameworks/hf.cc         Hugging Face names, plain TP shards
+//   frameworks/fsdp2.cc      PyTorch FSDP2 / DTensor TP on transformers 5 models
 // Each defines a FrameworkDef (its options and its layout); this file holds
 // what they share: the settings parser, the layout Builder and the role
 // helpers. Adding a framework is a file defining its FrameworkDef, its entry in
@@ -38,6 +39,9 @@ struct Settings {
   bool grouped_gemm = false, te = true, vllm_ep = false, fp32_norms = false;
   int64_t vocab_divisible = 128;
   std::string quant;             // vllm: "", "none", "fp8-block", "fp8-channel", "mxfp8"
+  int64_t dp_shard = 0, dp_replicate = 1;  // fsdp2: the DeviceMesh's data-parallel dims (dp_shard required)
+  std::string master = "fp32";   // fsdp2: the sharded parameters' dtype, "fp32" or "bf16"
+  int64_t experts_dim = 0;       // fsdp2: the dim fully_shard cuts fused experts on (0 or 1)
 };
 
 using Notes = std::vector<std::string>;
@@ -62,11 +66,12 @@ struct FrameworkDef {
 const FrameworkDef& MegatronFramework();  // frameworks/megatron.cc
 const FrameworkDef& VllmFramework();      // frameworks/vllm.cc
 const FrameworkDef& HfFramework();        // frameworks/hf.cc
+const FrameworkDef& Fsdp2Framework();     // frameworks/fsdp2.cc
 
 /// Every framework init knows, in the order messages list them.
 const std::vector<const FrameworkDef*>& Frameworks();
 
-/// Parses "megatron:...", "vllm:...", "hf[:tp=N]"; errors name `option`.
+/// Parses "megatron:...", "vllm:...", "hf[:tp=N]", "fsdp2:..."; errors name `option`.
 Settings ParseSettings(const std::string& text, const std::string& option);
 
 /// The layout for `arch` under `s`, in the order reshard.layout/1 writes it;
@@ -80,6 +85,10 @@ std::string Join(const std::vector<std::string>& v);
 
 /// Throws "OPTION 'TEXT': what".
 [[noreturn]] void Fail(const Settings& s, const std::string& what);
+
+/// "; did you mean 'x'?" for the candidate closest to `word` when it is close
+/// (two edits, or a third of its letters for longer words), else "".
+std::string DidYouMean(const std::string& word, const std::vector<std::string>& candidates);
 
 /// `value` as an integer >= 1, or an error naming `key`.
 int64_t PositiveInt(const Settings& s, const std::string& key, const std::string& value);
@@ -111,9 +120,13 @@ class Builder {
   void AddMesh(const std::string& name, std::vector<Axis> axes);
   bool HasAxis(const std::string& mesh, const std::string& axis) const;
   /// A placement rule for one tensor family: axis -> spec, on `mesh`; axes of
-  /// size one (left out of the mesh) are dropped.
+  /// size one (left out of the mesh) are dropped. `extra` fields ("order",
+  /// "split_heads") follow the axes.
   void Place(const ArchTensor& t, const std::string& mesh,
-             const std::vector<std::pair<std::string, nlohmann::ordered_json>>& axes);
+             const std::vector<std::pair<std::string, nlohmann::ordered_json>>& axes,
+             const nlohmann::ordered_json& extra = nlohmann::ordered_json::object());
+  /// The layout-wide buffer dtype ("dtype" after "ranks"); unset: none written.
+  void SetDtype(const std::string& dtype) { dtype_ = dtype; }
   void Buffer(nlohmann::ordered_json b) { buffers_.push_back(std::move(b)); }
 
   nlohmann::ordered_json Finish(const std::string& name, const std::string& model, int64_t ranks, bool default_buffers,
@@ -121,6 +134,7 @@ class Builder {
 
  private:
   std::vector<std::pair<std::string, std::vector<Axis>>> meshes_;
+  std::string dtype_;
   nlohmann::ordered_json placements_ = nlohmann::ordered_json::array(), buffers_ = nlohmann::ordered_json::array();
 };
 

@@ -279,7 +279,7 @@ void Set(Settings& s, const std::string& key, const std::string& value) {
   else if (key == "fp32-norms") s.fp32_norms = true;
   else if (key == "pp-layers") s.pp_layers.push_back(PositiveInt(s, key, value));
   else if (key == "spec") {
-    if (value != "te" && value != "local") Fail(s, "'spec' expects te or local, got '" + value + "'");
+    if (value != "te" && value != "local") Fail(s, "'spec' expects te or local, got '" + value + "'" + DidYouMean(value, {"te", "local"}));
     s.te = value == "te";
   } else if (key == "vocab-divisible") {
     if (value == "0") s.vocab_divisible = 0;

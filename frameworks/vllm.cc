@@ -252,7 +252,7 @@ void Set(Settings& s, const std::string& key, const std::string& value) {
   else if (key == "quant") {
     static const std::vector<std::string> kinds = {"none", "fp8-block", "fp8-channel", "mxfp8"};
     if (std::find(kinds.begin(), kinds.end(), value) == kinds.end())
-      Fail(s, "'quant' expects one of " + Join(kinds) + ", got '" + value + "'");
+      Fail(s, "'quant' expects one of " + Join(kinds) + ", got '" + value + "'" + DidYouMean(value, kinds));
     s.quant = value;
   }
 }

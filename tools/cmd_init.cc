@@ -14,7 +14,7 @@ std::string Help() {
   std::string types;
   for (const auto& t : init::SupportedModelTypes()) types += (types.empty() ? "" : ", ") + t;
   return "Write model.json, train.json and infer.json (and cluster.json) for `reshard compile` from a Hugging Face\n"
-         "config.json and the frameworks' parallel settings (Megatron-Core 0.19, vLLM 0.33).\n"
+         "config.json and the frameworks' parallel settings (Megatron-Core 0.19, vLLM 0.33, PyTorch FSDP2).\n"
          "Architectures (model_type): " + types + ".\n"
          "\n"
          "--train / --infer take one of:\n"
@@ -38,6 +38,18 @@ std::string Help() {
          "      block scales unless quant=none.\n"
          "  hf | hf:tp=N\n"
          "      Hugging Face names, one rank or plain row/column TP shards (tests, checkpoint export).\n"
+         "  fsdp2:dp_shard=N[,dp_replicate=N][,tp=N][,master=fp32|bf16][,experts-dim=0|1]\n"
+         "      PyTorch FSDP2 (fully_shard, torch 2.15) on a transformers 5 model (HF names; MoE experts fused into\n"
+         "      mlp.experts.gate_up_proj [E, 2I, H] and down_proj [E, H, I]). DeviceMesh (dp_replicate, dp_shard, tp),\n"
+         "      row-major, tp fastest, as TorchTitan names it: every parameter Shard(0) over dp_shard in torch.chunk\n"
+         "      sizes (the last ranks short or empty), whole on dp_replicate (HSDP); experts-dim=1 shards the fused\n"
+         "      experts on dim 1 (evenly, as FSDP2 requires). tp follows NeMo RL's TP plan: ColwiseParallel\n"
+         "      q_proj, k_proj, v_proj, gate_proj, up_proj, lm_head (Shard(0) on tp), RowwiseParallel o_proj,\n"
+         "      down_proj (Shard(1)), embed_tokens Shard(0); norms, routers and experts replicated on tp; FSDP2 then\n"
+         "      chunks each TP-local piece (_StridedShard); a tp that cuts an attention head is refused, and so is\n"
+         "      tp > 1 with MLA (deepseek_v3, kimi_k2: not in the plan). master=fp32 (default: FSDP2 keeps fp32\n"
+         "      masters under a bf16 MixedPrecisionPolicy) holds fp32 buffers while the plan moves the model's bf16\n"
+         "      (half the bytes); master=bf16 for a model cast to bf16 before fully_shard.\n"
          "\n"
          "Examples:\n"
          "  reshard init --hf-config Qwen3-30B-A3B/config.json --train megatron:tp=2,pp=2,ep=8,etp=1,grouped-gemm \\\n"
@@ -46,6 +58,8 @@ std::string Help() {
          "pp-layers=3,4,4,4,4,4,4,4,4,4,4,4,4,4,4,2 --infer vllm:tp=16,engines=16 --cluster gb200-nvl72 -o dsv3\n"
          "  reshard init --hf-config Llama-3.1-70B/config.json --train megatron:tp=8,pp=4,dp=2 \\\n"
          "      --infer vllm:tp=8,engines=8 --cluster samples/clusters/dgx-h100.json -o llama70b\n"
+         "  reshard init --hf-config Qwen3-8B/config.json --train fsdp2:dp_shard=8,tp=2 --infer vllm:tp=2,engines=8 \\\n"
+         "      --cluster dgx-h100 -o qwen3-8b\n"
          "  reshard init --hf-config tiny/config.json --train megatron:tp=2,pp=2,spec=local --infer hf -o tiny";
 }
 
@@ -59,8 +73,8 @@ void AddInitCommand(CLI::App& app, int& exit_code) {
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("--hf-config", o->config, "the model's Hugging Face config.json (or its directory)")->required();
-  cmd->add_option("--train", o->train, "the training side: megatron:..., vllm:..., hf or hf:tp=N")->required();
-  cmd->add_option("--infer", o->infer, "the inference side: vllm:..., megatron:..., hf or hf:tp=N")->required();
+  cmd->add_option("--train", o->train, "the training side: megatron:..., fsdp2:..., vllm:..., hf or hf:tp=N")->required();
+  cmd->add_option("--infer", o->infer, "the inference side: vllm:..., megatron:..., fsdp2:..., hf or hf:tp=N")->required();
   cmd->add_option("--cluster", o->cluster, "dgx-h100, gb200-nvl72 or a reshard.cluster/1 file: written as cluster.json");
   cmd->add_option("--name", o->name, "the model spec's name (default: from the config's _name_or_path or model_type)");
   cmd->add_option("-o,--output", o->out, "directory to write the specs into (created if missing)")->required();
