@@ -79,6 +79,7 @@ from .errors import BindError, CompileError, Error, NcclError, PeerError, PeerTi
 from .plan import Buffer, Plan, Program  # noqa: E402
 from .session import ChannelStats, RoundStats, RunStats, Session  # noqa: E402
 from .refit import TrainerRefit  # noqa: E402
+from .dtensor import LayoutError, layout_from_module  # noqa: E402
 from .transport import GlooTransport, NcclTransport, Transport  # noqa: E402
 from . import nccl  # noqa: E402
 
@@ -88,5 +89,5 @@ HAVE_CUDA: bool = bool(_reshard._have_cuda)  #: whether this runtime was built w
 __all__ = [
     "Plan", "Program", "Buffer", "Session", "RunStats", "ChannelStats", "RoundStats", "Transport", "GlooTransport",
     "NcclTransport", "compile", "init", "nccl", "Error", "PlanError", "CompileError", "BindError", "PeerError",
-    "PeerTimeoutError", "NcclError", "HAVE_CUDA", "TrainerRefit",
+    "PeerTimeoutError", "NcclError", "HAVE_CUDA", "TrainerRefit", "layout_from_module", "LayoutError",
 ]

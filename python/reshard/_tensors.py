@@ -136,3 +136,59 @@ def numpy_dtype(code: int):
 
 def module_loaded(name: str) -> bool:
     return name in sys.modules
+
+
+# Module wrappers that insert a segment into parameter names: activation
+# checkpointing (checkpoint_wrapper), torch.compile (OptimizedModule), FSDP1.
+WRAPPER_SEGMENTS = ("_checkpoint_wrapped_module", "_orig_mod", "_fsdp_wrapped_module")
+_WRAPPERS = frozenset(WRAPPER_SEGMENTS)
+
+
+def strip_wrappers(name: str) -> str:
+    """`name` without wrapper segments (``_checkpoint_wrapped_module.``,
+    ``_orig_mod.``, ``_fsdp_wrapped_module.``) wherever they appear:
+    "model.layers.0._checkpoint_wrapped_module.mlp.up_proj.weight" ->
+    "model.layers.0.mlp.up_proj.weight"."""
+    if "_" not in name:
+        return name
+    parts = name.split(".")
+    if not _WRAPPERS.intersection(parts):
+        return name
+    return ".".join(p for p in parts if p not in _WRAPPERS)
+
+
+_dtensor_types: dict = {}
+
+
+def is_dtensor(t: Any) -> bool:
+    """Whether `t` is a torch DTensor (FSDP2's sharded parameters), without importing torch.distributed."""
+    cls = type(t)
+    r = _dtensor_types.get(cls)
+    if r is None:
+        r = any(c.__name__ == "DTensor" and c.__module__.startswith("torch.distributed") for c in cls.__mro__)
+        _dtensor_types[cls] = r
+    return r
+
+
+def dtensor_local(t: Any) -> Any:
+    """The local tensor of a DTensor: the memory this rank holds (FSDP2's
+    sharded parameter, which optimizer steps update in place)."""
+    local = getattr(t, "_local_tensor", None)
+    return local if local is not None else t.to_local()
+
+
+class DTensorOrigin:
+    """What check_bindings reads for a bound DTensor: its local tensor now (a
+    framework may give the DTensor a new local tensor, as FSDP2's
+    reset_sharded_param does after load_state_dict(assign=True))."""
+
+    __slots__ = ("dtensor",)
+
+    def __init__(self, dtensor: Any):
+        self.dtensor = dtensor
+
+    def data_ptr(self) -> int:
+        return dtensor_local(self.dtensor).data_ptr()
+
+    def untyped_storage(self) -> Any:
+        return dtensor_local(self.dtensor).untyped_storage()

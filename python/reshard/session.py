@@ -6,7 +6,8 @@ import difflib
 from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Tuple
 
 from . import _reshard
-from ._tensors import DTYPE_CODES, DTYPE_SIZES, DTYPES, TensorInfo, describe, transposed_storage
+from ._tensors import (DTYPE_CODES, DTYPE_SIZES, DTYPES, WRAPPER_SEGMENTS, DTensorOrigin, TensorInfo, describe,
+                       dtensor_local, is_dtensor, strip_wrappers, transposed_storage)
 from .errors import BindError
 from .plan import Buffer, Plan
 from .transport import Transport
@@ -125,7 +126,9 @@ class Session:
     ``param.data`` after post-processing): the next run uses the new memory.
 
     Tensors: PyTorch tensors, NumPy arrays, and any object with
-    ``__dlpack__`` (CuPy, JAX). CPU memory for a Gloo transport, CUDA memory of
+    ``__dlpack__`` (CuPy, JAX). A DTensor (FSDP2's sharded parameter) binds
+    its local tensor, the memory this rank holds (an empty shard binds the
+    plan's zero-size buffer). CPU memory for a Gloo transport, CUDA memory of
     the transport's device for NCCL. A non-contiguous view (a slice of a
     fused parameter) is bound through a contiguous copy: reshard copies the
     view into it before each run where the plan reads the buffer, and back
@@ -143,7 +146,7 @@ class Session:
     """
 
     __slots__ = ("_s", "plan", "transport", "rank", "_buffers", "_index", "_held", "_staged", "_origin", "_device",
-                 "_device_index", "__weakref__")
+                 "_device_index", "_strip_wrappers", "__weakref__")
 
     def __init__(self, plan: Plan, rank: int, transport: Transport):
         if not isinstance(plan, Plan):
@@ -163,6 +166,8 @@ class Session:
         self._staged: Dict[int, _Staged] = {}
         self._device = transport.device
         self._device_index = transport.device_index
+        # Plan names without wrapper segments: module names are looked through them.
+        self._strip_wrappers = not any(seg in n for n in self._index for seg in WRAPPER_SEGMENTS)
 
     # -- what the rank binds ----------------------------------------------------
     @property
@@ -274,6 +279,9 @@ class Session:
         writes into.
         """
         i = self._lookup(name)
+        origin = tensor
+        if is_dtensor(tensor):
+            origin, tensor = DTensorOrigin(tensor), dtensor_local(tensor)
         try:
             info = self._describe(tensor, self._buffers[i])
         except TypeError as e:
@@ -281,7 +289,7 @@ class Session:
         problem, code = self._problem(self._buffers[i], info, dtype)
         if problem is not None:
             raise BindError(f"rank {self.rank}: buffer '{name}' is bound with {problem}")
-        self._bind_checked(i, info, code, tensor)
+        self._bind_checked(i, info, code, origin)
 
     def bind_module(self, module: Any, prefix: str = "", *, missing_ok: bool = False) -> List[str]:
         """Binds every plan buffer to the module's tensor of the same name.
@@ -298,7 +306,19 @@ class Session:
         ``bind_module(model)`` matches a GPTModel's names
         ("decoder.layers.0...") with or without wrappers; unless the plan's
         own names start with ``prefix + "module."`` (a layout written from a
-        wrapped state dict), then the names stay as they are.
+        wrapped state dict), then the names stay as they are. Wrapper
+        segments anywhere in a name (``_checkpoint_wrapped_module.`` of
+        activation checkpointing, ``_orig_mod.`` of torch.compile,
+        ``_fsdp_wrapped_module.`` of FSDP1) are removed, as
+        :func:`reshard.layout_from_module` removes them, unless a plan name
+        has one: the plan buffer "model.layers.0.mlp.up_proj.weight" binds
+        "model.layers.0._checkpoint_wrapped_module.mlp.up_proj.weight".
+
+        DTensor parameters (FSDP2's ``fully_shard``, TP) bind their local
+        tensor: the sharded parameter this rank holds, which optimizer steps
+        update in place and FSDP2 never frees (reshard-after-forward frees
+        the all-gathered unsharded parameter, not it). An empty local shard
+        binds the plan's zero-size buffer.
 
         All or nothing: every plan buffer without a tensor (unless
         `missing_ok`) and every tensor that does not fit is reported in one
@@ -306,16 +326,18 @@ class Session:
         tensors that the plan does not bind (not an error: a plan may move a
         subset of the weights).
         """
-        tensors = self.module_tensors(module, prefix)
+        tensors = self._module_tensors(module, prefix)
         found: Dict[int, Any] = {}
+        origins: Dict[int, Any] = {}
         unused: List[str] = []
         index = self._index
-        for n, t in tensors:
+        for n, t, o in tensors:
             i = index.get(prefix + n)
             if i is None:
                 unused.append(n)
             elif i not in found:
                 found[i] = t
+                origins[i] = o
         problems: List[str] = []
         checked: List[Tuple[int, TensorInfo, int, Any]] = []
         buffers = self._buffers
@@ -330,9 +352,9 @@ class Session:
             if problem is not None:
                 problems.append(f"'{b.name}': {problem}")
             else:
-                checked.append((i, info, code, t))
+                checked.append((i, info, code, origins[i]))
         if not missing_ok and len(found) < len(buffers):
-            names = [prefix + n for n, _ in tensors]
+            names = [prefix + n for n, _, _ in tensors]
             for i, b in enumerate(buffers):
                 if i not in found:
                     close = difflib.get_close_matches(b.name, names, n=1, cutoff=0.8) if len(names) < 5000 else []
@@ -350,12 +372,28 @@ class Session:
     def module_tensors(self, module: Any, prefix: str = "") -> List[Tuple[str, Any]]:
         """(name, tensor) of what :meth:`bind_module` binds from `module`: its
         parameters and persistent buffers (tied ones under each name), looked
-        through Float16Module / DDP wrappers unless the plan's names keep them."""
+        through Float16Module / DDP wrappers and wrapper segments
+        (``_checkpoint_wrapped_module.``, ``_orig_mod.``,
+        ``_fsdp_wrapped_module.``) unless the plan's names keep them; a
+        DTensor as its local tensor."""
+        return [(n, t) for n, t, _ in self._module_tensors(module, prefix)]
+
+    def _module_tensors(self, module: Any, prefix: str) -> List[Tuple[str, Any, Any]]:
+        """(name, tensor to bind, what check_bindings reads) per module tensor."""
         if hasattr(module, "named_modules"):
             inner = _unwrapped(module)
             if inner is not module and not any(n.startswith(prefix + "module.") for n in self._index):
                 module = inner
-        return _named_tensors(module)
+        strip = self._strip_wrappers
+        out: List[Tuple[str, Any, Any]] = []
+        for n, t in _named_tensors(module):
+            if strip:
+                n = strip_wrappers(n)
+            if is_dtensor(t):
+                out.append((n, dtensor_local(t), DTensorOrigin(t)))
+            else:
+                out.append((n, t, t))
+        return out
 
     # -- running ----------------------------------------------------------------
     def run(self, stream: Any = None) -> RunStats:
