@@ -239,7 +239,8 @@ TEST(FrameworkLayoutErrors, WholeShardMustDivideEvenly) {
   l["ranks"] = 5;
   EXPECT_EQ(ExpandError(Layouts("qkv-tp4-2groups/model.json"), l),
             "train.json: /buffers/0/shard: the fused dim 0 of the buffer (96 rows of all parts together) does not "
-            "divide evenly over 5 positions of axis 'tp'");
+            "divide evenly over 5 positions of axis 'tp'; {\"axis\": ..., \"split\": \"chunk\"} cuts it as torch.chunk "
+            "does");
 }
 
 TEST(FrameworkLayoutErrors, WholeShardCuttingAHead) {
