@@ -4,6 +4,13 @@ parameter and persistent buffer) as the dump `reshard check` reads:
 
     {"rank": R, "params": [{"name": N, "dtype": "torch.bfloat16", "shape": [..]}, ...]}
 
+A DTensor (FSDP2's fully_shard, TP) is what this rank holds: its local
+shape, plus its "placements" (["Shard(0)"], ["_StridedShard(dim=0, sf=2)",
+"Shard(0)"], ["Replicate()", "Shard(0)"]) and its device "mesh"
+({"names": ["dp", "tp"], "shape": [2, 2]}; names null when unnamed). Wrapper
+segments (_checkpoint_wrapped_module. of activation checkpointing, _orig_mod.
+of torch.compile, _fsdp_wrapped_module. of FSDP1) are removed from every name.
+
 From your own code, on every rank of a Megatron or vLLM model:
 
     import dump_state_dict  # tools/ on sys.path
@@ -21,10 +28,43 @@ import os
 import sys
 
 
+WRAPPER_SEGMENTS = ("_checkpoint_wrapped_module", "_orig_mod", "_fsdp_wrapped_module")
+
+
+def strip_wrappers(name):
+    """`name` without wrapper segments, wherever they appear."""
+    parts = name.split(".")
+    return ".".join(p for p in parts if p not in WRAPPER_SEGMENTS)
+
+
+def _is_dtensor(t):
+    return any(c.__name__ == "DTensor" and c.__module__.startswith("torch.distributed") for c in type(t).__mro__)
+
+
+def placement_text(p):
+    """Shard(0), _StridedShard(dim=0, sf=2), Replicate(), or torch's repr of anything else (Partial(sum))."""
+    kind = type(p).__name__
+    if kind == "_StridedShard":
+        return f"_StridedShard(dim={p.dim}, sf={p.split_factor})"
+    if kind == "Shard":
+        return f"Shard({p.dim})"
+    if kind == "Replicate":
+        return "Replicate()"
+    return repr(p)
+
+
 def entry(name, tensor):
-    e = {"name": name, "dtype": str(tensor.dtype), "shape": list(tensor.shape)}
-    if not tensor.is_contiguous():  # a view (vLLM's per-channel FP8 weight.t()): its memory order
-        e["stride"] = list(tensor.stride())
+    local = tensor
+    if _is_dtensor(tensor):  # what this rank holds: the local shard
+        local = tensor._local_tensor if getattr(tensor, "_local_tensor", None) is not None else tensor.to_local()
+    e = {"name": name, "dtype": str(local.dtype), "shape": list(local.shape)}
+    if not local.is_contiguous():  # a view (vLLM's per-channel FP8 weight.t()): its memory order
+        e["stride"] = list(local.stride())
+    if local is not tensor:
+        mesh = tensor.device_mesh
+        e["placements"] = [placement_text(p) for p in tensor.placements]
+        e["mesh"] = {"names": list(mesh.mesh_dim_names) if mesh.mesh_dim_names else None,
+                     "shape": list(mesh.mesh.shape)}
     return e
 
 
@@ -38,6 +78,7 @@ def persistent_buffers(module):
 
 
 def _strip(name, strip):
+    name = strip_wrappers(name)
     for prefix in strip:
         while prefix and name.startswith(prefix):
             name = name[len(prefix):]
@@ -45,8 +86,9 @@ def _strip(name, strip):
 
 
 def params_of(module, strip=()):
-    """Entries for named_parameters() then persistent buffers, prefixes in
-    `strip` (e.g. "module." of DDP / Float16Module wrappers) removed."""
+    """Entries for named_parameters() then persistent buffers, wrapper
+    segments and the prefixes in `strip` (e.g. "module." of DDP /
+    Float16Module wrappers) removed."""
     if isinstance(strip, str):
         strip = (strip,)
     out, seen = [], set()
