@@ -210,6 +210,7 @@ class _Mesh:
 
     def __init__(self, name: str, axes: List[str], sizes: List[int], coord: Tuple[int, ...]):
         self.name, self.axes, self.sizes, self.coord = name, axes, sizes, coord
+        self.same_cut: set = set()  # (length, axes of each flattened mesh dim) checked to cut alike
 
 
 def _root_axes(mesh: Any, root: Any, pname: str) -> List[List[int]]:
@@ -336,6 +337,10 @@ class _Derived:
             return
         sizes = self.mesh.sizes
         axes = [k for i in order for k in axes_of[i]]
+        key = (shape[d], tuple(tuple(axes_of[i]) for i in order))
+        if key in self.mesh.same_cut:
+            return
+        self.mesh.same_cut.add(key)
         for coord in product(*(range(sizes[k]) for k in axes)):
             at = dict(zip(axes, coord))
             flat: List[Tuple[int, int]] = []
@@ -425,6 +430,26 @@ def _named_parameters(module: Any) -> List[Tuple[str, Any]]:
     raise TypeError(f"module: expected a torch.nn.Module or a mapping of names to tensors, got {type(module).__name__}")
 
 
+class _Whole:
+    """A plain persistent buffer: the whole tensor on every rank."""
+
+    def __init__(self, name: str, dtype: str):
+        self.pname, self.dtype, self.text = name, dtype, "(whole: a buffer)"
+
+
+def _persistent_buffers(module: Any) -> List[Tuple[str, Any]]:
+    """(name, tensor) of a module's persistent buffers that are no DTensor (none for a mapping)."""
+    if not hasattr(module, "named_modules"):
+        return []
+    out = []
+    for mod_name, mod in module.named_modules():
+        skip = getattr(mod, "_non_persistent_buffers_set", set())
+        for n, b in mod._buffers.items():
+            if b is not None and n not in skip and not is_dtensor(b):
+                out.append(((mod_name + "." if mod_name else "") + n, b))
+    return out
+
+
 def _split_heads(fam: _Family, cuts: List[int], mesh: _Mesh) -> bool:
     """Whether some rank's share of `fam` starts or ends inside a head."""
     if fam.heads is None or not cuts:
@@ -448,7 +473,10 @@ def layout_from_module(module: Any, model: Union[PathLike, Mapping[str, Any]], *
 
     `module`: a ``torch.nn.Module`` after ``fully_shard`` (and TP's
     ``parallelize_module``), or a mapping of names to DTensors (its state
-    dict). Every parameter must be a DTensor. Wrapper segments
+    dict). Every parameter must be a DTensor; a persistent buffer that is
+    a model tensor (DeepSeek's ``e_score_correction_bias``) is placed whole
+    on every rank (FSDP2 leaves buffers alone), other buffers are not
+    looked at. Wrapper segments
     (``_checkpoint_wrapped_module.``, ``_orig_mod.``,
     ``_fsdp_wrapped_module.``) are removed from the names.
 
@@ -521,7 +549,7 @@ def layout_from_module(module: Any, model: Union[PathLike, Mapping[str, Any]], *
     held: Dict[str, set] = {}  # family name -> instances held (tuples of stack indices)
     rules_used: Dict[int, Tuple[str, Tuple[Any, ...], Dict[str, Any]]] = {}  # rule index -> (pname, key, json)
 
-    def place(fam: _Family, d: _Derived, entry: Dict[str, Any], key: Tuple[Any, ...]) -> None:
+    def place(fam: _Family, d: Any, entry: Optional[Dict[str, Any]], key: Tuple[Any, ...]) -> None:
         prev = placed.get(fam.name)
         if prev is None:
             placed[fam.name] = _Placed(d.pname, key, d.text, entry, d.dtype)
@@ -569,12 +597,13 @@ def layout_from_module(module: Any, model: Union[PathLike, Mapping[str, Any]], *
                 raise LayoutError(f"'{pname}' has shape {list(d.shape)}, the model's '{fam.name}' is "
                                   f"{list(fam.shape)}")
             _check_local(d, d.shape)
-            entry = {"match": fam.name, "mesh": d.mesh.name}
-            entry.update(axis_entries(d, {i: i for i in range(len(d.shape))}, None))
-            key = d.key()
-            if _split_heads(fam, d.cuts.get(fam.heads[0], []) if fam.heads else [], d.mesh):
-                entry["split_heads"] = True
-            place(fam, d, entry, key)
+            entry = None
+            if fam.name not in placed:  # later instances are compared by key
+                entry = {"match": fam.name, "mesh": d.mesh.name}
+                entry.update(axis_entries(d, {i: i for i in range(len(d.shape))}, None))
+                if _split_heads(fam, d.cuts.get(fam.heads[0], []) if fam.heads else [], d.mesh):
+                    entry["split_heads"] = True
+            place(fam, d, entry, d.key())
             held.setdefault(fam.name, set()).add(tuple(inst[s] for s in fam.stack))
             continue
         rule = ridx = None
@@ -624,16 +653,40 @@ def layout_from_module(module: Any, model: Union[PathLike, Mapping[str, Any]], *
             raise LayoutError(f"'{prev[0]}' and '{pname}' are both base rule '{rule.name}' but are placed "
                               "differently")
         for part in rule.parts:
-            entry = {"match": part.name, "mesh": d.mesh.name}
-            entry.update(entry_axes)
-            if fused_axis is not None and part.heads and part.heads[0] == rule.fuse_dim:
-                entry["split_heads"] = True
-            elif part.heads and _split_heads(part, [k for k in d.cuts.get(nlead + part.heads[0], [])], d.mesh):
-                entry["split_heads"] = True
+            entry = None
+            if part.name not in placed:
+                entry = {"match": part.name, "mesh": d.mesh.name}
+                entry.update(entry_axes)
+                if fused_axis is not None and part.heads and part.heads[0] == rule.fuse_dim:
+                    entry["split_heads"] = True
+                elif part.heads and _split_heads(part, d.cuts.get(nlead + part.heads[0], []), d.mesh):
+                    entry["split_heads"] = True
             place(part, d, entry, key + (("rule", rule.index),))
             # instances: every combination of the leading dims, at this name's index
             ranges = [range(*rule._extent(s)) if s in lead else [ridx[s]] for s in part.stack]
             held.setdefault(part.name, set()).update(product(*ranges))
+
+    # Persistent buffers that are model tensors (DeepSeek's e_score_correction_bias):
+    # FSDP2 leaves buffers whole on every rank.
+    first = next(iter(meshes.by_key.values()))
+    for bname, buf in _persistent_buffers(module):
+        sname = strip_wrappers(bname)
+        for f in families:
+            inst = f.instance(sname)
+            if inst is None:
+                continue
+            if tuple(buf.shape) != f.shape:
+                raise LayoutError(f"buffer '{bname}' has shape {list(buf.shape)}, the model's '{f.name}' is "
+                                  f"{list(f.shape)}")
+            dt = _TORCH_DTYPES.get(str(buf.dtype))
+            if dt is None:
+                raise LayoutError(f"buffer '{bname}': dtype {buf.dtype} is none of reshard's")
+            whole = _Whole(bname, dt)
+            entry = None if f.name in placed else dict({"match": f.name, "mesh": first.name},
+                                                        **{a: "replicate" for a in first.axes})
+            place(f, whole, entry, (first.name, ()))
+            held.setdefault(f.name, set()).add(tuple(inst[s] for s in f.stack))
+            break
 
     # Every model tensor held, every instance.
     for f in families:
@@ -664,7 +717,6 @@ def layout_from_module(module: Any, model: Union[PathLike, Mapping[str, Any]], *
     for f in differ:
         buffers.append({"name": f.name, "tensor": f.name, "dtype": fam_dtype[f.name]})
 
-    first = next(iter(meshes.by_key.values()))
     layout: Dict[str, Any] = {
         "format": "reshard.layout/1",
         "name": name or "fsdp2-" + "-".join(f"{a}{s}" for a, s in zip(first.axes, first.sizes)),

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import traceback
 import uuid
 from datetime import timedelta
@@ -32,7 +34,10 @@ import torch.multiprocessing as mp
 
 import reshard
 from reshard.dtensor import strip_wrappers
-from conftest import CLUSTER
+from conftest import CLUSTER, ROOT, reshard_binary
+
+sys.path.insert(0, str(ROOT / "tools"))
+import dump_state_dict  # noqa: E402
 
 WORLD = 4
 H, Q, KV, I, V, LAYERS, EXPERTS, MOE_I = 8, 90, 30, 22, 250, 2, 3, 14
@@ -80,6 +85,8 @@ class Moe(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.gate = torch.nn.Linear(H, EXPERTS, bias=False)
+        # a model tensor held as a persistent buffer, whole on every rank (DeepSeek's router bias)
+        self.gate.register_buffer("e_score_correction_bias", torch.randn(EXPERTS))
         self.experts = Experts()
 
 
@@ -131,6 +138,7 @@ def model_spec(moe=False):
     if moe:
         t += [
             {"name": "model.layers.{layer}.mlp.gate.weight", "shape": [EXPERTS, H]},
+            {"name": "model.layers.{layer}.mlp.gate.e_score_correction_bias", "shape": [EXPERTS], "dtype": "fp32"},
             {"name": "model.layers.{layer}.mlp.experts.{expert}.gate_proj.weight", "shape": [MOE_I, H]},
             {"name": "model.layers.{layer}.mlp.experts.{expert}.up_proj.weight", "shape": [MOE_I, H]},
             {"name": "model.layers.{layer}.mlp.experts.{expert}.down_proj.weight", "shape": [H, MOE_I]},
@@ -158,8 +166,11 @@ MOE_BASE = {"format": "reshard.layout/1", "name": "base", "ranks": WORLD, "meshe
                  "tensor": "model.layers.{layer}.mlp.experts.{expert}.down_proj.weight"}]}
 
 
+TORCH = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
 def instances(spec):
-    """{HF name: shape} of every instance of every model tensor."""
+    """{HF name: (shape, torch dtype)} of every instance of every model tensor."""
     import itertools
 
     out = {}
@@ -169,7 +180,7 @@ def instances(spec):
             n = t["name"]
             for d, i in zip(dims, idx):
                 n = n.replace("{" + d + "}", str(i))
-            out[n] = t["shape"]
+            out[n] = (t["shape"], TORCH[t.get("dtype", spec["dtype"])])
     return out
 
 
@@ -184,10 +195,11 @@ def full_layout(spec):
 # -- the ranks ---------------------------------------------------------------------------------
 
 def _truth(model, spec):
-    """{HF name: full tensor in the model's dtype} (collective: full_tensor())."""
+    """{HF name: full tensor in the model tensor's dtype} (collective: full_tensor())."""
     out = {}
-    for name, p in model.named_parameters():
-        full = p.full_tensor().detach().to(torch.bfloat16).contiguous()
+    whole = [(n, b) for n, b in model.named_buffers()]
+    for name, p in list(model.named_parameters()) + whole:
+        full = (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
         name = strip_wrappers(name)
         if name.endswith("mlp.experts.gate_up_proj"):
             stem = name[:-len("gate_up_proj")]
@@ -200,8 +212,9 @@ def _truth(model, spec):
                 out[f"{stem}{e}.down_proj.weight"] = full[e].contiguous()
         else:
             out[name] = full
-    assert set(out) == set(instances(spec))
-    return out
+    want = instances(spec)
+    assert set(out) == set(want)
+    return {n: t.to(want[n][1]).contiguous() for n, t in out.items()}
 
 
 def _refit(case, rank, tmp, model, spec, layout, result, before_run=None):
@@ -221,7 +234,7 @@ def _refit(case, rank, tmp, model, spec, layout, result, before_run=None):
     plan = reshard.Plan.open(plan_path)
     s = reshard.Session(plan, rank, reshard.GlooTransport(rank, WORLD, store=str(d), prefix=case, timeout_s=60))
     unused = s.bind_module(model, missing_ok=True)
-    dest = {n: torch.full(shape, float("nan"), dtype=torch.bfloat16) for n, shape in instances(spec).items()}
+    dest = {n: torch.full(shape, float("nan"), dtype=dt) for n, (shape, dt) in instances(spec).items()}
     assert s.bind_module(dest, prefix="full.", missing_ok=True) == []
     result["unused"] = unused
     result["missing"] = s.missing()
@@ -233,16 +246,19 @@ def _refit(case, rank, tmp, model, spec, layout, result, before_run=None):
         before_run(s)
     truth = _truth(model, spec)
     stats = s.run()
-    wrong = [n for n, t in dest.items() if not torch.equal(t.view(torch.int16), truth[n].view(torch.int16))]
+    bits = {torch.bfloat16: torch.int16, torch.float32: torch.int32}
+    wrong = [n for n, t in dest.items() if not torch.equal(t.view(bits[t.dtype]), truth[n].view(bits[t.dtype]))]
     result["refit"] = {"checked": len(dest), "wrong": wrong, "bytes": stats.bytes_received}
     return s
 
 
 def _layout(case, rank, tmp, model, spec, **kw):
-    """layout_from_module on this rank, written to a file of its own; rank 0 later compares them."""
+    """layout_from_module on this rank, written to a file of its own (rank 0
+    later compares them), and the rank's dump for `reshard check`."""
     path = Path(tmp) / case / f"layout{rank}.json"
     layout = reshard.layout_from_module(model, spec, path=path, **kw)
     assert json.loads(path.read_text()) == layout
+    dump_state_dict.write(str(Path(tmp) / case / f"dump{rank}.json"), model, rank)
     return layout
 
 
@@ -291,7 +307,25 @@ def _fsdp4_ac_adamw(rank, tmp, result):
         result["changed"] = sum(not torch.equal(before[n], p.to_local()) for n, p in params.items()
                                 if p.to_local().numel())
 
-    _refit("fsdp4", rank, tmp, model, spec, layout, result, before_run=step)
+    s = _refit("fsdp4", rank, tmp, model, spec, layout, result, before_run=step)
+    # bind() takes a DTensor too (its local tensor); a framework that gives the
+    # DTensor a new local tensor (FSDP2's reset_sharded_param) is caught before a run.
+    head = params["lm_head.weight"]
+    s.bind("lm_head.weight", head)
+    old = head._local_tensor
+    head._local_tensor = old.clone()
+    try:
+        s.check_bindings()
+    except reshard.BindError as e:
+        result["stale"] = str(e)
+    head._local_tensor = old
+    s.check_bindings()
+    # a zero-size buffer takes a 0-byte tensor, even one at address 0
+    if rank == WORLD - 1:
+        empty = torch.empty(0, H)
+        result["empty_ptr"] = empty.data_ptr()
+        s.bind("model.layers.0.mlp.gate.weight", empty)
+        s.check_bindings()
 
 
 def _hsdp2x2(rank, tmp, result):
@@ -358,6 +392,8 @@ def _moe(rank, tmp, result, experts_dim):
     for n, p in model.named_parameters():
         if "norm" in n:
             p.data = p.data.float()
+    for layer in model.model.layers:
+        layer.mlp.gate.e_score_correction_bias = layer.mlp.gate.e_score_correction_bias.float()
     kw = {}
     if experts_dim == 1:
         kw["shard_placement_fn"] = lambda p: Shard(1) if p.ndim == 3 else None
@@ -505,6 +541,8 @@ def test_fsdp2_1d_binds_and_refits_after_an_adamw_step(ranks):
     assert got[3]["fsdp4"]["zero_size"] == [f"model.layers.{i}.mlp.gate.weight" for i in range(LAYERS)]
     assert ["lm_head.weight", "fp32", [61, H]] in got[3]["fsdp4"]["source_buffers"]
     assert ["lm_head.weight", "fp32", [63, H]] in got[0]["fsdp4"]["source_buffers"]
+    assert "'lm_head.weight': its memory moved" in got[0]["fsdp4"]["stale"]
+    assert got[3]["fsdp4"]["empty_ptr"] == 0
     _refit_exact(ranks, "fsdp4")
 
 
@@ -557,10 +595,23 @@ def test_fused_experts_through_base_rules(ranks, dim):
             "dp_shard": "replicate"}
         assert _placement(layout, "model.layers.{layer}.mlp.experts.{expert}.down_proj.weight") == {"dp_shard": chunk}
     assert gate_up["dtype"] == down["dtype"] == "bf16" and layout["default_buffers"] is True
+    assert _placement(layout, "model.layers.{layer}.mlp.gate.e_score_correction_bias") == {"dp_shard": "replicate"}
     assert "dtype" not in layout  # bf16 parameters, fp32 norms: rules for the norms
     norms = [b for b in layout["buffers"][2:] if "norm" in b["name"]]
     assert len(norms) == 3 and all(b["dtype"] == "fp32" and b["tensor"] == b["name"] for b in norms)
     _refit_exact(ranks, case)
+
+
+@pytest.mark.parametrize("case", ["fsdp4", "hsdp", "tp", "moe0", "moe1"])
+def test_reshard_check_finds_no_difference_with_the_dumps(ranks, case):
+    """tools/dump_state_dict.py's dumps (local shapes, wrapper segments
+    removed) against the layout: zero differences on every rank."""
+    _, tmp = ranks
+    d = tmp / case
+    r = subprocess.run([str(reshard_binary()), "check", "--layout", str(d / "layout0.json"), "--model",
+                        str(d / "model.json"), "--state-dict"] + [str(d / f"dump{i}.json") for i in range(WORLD)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 def test_refused_modules_name_the_parameter(ranks):
