@@ -298,6 +298,12 @@ def _fsdp4_ac_adamw(rank, tmp, result):
         loss = torch.nn.functional.cross_entropy(model(ids).flatten(0, 1).float(), ids.flatten())
         # reshard-after-forward freed the all-gathered parameters; the sharded ones stay
         s.check_bindings()
+        # the bound memory is FSDP2's sharded parameter storage (torch 2.15's FSDPParam)
+        layer = model.model.layers[0]
+        fsdp_params = layer._get_fsdp_state()._fsdp_param_group.fsdp_params
+        result["fsdp_storage"] = all(fp._sharded_param_data.data_ptr() == fp.sharded_param._local_tensor.data_ptr()
+                                     for fp in fsdp_params if fp.sharded_param._local_tensor.numel())
+        result["unsharded_freed"] = all(fp._unsharded_param.untyped_storage().nbytes() == 0 for fp in fsdp_params)
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -454,6 +460,12 @@ def _errors(rank, tmp, result):
     refused("shape", dict(good, **{norm: distribute_tensor(torch.zeros(H + 1), mesh, [Shard(0)],
                                                               src_data_rank=None)}))
     refused("plain only", {n: p.full_tensor() for n, p in good.items()})
+    # a flattened mesh dim (TorchTitan's dp_shard_cp): cuts by its root axes in turn where that is the same cut
+    ab = init_device_mesh("cpu", (2, 2), mesh_dim_names=("a", "b"))["a", "b"]._flatten("ab")
+    flat_norm = distribute_tensor(torch.zeros(H), ab, [Shard(0)], src_data_rank=None)
+    out["flattened"] = reshard.layout_from_module(dict(good, **{norm: flat_norm}), spec)
+    refused("flattened uneven", dict(good, **{"lm_head.weight": distribute_tensor(torch.zeros(V, H), ab, [Shard(0)],
+                                                                                  src_data_rank=None)}))
     # wrapper segments anywhere are looked through, in any combination
     wrapped = {n.replace("model.layers.0.", "_orig_mod.model.layers.0._checkpoint_wrapped_module."): p
                for n, p in good.items()}
@@ -536,6 +548,7 @@ def test_fsdp2_1d_binds_and_refits_after_an_adamw_step(ranks):
         res = got[r]["fsdp4"]
         assert res["wrapped_names"] and WRAP in res["wrapped_names"][0]  # bind_module looked through them
         assert res["bound_locals"] and res["same_memory_after_step"] and res["changed"] > 10
+        assert res["fsdp_storage"] and res["unsharded_freed"]
     # the router's 3 rows over 4 ranks: the last rank holds [0, 8] and binds zero-size buffers
     assert [got[r]["fsdp4"]["router_local"] for r in range(WORLD)] == [[1, H], [1, H], [1, H], [0, H]]
     assert got[3]["fsdp4"]["zero_size"] == [f"model.layers.{i}.mlp.gate.weight" for i in range(LAYERS)]
@@ -632,6 +645,13 @@ def test_refused_modules_name_the_parameter(ranks):
     assert e["shape"] == "'model.norm.weight' has shape [9], the model's 'model.norm.weight' is [8]"
     assert e["plain only"].startswith("the module has no DTensor parameters")
     assert e["wrapped"] is True
+    flat = e["flattened"]
+    assert flat["meshes"] == {"fsdp": [["dp_shard", 4]], "fsdp1": [["a", 2], ["b", 2]]}
+    assert next(p for p in flat["placements"] if p["match"] == "model.norm.weight") == {
+        "match": "model.norm.weight", "mesh": "fsdp1", "a": {"shard": 0, "split": "chunk"},
+        "b": {"shard": 0, "split": "chunk"}}
+    assert e["flattened uneven"].startswith("'lm_head.weight': a flattened mesh dim cuts tensor dim 0 (size 250) "
+                                            "unevenly over a, b")
 
 
 def test_strip_wrappers():
