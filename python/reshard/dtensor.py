@@ -472,8 +472,9 @@ def layout_from_module(module: Any, model: Union[PathLike, Mapping[str, Any]], *
     layout.
 
     `module`: a ``torch.nn.Module`` after ``fully_shard`` (and TP's
-    ``parallelize_module``), or a mapping of names to DTensors (its state
-    dict). Every parameter must be a DTensor; a persistent buffer that is
+    ``parallelize_module``), or a mapping of parameter names to DTensors
+    (every entry is taken as a parameter: a state dict's plain buffers
+    would be refused). Every parameter must be a DTensor; a persistent buffer that is
     a model tensor (DeepSeek's ``e_score_correction_bias``) is placed whole
     on every rank (FSDP2 leaves buffers alone), other buffers are not
     looked at. Wrapper segments
