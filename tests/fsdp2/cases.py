@@ -67,3 +67,18 @@ CASES = [
 ]
 
 BY_NAME = {c["name"]: c for c in CASES}
+
+# Controls, so that a pass means something: `reshard check` of a case's real
+# dumps against a layout for another setting must find differences (exit 1)
+# naming what differs: init's layout for another --train, or init's own
+# layout with the placements' "order" removed (FSDP cutting before TP: where
+# a TP-local piece is uneven, 46 rows -> 23 | 23 -> 12 | 11, ranks hold other
+# row counts; where sizes are even only the values tell, which the bit-exact
+# refits check).
+CHECK_CONTROLS = [
+    ("fsdp4-fp32", "fsdp2:dp_shard=4,master=bf16", "wrong dtype"),  # fp32 masters are not bf16
+    ("hsdp2x2", "fsdp2:dp_shard=4,master=fp32", "wrong shape"),  # HSDP shards over 2, not 4
+    ("tp2-fsdp2", "fsdp2:dp_replicate=2,dp_shard=2,master=fp32", "wrong shape"),  # TP cuts q/k/v, o, mlp
+    ("tp2-fsdp2", "no-order", "mlp.gate_proj.weight"),  # FSDP before TP
+    ("moe-experts-dim1", "fsdp2:dp_shard=4,master=bf16", "mlp.experts.gate_up_proj"),  # experts on dim 0
+]

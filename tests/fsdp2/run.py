@@ -7,19 +7,25 @@ activation checkpointing), trained one AdamW step, then:
 
   a. `reshard init --hf-config CONFIG --train fsdp2:... --infer hf` (and
      `--infer vllm:...`) writes the specs;
-  b. `reshard.layout_from_module(model, model_spec)` on each rank gives the
-     layout of the live module, which must bind the same buffers (name,
-     dtype, shape) on every rank as init's;
-  c. each rank's dump (tools/dump_state_dict.py) has zero differences with
-     init's train.json (and with the hand-written layout in layouts/) under
-     `reshard check`;
+  b. `reshard.layout_from_module(model, model.json, base=init's train.json)`
+     on each rank gives the layout of the live module: the same on every
+     rank, it compiles, binds the same buffers (name, dtype, shape) on every
+     rank as init's, and passes `reshard check` too;
+  c. each rank's dump (tools/dump_state_dict.py: DTensor local shapes) has
+     zero differences with init's train.json (and with the hand-written
+     layout in layouts/) under `reshard check`; controls: the same dumps
+     against init's layouts for other settings (bf16 instead of fp32
+     masters, FSDP over 4 instead of HSDP, HSDP instead of TP x FSDP, TP x
+     FSDP without "order", experts on dim 0 instead of 1) must differ;
   d. each rank's own FSDP2 memory (Session.bind_module(model): the DTensor
-     locals) is refit through the runtime into one unsharded HF rank and into
-     vLLM's TP ranks (fused qkv_proj / gate_up_proj, w13/w2 experts), every
-     received tensor equal bit for bit to the truth: the parameter's
-     full_tensor() in bf16, re-fused as vLLM's weight loaders do.
+     locals, bound in place) is refit through the runtime into one unsharded
+     HF rank and into vLLM's TP ranks (fused qkv_proj / gate_up_proj, w13/w2
+     experts), every received tensor equal bit for bit to the truth: the
+     parameter's full_tensor() in bf16, re-fused as vLLM's weight loaders do
+     (tests/fsdp2/models.py vllm_rank); the sources stay unchanged.
 
-Any difference fails the run (exit 1) with what differs.
+Any difference fails the run (exit 1) with what differs. Before that, one
+AdamW step must change the weights (the refit moves trained values).
 
     build/venv/bin/python tests/fsdp2/run.py --build build [CASE ...]
 """
@@ -37,7 +43,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path[:0] = [HERE, os.path.join(ROOT, "tools")]
 
-from cases import BY_NAME, CASES, CONFIGS  # noqa: E402
+from cases import BY_NAME, CASES, CHECK_CONTROLS, CONFIGS  # noqa: E402
 
 WORLD = 4
 TIMEOUT_S = 120.0
@@ -105,23 +111,18 @@ def _session(plan, rank, store, prefix):
     return reshard.Session(plan, rank, t)
 
 
-def _train_side(plan, rank, store, prefix, model, fallbacks, out):
-    import reshard
+def _train_side(plan, rank, store, prefix, model, out):
     s = _session(plan, rank, store, prefix)
-    try:
-        s.bind_module(model)
-        out["bind"] = "bind_module"
-    except (reshard.BindError, TypeError) as e:
-        if not fallbacks:
-            raise
-        import models
-        first = str(e).splitlines()[0].split(": ", 1)[-1]
-        out["bind"] = f"FALLBACK to_local() by name (bind_module refused the module: {first})"
-        locs = models.locals_of(model)
-        for b in s.buffers:
-            s.bind(b.name, locs[b.name])
+    s.bind_module(model)  # the DTensor locals: the memory FSDP2 holds (wrapper segments looked through)
     missing = s.missing()
-    assert not missing, f"train rank {rank}: unbound after binding the module: {missing}"
+    assert not missing, f"train rank {rank}: unbound after bind_module(model): {missing}"
+    import models
+    held = models.locals_of(model)
+    for b in s.buffers:  # bound in place: the runtime reads FSDP2's own memory, no copy
+        t = s.tensor(b.name)
+        if t.numel() and t.data_ptr() != held[b.name].data_ptr():
+            raise AssertionError(f"train rank {rank}: {b.name} is bound at 0x{t.data_ptr():x}, not at the DTensor "
+                                 f"local's 0x{held[b.name].data_ptr():x}")
     out["stats"] = s.run()
 
 
@@ -158,7 +159,7 @@ def _first_difference(got, want):
             f"(0x{int(bits(g)) & 0xffff:04x}), the truth {float(w)!r} (0x{int(bits(w)) & 0xffff:04x})")
 
 
-def refit(plan_path, store, prefix, rank, model, expect_of, fallbacks):
+def refit(plan_path, store, prefix, rank, model, expect_of):
     """This process plays train rank `rank` and the infer ranks 4 + i with
     i % 4 == rank (threads: each session blocks in C++ with the GIL released)."""
     import reshard
@@ -169,7 +170,7 @@ def refit(plan_path, store, prefix, rank, model, expect_of, fallbacks):
     jobs, outs = [], {}
     outs[rank] = {}
     jobs.append(threading.Thread(target=_guard, args=(_train_side, outs[rank], plan, rank, store, prefix, model,
-                                                      fallbacks, outs[rank])))
+                                                      outs[rank])))
     for r in infer:
         outs[r] = {}
         jobs.append(threading.Thread(target=_guard, args=(_infer_side, outs[r], plan, r, store, prefix,
@@ -191,13 +192,7 @@ def _guard(fn, out, *args):
         out["error"] = e
 
 
-def _global_shapes(dump, model):
-    with open(dump) as f:
-        shapes = {e["name"]: e["shape"] for e in json.load(f)["params"]}
-    return any(hasattr(p, "to_local") and shapes.get(n) != list(p.to_local().shape) for n, p in model.named_parameters())
-
-
-def rank_main(rank, cases, paths, fallbacks):
+def rank_main(rank, cases, paths):
     import reshard  # noqa: F401 - before anything loads another runtime
     import torch
     import dump_state_dict
@@ -215,21 +210,15 @@ def rank_main(rank, cases, paths, fallbacks):
             raise RuntimeError(f"case {case['name']}: the training step changed only {changed} of {len(truth)} tensors")
         del init
         t_train = time.time() - t0
-        dump = os.path.join(p["dir"], "dump", f"rank{rank}.json")
-        dump_state_dict.write(dump, model, rank)
-        if fallbacks and _global_shapes(dump, model):  # until dump_state_dict records DTensor local shapes
-            dump_state_dict.write_json(dump, {"rank": rank, "params": [
-                dump_state_dict.entry(n, p.to_local() if hasattr(p, "to_local") else p)
-                for n, p in model.named_parameters()]})
+        # what the rank holds: each DTensor's local shape (its placements and mesh beside)
+        dump_state_dict.write(os.path.join(p["dir"], "dump", f"rank{rank}.json"), model, rank)
         result = {"loss": loss, "train_s": t_train, "changed": changed, "tensors": len(truth)}
-        if hasattr(reshard, "layout_from_module"):
-            # base: the buffer rules for what is no model tensor (the fused experts)
-            reshard.layout_from_module(model, p["model"], base=p["train"],
-                                       path=os.path.join(p["dir"], f"from-module{rank}.json"))
-        elif not fallbacks:
-            raise RuntimeError("reshard.layout_from_module is missing from the installed package")
+        # every rank derives the layout from its DTensors; base: init's buffer rules for what
+        # is no model tensor (the fused experts)
+        reshard.layout_from_module(model, p["model"], base=p["train"],
+                                   path=os.path.join(p["dir"], f"from-module{rank}.json"))
         try:
-            _refits(case, p, rank, model, truth, fallbacks, result)
+            _refits(case, p, rank, model, truth, result)
         except BaseException as e:
             raise RuntimeError(f"case {case['name']}, rank {rank}: {e}") from e
         result["s"] = time.time() - t0
@@ -241,18 +230,17 @@ def rank_main(rank, cases, paths, fallbacks):
         torch.distributed.barrier()
 
 
-def _refits(case, p, rank, model, truth, fallbacks, result):
+def _refits(case, p, rank, model, truth, result):
     import models
     before = {n: t.clone() for n, t in models.locals_of(model).items()}
     cfg = CONFIGS[case["model"]]
-    r_hf = refit(p["hf"], os.path.join(p["dir"], "store-hf"), "hf", rank, model, lambda i: truth, fallbacks)
+    r_hf = refit(p["hf"], os.path.join(p["dir"], "store-hf"), "hf", rank, model, lambda i: truth)
     vtp = int(case["vllm"].split("tp=")[1].split(",")[0])
     ep = ",ep" in case["vllm"]
     r_vllm = refit(p["vllm"], os.path.join(p["dir"], "store-vllm"), "vllm", rank, model,
-                   lambda i: models.vllm_rank(cfg, truth, vtp, i, ep=ep), fallbacks)
+                   lambda i: models.vllm_rank(cfg, truth, vtp, i, ep=ep))
     for n, t in models.locals_of(model).items():
         assert same_bits(t, before[n]), f"rank {rank}: the refit changed its source {n}"
-    result["bind"] = r_hf[rank]["bind"]
     result["hf"] = {r: {k: v for k, v in o.items() if k in ("tensors", "bytes")} for r, o in r_hf.items()
                     if r != rank}
     result["vllm"] = {r: {k: v for k, v in o.items() if k in ("tensors", "bytes")} for r, o in r_vllm.items()
@@ -269,7 +257,7 @@ def _preload():
     import transformers.models.qwen3_moe.modeling_qwen3_moe  # noqa: F401
 
 
-def _entry(rank, port, cases, paths, fallbacks):
+def _entry(rank, port, cases, paths):
     import warnings
     warnings.filterwarnings("ignore")
     sys.path[:0] = [HERE, os.path.join(ROOT, "tools")]
@@ -281,7 +269,7 @@ def _entry(rank, port, cases, paths, fallbacks):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     try:
-        rank_main(rank, cases, paths, fallbacks)
+        rank_main(rank, cases, paths)
     finally:
         dist.destroy_process_group()
 
@@ -314,6 +302,31 @@ def check(case, p, build):
     same = _same_file(p["train"], p["hand"])
     parts.append("reshard check: 0 differences on 4 ranks (" +
                  ("the hand-written layout, --hand-layouts)" if same else "init's layout and the hand-written one)"))
+    for name_, other, expect in CHECK_CONTROLS:
+        if name_ != name or _same_file(p["train"], p["hand"]):
+            continue
+        if other == "no-order":
+            with open(p["train"]) as f:
+                layout = json.load(f)
+            if not [pl for pl in layout["placements"] if pl.pop("order", None)]:
+                raise SystemExit(f"{name}: init's layout has no placement with an \"order\" (TP before FSDP)")
+            control = os.path.join(p["dir"], "control-no-order.json")
+            with open(control, "w") as f:
+                json.dump(layout, f, indent=1)
+            what = "init's layout without \"order\" (FSDP cutting before TP)"
+        else:
+            d = os.path.join(p["dir"], "control-" + other.replace(":", "-").replace(",", "-").replace("=", ""))
+            sh(reshard, "init", "--hf-config", p["config"], "--train", other, "--infer", "hf", "-o", d,
+               what=f"{name}: init for the check control")
+            control = os.path.join(d, "train.json")
+            what = f"init's `--train {other}` layout"
+        proc = subprocess.run([reshard, "check", "--layout", control, "--model", p["model"], "--state-dict", *dumps],
+                              capture_output=True, text=True)
+        if proc.returncode != 1 or expect not in proc.stdout:
+            raise SystemExit(f"{name}: control: reshard check of the real dumps against {what} should find "
+                             f"differences naming '{expect}', it exited {proc.returncode}:\n{proc.stdout}{proc.stderr}")
+        n = sum(1 for line in proc.stdout.splitlines() if line.startswith("rank "))
+        parts.append(f"control: against {what} check finds {n} differences")
     init_bufs = buffers_by_rank(p["hf"])
     hand_plan = os.path.join(p["dir"], "hand.rsplan")
     sh(reshard, "compile", "--model", p["model"], "--from", p["hand"], "--to",
@@ -358,8 +371,6 @@ def main():
     ap.add_argument("--build", default=os.path.join(ROOT, "build"), help="the build folder (its reshard binary)")
     ap.add_argument("--hand-layouts", action="store_true", help="train on the hand-written layouts in "
                     "tests/fsdp2/layouts/ instead of `reshard init --train fsdp2:...`")
-    ap.add_argument("--fallbacks", action="store_true", help="bind each DTensor's to_local() by name when "
-                    "bind_module refuses the module, and go on without layout_from_module (development only)")
     ap.add_argument("--keep", help="keep the specs, plans and dumps in this (new) directory")
     a = ap.parse_args()
     for n in a.cases:
@@ -381,7 +392,7 @@ def main():
         # fork: the ranks inherit torch, transformers and reshard imported once here
         # (4 spawned interpreters importing them on 2 cores took 15-20 s).
         _preload()
-        mp.start_processes(_entry, args=(port, cases, paths, a.fallbacks), nprocs=WORLD, join=True,
+        mp.start_processes(_entry, args=(port, cases, paths), nprocs=WORLD, join=True,
                            start_method="fork")
         t_ranks = time.time() - t0 - t_prep
         for c in cases:
@@ -393,14 +404,13 @@ def main():
             parts = check(c, p, build)
             hf = {k: v for r in res for k, v in r["hf"].items()}
             vl = {k: v for r in res for k, v in r["vllm"].items()}
-            binds = sorted({r["bind"] for r in res})
             print(f"{c['name']}: {c['what']}")
             print(f"  one AdamW step (loss {res[0]['loss']:.3f}) changed {res[0]['changed']} of {res[0]['tensors']} "
                   "HF tensors; " + "; ".join(parts))
             print(f"  hf: {sum(v['tensors'] for v in hf.values())} tensors "
                   f"({sum(v['bytes'] for v in hf.values())} bytes) bit-exact against full_tensor() in bf16; "
                   f"vllm ({c['vllm']}): {sum(v['tensors'] for v in vl.values())} tensors on {len(vl)} ranks "
-                  f"bit-exact against the truth re-fused as vLLM's loaders do; sources bound by {', '.join(binds)}; "
+                  f"bit-exact against the truth re-fused as vLLM's loaders do (sources: Session.bind_module(model)); "
                   f"{max(r['s'] for r in res):.1f} s")
         print(f"fsdp2: {len(cases)} cases on {WORLD} processes in {time.time() - t0:.1f} s "
               f"(specs and plans {t_prep:.1f} s, ranks {t_ranks:.1f} s)")

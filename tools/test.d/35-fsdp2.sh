@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Real FSDP2 on CPU (issue 30): tests/fsdp2/run.py builds tiny Hugging Face
+# transformers models (Qwen3, Qwen3-MoE with fused experts) on 4 Gloo
+# processes, one launch for all cases: 1-D FSDP2 with fp32 masters and with
+# bf16, HSDP 2x2, TP2 x FSDP2, fused experts sharded on dim 0 and on dim 1,
+# activation checkpointing; one AdamW step each. For every case `reshard init
+# --train fsdp2:...` writes the specs, reshard.layout_from_module(model) must
+# give the same buffers on every rank, `reshard check` finds zero differences
+# between init's layout and every rank's dump (tools/dump_state_dict.py), and
+# each rank's own FSDP2 memory (Session.bind_module) is refit bit-exact into
+# an unsharded HF rank and into vLLM TP2 ranks (fused qkv/gate_up, w13/w2
+# experts). Any difference fails the stage. Skips (exit 0, with a message)
+# only when the Python package registry cannot be reached.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+. tools/stage_venv.sh
+PY=$(stage_venv tools/venv.sh "torch and transformers") || stage_venv_exit $?
+set -e
+start=$(date +%s)
+tools/python_install.sh "$PY"
+"$PY" tests/fsdp2/run.py --build build
+echo "35-fsdp2: $(( $(date +%s) - start )) s (package install included)"
