@@ -13,10 +13,12 @@
 # only when the Python package registry cannot be reached.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+start=$(date +%s)
 . tools/stage_venv.sh
 PY=$(stage_venv tools/venv.sh "torch and transformers") || stage_venv_exit $?
 set -e
-start=$(date +%s)
-tools/python_install.sh "$PY"
+venv_s=$(( $(date +%s) - start ))
+tools/python_install.sh "$PY"  # waits for another build of the package holding its lock
+install_s=$(( $(date +%s) - start - venv_s ))
 "$PY" tests/fsdp2/run.py --build build
-echo "35-fsdp2: $(( $(date +%s) - start )) s (package install included)"
+echo "35-fsdp2: $(( $(date +%s) - start )) s (venv ${venv_s} s, package install ${install_s} s including any wait for its lock)"
