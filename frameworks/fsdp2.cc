@@ -234,7 +234,12 @@ ordered_json MakeFsdp2(const Arch& a, const std::string& model, Settings& s, Not
                     "biases with their weights), RowwiseParallel o_proj, down_proj (Shard(1) on tp), embed_tokens "
                     "Shard(0) of the vocabulary on tp; norms, routers" + std::string(moe ? ", experts" : "") +
                     " and the rest replicated on tp; fully_shard then chunks each TP-local piece over dp_shard "
-                    "(_StridedShard: \"order\": [\"tp\", \"dp_shard\"])");
+                    "(_StridedShard: \"order\": [\"tp\", \"dp_shard\"])" +
+                    std::string(Find(a, Role::q_norm) ? ". Keep q_norm/k_norm the same on every TP rank "
+                                                        "(SequenceParallel on tp, as NeMo RL's Qwen3 QK norms): "
+                                                        "plain modules train a copy per TP rank, which drift "
+                                                        "apart, and the refit sends one of them"
+                                                      : ""));
   if (moe) {
     const ArchTensor* g = Find(a, Role::expert_gate);
     const ArchTensor* d = Find(a, Role::expert_down);

@@ -21,4 +21,6 @@ venv_s=$(( $(date +%s) - start ))
 tools/python_install.sh "$PY"  # waits for another build of the package holding its lock
 install_s=$(( $(date +%s) - start - venv_s ))
 "$PY" tests/fsdp2/run.py --build build
+# tools/dump_state_dict.py on DTensors: local shapes, placements, mesh, wrapper names
+"$PY" -m pytest -q -p no:cacheprovider tests/megatron/fsdp2_dump_test.py
 echo "35-fsdp2: $(( $(date +%s) - start )) s (venv ${venv_s} s, package install ${install_s} s including any wait for its lock)"
