@@ -23,10 +23,12 @@ class Config {
     throw Error(file_ + ": /" + field + ": " + what);
   }
   bool Has(const std::string& k) const { return j_.contains(k) && !j_.at(k).is_null(); }
+  bool Present(const std::string& k) const { return j_.contains(k); }  // null included
   int64_t Int(const std::string& k) const {
-    if (!Has(k)) Fail(k, "missing; a " + Str("model_type") + " config.json has it");
+    if (!Present(k)) Fail(k, "missing; a " + Str("model_type") + " config.json has it");
     const json& v = j_.at(k);
     if (!v.is_number_integer() || v.get<int64_t>() <= 0) Fail(k, "expected a positive integer, got " + v.dump());
+    if (v.get<int64_t>() > 0xFFFFFFFFll) Fail(k, "expected at most 4294967295, got " + v.dump());
     return v.get<int64_t>();
   }
   int64_t Int(const std::string& k, int64_t def) const { return Has(k) ? Int(k) : def; }
@@ -42,10 +44,12 @@ class Config {
     return j_.at(k).get<bool>();
   }
   std::string Str(const std::string& k) const {
-    if (!Has(k) || !j_.at(k).is_string()) return "";
+    if (!Has(k)) return "";
+    if (!j_.at(k).is_string()) Fail(k, "expected a string, got " + j_.at(k).dump());
     return j_.at(k).get<std::string>();
   }
   const json& Raw(const std::string& k) const { return j_.at(k); }
+  const std::string& file() const { return file_; }
 
  private:
   const json& j_;
@@ -121,6 +125,8 @@ void Qwen3(const Config& c, Arch& a) {
 // (decoder_sparse_step 1, no mlp_only_layers), router mlp.gate, no shared expert.
 void Qwen3Moe(const Config& c, Arch& a) {
   if (c.Int("decoder_sparse_step", 1) != 1) c.Fail("decoder_sparse_step", "only 1 (every layer MoE) is supported");
+  if (c.Has("mlp_only_layers") && !c.Raw("mlp_only_layers").is_array())
+    c.Fail("mlp_only_layers", "expected a list of layer indices, got " + c.Raw("mlp_only_layers").dump());
   if (c.Has("mlp_only_layers") && !c.Raw("mlp_only_layers").empty())
     c.Fail("mlp_only_layers", "dense layers among MoE layers are not supported; expected []");
   a.experts = c.Int("num_experts");
@@ -197,20 +203,90 @@ void DeepseekV3(const Config& c, Arch& a) {
   Head(a, t);
 }
 
+// What transformers builds when config.json leaves out num_key_value_heads or
+// head_dim: the defaults of the architecture's config class (transformers
+// 5.20.2, models/<model_type>/configuration_<model_type>.py) or, where the
+// class has no such field, what the modeling file falls back to.
+struct Defaults {
+  const char* source;            // the class and file, for the note
+  int64_t kv_heads = 0;          // num_key_value_heads when missing; 0: num_attention_heads
+  bool kv_null_is_heads = true;  // null -> num_attention_heads (__post_init__); false: null is an error
+  int64_t head_dim = 0;          // head_dim when missing; 0: hidden_size // num_attention_heads
+  bool head_dim_null_computed = false;  // null -> hidden_size // num_attention_heads; false: null is an error
+};
+
+// LlamaConfig (configuration_llama.py): num_key_value_heads and head_dim
+// default to None, __post_init__ sets them to num_attention_heads and
+// hidden_size // num_attention_heads.
+const Defaults kLlama{"LlamaConfig, transformers 5.20.2 models/llama/configuration_llama.py", 0, true, 0, true};
+// Qwen2Config (configuration_qwen2.py): num_key_value_heads = 32 (None ->
+// num_attention_heads in __post_init__); no head_dim field: Qwen2Attention
+// (modeling_qwen2.py) takes getattr(config, "head_dim", hidden_size // num_attention_heads).
+const Defaults kQwen2{"Qwen2Config, transformers 5.20.2 models/qwen2/configuration_qwen2.py, and Qwen2Attention in "
+                      "modeling_qwen2.py",
+                      32, true, 0, false};
+// Qwen3Config (configuration_qwen3.py): num_key_value_heads = 32 (None ->
+// num_attention_heads), head_dim: int = 128 (not hidden / heads: Qwen3-32B
+// has 5120 / 64 = 80, and heads of 128).
+const Defaults kQwen3{"Qwen3Config, transformers 5.20.2 models/qwen3/configuration_qwen3.py", 32, true, 128, false};
+// Qwen3MoeConfig (configuration_qwen3_moe.py): num_key_value_heads: int = 4
+// (no __post_init__ for None); no head_dim field: Qwen3MoeAttention
+// (modeling_qwen3_moe.py) takes getattr(config, "head_dim", hidden_size // num_attention_heads).
+const Defaults kQwen3Moe{"Qwen3MoeConfig, transformers 5.20.2 models/qwen3_moe/configuration_qwen3_moe.py, and "
+                         "Qwen3MoeAttention in modeling_qwen3_moe.py",
+                         4, false, 0, false};
+// MixtralConfig (configuration_mixtral.py): num_key_value_heads = 8 (None ->
+// num_attention_heads), head_dim = None: MixtralAttention (modeling_mixtral.py)
+// takes getattr(config, "head_dim", None) or hidden_size // num_attention_heads.
+const Defaults kMixtral{"MixtralConfig, transformers 5.20.2 models/mixtral/configuration_mixtral.py", 8, true, 0, true};
+
 struct Table {
   const char* model_type;
   const char* uses;              // the table it shares (kimi_k2 is DeepSeek-V3)
   std::function<void(const Config&, Arch&)> fill;
+  const Defaults* defaults;      // nullptr: MLA, the table derives its heads (DeepseekV3)
 };
 
 const std::vector<Table>& Tables() {
   static const std::vector<Table> tables = {
-      {"llama", "llama", Llama},          {"qwen2", "qwen2", Qwen2},
-      {"qwen3", "qwen3", Qwen3},          {"qwen3_moe", "qwen3_moe", Qwen3Moe},
-      {"mixtral", "mixtral", Mixtral},    {"deepseek_v3", "deepseek_v3", DeepseekV3},
-      {"kimi_k2", "deepseek_v3", DeepseekV3},
+      {"llama", "llama", Llama, &kLlama},
+      {"qwen2", "qwen2", Qwen2, &kQwen2},
+      {"qwen3", "qwen3", Qwen3, &kQwen3},
+      {"qwen3_moe", "qwen3_moe", Qwen3Moe, &kQwen3Moe},
+      {"mixtral", "mixtral", Mixtral, &kMixtral},
+      {"deepseek_v3", "deepseek_v3", DeepseekV3, nullptr},
+      {"kimi_k2", "deepseek_v3", DeepseekV3, nullptr},
   };
   return tables;
+}
+
+// num_key_value_heads and head_dim as transformers builds them, with a note
+// for what the config left out.
+void GqaHeads(const Config& c, const Defaults& d, Arch& a) {
+  const std::string why = " assumed (" + std::string(d.source) + ")";
+  if (!c.Has("num_key_value_heads") && (d.kv_null_is_heads || !c.Present("num_key_value_heads"))) {
+    const bool null = c.Present("num_key_value_heads");
+    a.kv_heads = null || d.kv_heads == 0 ? a.heads : d.kv_heads;
+    a.notes.push_back(c.file() + (null ? ": num_key_value_heads is null; " : ": no num_key_value_heads; ") +
+                      std::to_string(a.kv_heads) +
+                      (null || d.kv_heads == 0 ? " (num_attention_heads)" : "") + why);
+  } else {
+    a.kv_heads = c.Int("num_key_value_heads");
+  }
+  if (a.heads % a.kv_heads != 0)
+    c.Fail("num_key_value_heads", "must divide num_attention_heads (" + std::to_string(a.heads) + "), got " +
+                                      std::to_string(a.kv_heads));
+  if (!c.Has("head_dim") && (d.head_dim_null_computed || !c.Present("head_dim"))) {
+    const bool computed = c.Present("head_dim") || d.head_dim == 0;
+    a.head_dim = computed ? a.hidden / a.heads : d.head_dim;
+    a.notes.push_back(c.file() + (c.Present("head_dim") ? ": head_dim is null; " : ": no head_dim; ") +
+                      (computed ? "hidden_size // num_attention_heads = " + std::to_string(a.hidden) + " // " +
+                                      std::to_string(a.heads) + " = " + std::to_string(a.head_dim)
+                                : std::to_string(a.head_dim)) +
+                      why);
+  } else {
+    a.head_dim = c.Int("head_dim");
+  }
 }
 
 }  // namespace
@@ -240,20 +316,19 @@ Arch ParseArch(const json& j, const std::string& file) {
   a.hidden = c.Int("hidden_size");
   a.vocab = c.Int("vocab_size");
   a.heads = c.Int("num_attention_heads");
-  a.kv_heads = c.Int("num_key_value_heads", a.heads);
-  if (a.heads % a.kv_heads != 0)
-    c.Fail("num_key_value_heads", "must divide num_attention_heads (" + std::to_string(a.heads) + ")");
-  a.head_dim = c.Int("head_dim", a.hidden / a.heads);
+  if (table->defaults) GqaHeads(c, *table->defaults, a);  // MLA: the table derives its own
   a.tied = c.Bool("tie_word_embeddings", false);
   if (c.Has("quantization_config")) {
     const json& q = c.Raw("quantization_config");
-    const std::string method = q.value("quant_method", "");
+    if (!q.is_object()) c.Fail("quantization_config", "expected an object, got " + q.dump());
+    const json method = q.value("quant_method", json(""));
     if (method != "fp8" || !q.contains("weight_block_size"))
       c.Fail("quantization_config", "only FP8 checkpoints with block scales (quant_method 'fp8', weight_block_size) are "
                                     "supported, got " + q.dump());
     const json& b = q.at("weight_block_size");
-    if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() || !b[1].is_number_integer())
-      c.Fail("quantization_config/weight_block_size", "expected [rows, cols], got " + b.dump());
+    auto positive = [](const json& x) { return x.is_number_integer() && x.get<int64_t>() > 0; };
+    if (!b.is_array() || b.size() != 2 || !positive(b[0]) || !positive(b[1]))
+      c.Fail("quantization_config/weight_block_size", "expected [rows, cols] (positive integers), got " + b.dump());
     a.fp8_block = std::make_pair(b[0].get<int64_t>(), b[1].get<int64_t>());
   }
   table->fill(c, a);

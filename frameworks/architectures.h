@@ -55,6 +55,9 @@ struct Arch {
   /// weight_block_size): its block; nullopt for BF16 checkpoints.
   std::optional<std::pair<int64_t, int64_t>> fp8_block;
   std::vector<ArchTensor> tensors;
+  /// What the config left out and was taken from the HF config class's
+  /// defaults (head_dim, num_key_value_heads), one line each.
+  std::vector<std::string> notes;
 };
 
 /// Reads config.json into an Arch; errors name `file` and the config field.

@@ -9,7 +9,8 @@
 //    fused_moe/config.py FusedMoEParallelConfig (without EP, experts' intermediate
 //    dim sharded over DP x TP; with EP, ep_rank = dp_rank x TP + tp_rank, experts
 //    contiguous; uneven counts: fused_moe/expert_map_manager.py determine_expert_map,
-//    linear placement, the first ranks one more), fused_moe/routed_experts.py
+//    linear placement, the first ranks one more; more ranks than experts: the
+//    rest hold none, zero-size buffers), fused_moe/routed_experts.py
 //    RoutedExperts (owns w13_weight / w2_weight and their scales, held as
 //    `routed_experts` by the FusedMoE layer / MoERunner built as `experts`),
 //    models/deepseek_v2.py DeepseekV2MLAAttention (fused_qkv_a_proj with q LoRA,
@@ -133,9 +134,82 @@ ordered_json MakeVllm(const Arch& a, const std::string& model, Settings& s, Note
                     S(t.shape[dim]) + " / " + S(n) + " = " + S(per));
     }
   }
-  if (ep && a.experts % ep_size != 0)
-    notes.push_back(s.option + ": " + S(a.experts) + " experts over EP " + S(ep_size) +
-                    ": the first ranks hold one more (vLLM's linear expert placement)");
+  // fused_moe/config.py FusedMoEParallelConfig.make: with EP, ep_size = dp x tp
+  // whatever the expert count; fused_moe/expert_map_manager.py
+  // determine_expert_map (linear placement, the default): rank r holds
+  // E // ep_size experts, one more when r < E % ep_size, contiguous. vLLM does
+  // not refuse ep_size > E: ranks E.. get local_num_experts = 0, and
+  // RoutedExperts still creates w13_weight / w2_weight with 0 experts
+  // (unquantized_fused_moe_method.py create_weights: torch.empty(num_experts,
+  // ...)): zero-size buffers, written as torch.chunk's cut (ceil(E / ep_size)
+  // = 1 each: the same ranks, and zero-size buffers past the end).
+  const bool experts_short = ep && a.experts < ep_size;
+  if (ep && a.experts % ep_size != 0) {
+    const int64_t base = a.experts / ep_size, more = a.experts % ep_size;
+    auto span = [](int64_t lo, int64_t hi) { return hi - lo == 1 ? "rank " + S(lo) : "ranks " + S(lo) + "-" + S(hi - 1); };
+    const std::string where = "(vLLM's linear expert placement: fused_moe/expert_map_manager.py determine_expert_map)";
+    if (experts_short)
+      notes.push_back(s.option + ": " + S(a.experts) + " experts over EP " + S(ep_size) + " (dp " + S(dp) + " x tp " +
+                      S(tp) + "): " + span(0, a.experts) + " hold one expert each and " + span(a.experts, ep_size) +
+                      " none " + where + ": vLLM accepts this, and those ranks hold zero-size expert weights and idle "
+                      "in every MoE layer; dp x tp of at most " + S(a.experts) + " gives every rank an expert");
+    else
+      notes.push_back(s.option + ": " + S(a.experts) + " experts over EP " + S(ep_size) + ": " + span(0, more) +
+                      " hold " + S(base + 1) + " experts each, " + span(more, ep_size) + " hold " + S(base) + " " + where);
+  }
+  // Built-in data parallel (dp=N: one engine, --data-parallel-size N) or N
+  // independent engines (engines=N): the same weights per rank on a dense
+  // model, not on a MoE one (experts cut over the whole engine). Say which
+  // was written, and the option for the other.
+  if (dp > 1 || engines > 1) {
+    const std::string engine = "TP " + S(tp) + (pp > 1 ? " x PP " + S(pp) : "");
+    auto nemo = [&](int64_t n) { return "NeMo RL's \"TP" + S(tp) + (pp > 1 ? " PP" + S(pp) : "") + " DP" + S(n) + "\""; };
+    // What one engine of `n` DP ranks does with the experts (EP over n x tp with ep).
+    auto experts_over = [&](int64_t n) -> std::string {
+      if (a.experts == 0) return "";
+      return ep ? ", the experts spread over all its ranks (EP " + S(n * tp) + ")"
+                : ", each expert's intermediate dim split over all its ranks";
+    };
+    // The settings as written, with dp / engines replaced where the first of them stood.
+    auto with = [&s](int64_t new_dp, int64_t new_engines) {
+      std::vector<std::string> items;
+      std::string item;
+      bool placed = false;
+      for (char ch : s.text.substr(s.text.find(':') + 1) + ",") {
+        if (ch != ',') {
+          item += ch;
+          continue;
+        }
+        if (item.rfind("dp=", 0) == 0 || item.rfind("engines=", 0) == 0) {
+          if (!placed) {
+            if (new_dp > 1) items.push_back("dp=" + S(new_dp));
+            if (new_engines > 1) items.push_back("engines=" + S(new_engines));
+          }
+          placed = true;
+        } else {
+          items.push_back(item);
+        }
+        item.clear();
+      }
+      std::string out = "vllm:";
+      for (size_t i = 0; i < items.size(); ++i) out += (i ? "," : "") + items[i];
+      return out;
+    };
+    if (dp > 1) {
+      const std::string alt = with(1, engines * dp);
+      notes.push_back(s.option + ": dp=" + S(dp) + " is vLLM's built-in data parallel: " +
+                      (engines > 1 ? "each of the " + S(engines) + " engines is " : "one engine of ") + S(dp * pp * tp) +
+                      " ranks (--data-parallel-size " + S(dp) + ")" + experts_over(dp) + "; " + S(engines * dp) +
+                      " independent engines of " + engine + " (" + nemo(engines * dp) + ") would be " + s.option + " " +
+                      alt);
+    } else {
+      const std::string alt = with(engines, 1);
+      notes.push_back(s.option + ": engines=" + S(engines) + " is " + S(engines) + " independent vLLM engines of " +
+                      engine + " (" + nemo(engines) + "), each holding the whole model; one engine of " +
+                      S(engines * pp * tp) + " ranks with vLLM's built-in data parallel (--data-parallel-size " +
+                      S(engines) + experts_over(engines) + ") would be " + s.option + " " + alt);
+    }
+  }
 
   const int64_t ranks = engines * dp * pp * tp;
   Builder b;
@@ -167,7 +241,9 @@ ordered_json MakeVllm(const Arch& a, const std::string& model, Settings& s, Note
       const int dim = c == Cut::expert_row ? 1 : 0;
       if (ep) {
         ordered_json e = {{"shard", "expert"}};
-        if (a.experts % ep_size != 0) {
+        if (experts_short) {
+          e["split"] = "chunk";  // one expert each on the first ranks, zero-size buffers on the rest
+        } else if (a.experts % ep_size != 0) {
           ordered_json sizes = ordered_json::array();
           for (int64_t r = 0; r < ep_size; ++r) sizes.push_back(a.experts / ep_size + (r < a.experts % ep_size));
           e["sizes"] = sizes;
