@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "compiler/expand.h"
+#include "compiler/memory_check.h"
 #include "runtime/error.h"
 
 namespace reshard {
@@ -43,12 +44,17 @@ CompileInputs ParseInputs(const nlohmann::json& model, const nlohmann::json& fro
 
 CompileInputs LoadInputs(const std::string& model, const std::string& from, const std::string& to,
                          const std::string& cluster) {
-  return ParseInputs(LoadJson(model), LoadJson(from), LoadJson(to), LoadJson(cluster), model, from, to, cluster);
+  std::string cluster_file;
+  const std::string cluster_text = ClusterText(cluster, "--cluster", &cluster_file);  // a file, or a bundled name
+  return ParseInputs(LoadJson(model), LoadJson(from), LoadJson(to), ParseJson(cluster_text, cluster_file), model, from,
+                     to, cluster_file);
 }
 
 PlanIR BuildPlan(const CompileInputs& in, const CompileOptions& opt) {
   Expansion src = Expand(in.model, in.src);
   Expansion dst = Expand(in.model, in.dst);
+  const std::vector<MemoryWarning> memory =
+      CheckGpuMemory(in.cluster, in.src, RankWeightBytes(src), in.dst, RankWeightBytes(dst));
   // Scale tensors are numbered after the model's: the training side's, then
   // the inference side's.
   const int nt = static_cast<int>(in.model.tensors.size()), nsrc = static_cast<int>(src.scales.size());
@@ -66,6 +72,7 @@ PlanIR BuildPlan(const CompileInputs& in, const CompileOptions& opt) {
   ro.quantize_on_sender = opt.quantize_on_sender;
   PlanIR ir = Route(in.model, in.cluster, in.src, src, in.dst, dst, ro);
   ir.shared_packs = SharePacks(ir);  // one pack, many sends
+  ir.memory_warnings = memory;
   ir.scales = src.scales;
   ir.scales.insert(ir.scales.end(), dst.scales.begin(), dst.scales.end());
   return ir;
@@ -91,6 +98,8 @@ nlohmann::ordered_json CompileSummary(const std::string& out, const std::string&
   j["min_share"] = ir.proportional_min_share;
   // The share of the staging budget the rounds were planned to fill.
   j["staging_fill"] = ir.staging_fill;
+  // Ranks whose weights exceed the cluster's gpu_memory_GB: one entry per side, its heaviest rank.
+  j["memory_warnings"] = MemoryWarningsJson(ir.memory_warnings);
   return j;
 }
 

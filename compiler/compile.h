@@ -27,7 +27,8 @@ struct CompileOptions {
   uint64_t flow_budget = 0;    // RouteOptions::flow_budget
 };
 
-/// Pass 1: reads and validates the four spec files.
+/// Pass 1: reads and validates the four spec files; `cluster` may also name a
+/// bundled cluster (ClusterText: a path that exists wins).
 CompileInputs LoadInputs(const std::string& model, const std::string& from, const std::string& to,
                          const std::string& cluster);
 /// The same from JSON already in memory (tests, random layouts).

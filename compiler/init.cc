@@ -1,12 +1,11 @@
 // reshard init: config.json + framework settings -> model, train, infer specs.
 // The driver: the model spec from the architecture table, each side's layout
 // from its framework (frameworks/), both parsed back before anything is
-// written; the built-in clusters.
+// written; the memory check when a cluster is given.
 #include "compiler/init.h"
 
-#include <fstream>
-#include <sstream>
-
+#include "compiler/expand.h"
+#include "compiler/memory_check.h"
 #include "compiler/spec.h"
 #include "frameworks/architectures.h"
 #include "frameworks/layout_builder.h"
@@ -86,66 +85,9 @@ ordered_json ModelJson(const Arch& a, const std::string& name) {
   return m;
 }
 
-// The clusters the samples ship, with where each figure comes from.
-const char* kDgxH100 = R"json({
-  "format": "reshard.cluster/1",
-  "name": "dgx-h100",
-  "gpus_per_domain": 8,
-  "nic_gbps": 400,
-  "nvlink_GBps": 450,
-  "hbm_GBps": 3350,
-  "nic_latency_us": 5.0,
-  "nvlink_latency_us": 1.0,
-  "placement": "disjoint",
-  "sources": [
-    "gpus_per_domain: NVIDIA DGX H100 datasheet - 8x NVIDIA H100 Tensor Core GPUs (SXM5) per system, joined by 4x third-generation NVSwitch",
-    "nic_gbps: NVIDIA DGX H100 datasheet - 8x single-port NVIDIA ConnectX-7 VPI, up to 400 Gb/s InfiniBand/Ethernet each (one compute-fabric NIC per GPU); ConnectX-7 400G product brief",
-    "nvlink_GBps: NVIDIA H100 SXM5 datasheet - fourth-generation NVLink 900 GB/s per GPU bidirectional, i.e. 450 GB/s per direction",
-    "hbm_GBps: NVIDIA H100 SXM5 datasheet - 80 GB HBM3 at 3.35 TB/s",
-    "nic_latency_us, nvlink_latency_us: modelling assumptions (typical end-to-end point-to-point latency of NDR InfiniBand and of NVLink through NVSwitch, including software), not datasheet figures",
-    "placement: disjoint - training ranks fill NVLink domains from global rank 0, inference ranks follow"
-  ]
-}
-)json";
-
-const char* kGb200Nvl72 = R"json({
-  "format": "reshard.cluster/1",
-  "name": "gb200-nvl72",
-  "gpus_per_domain": 72,
-  "nic_gbps": 400,
-  "nvlink_GBps": 900,
-  "hbm_GBps": 8000,
-  "nic_latency_us": 5.0,
-  "nvlink_latency_us": 1.0,
-  "placement": "disjoint",
-  "infer_gpus_per_domain": 64,
-  "sources": [
-    "gpus_per_domain: NVIDIA GB200 NVL72 datasheet - 36 Grace CPUs and 72 Blackwell GPUs in one rack-scale NVLink domain (18 compute trays, 9 NVLink switch trays)",
-    "nvlink_GBps: NVIDIA GB200 NVL72 datasheet - fifth-generation NVLink 1.8 TB/s per GPU bidirectional (130 TB/s for 72 GPUs), i.e. 900 GB/s per direction",
-    "hbm_GBps: NVIDIA GB200 NVL72 datasheet - up to 13.4-13.5 TB HBM3e at 576 TB/s for 72 GPUs, i.e. 8 TB/s per GPU",
-    "nic_gbps: NVIDIA ConnectX-7 400G - one 400 Gb/s InfiniBand/Ethernet NIC per GPU on the GB200 NVL72 compute trays (scale-out fabric)",
-    "nic_latency_us, nvlink_latency_us: modelling assumptions (typical end-to-end point-to-point latency of NDR InfiniBand and of NVLink through NVLink switches, including software), not datasheet figures",
-    "placement: disjoint - training ranks fill NVLink domains from global rank 0; inference ranks start on the next rack",
-    "infer_gpus_per_domain: a deployment choice, not hardware - inference runs 64 GPUs of each 72-GPU rack so that TP8/TP16/TP32 groups never straddle two racks (two TP32 replicas per rack); the other 8 GPUs are spares"
-  ]
-}
-)json";
-
-std::string ReadFile(const std::string& path, const std::string& option) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(option + ": cannot open '" + path + "'; expected dgx-h100, gb200-nvl72 or a reshard.cluster/1 file");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 }  // namespace
 
-const std::vector<std::pair<std::string, std::string>>& BuiltinClusters() {
-  static const std::vector<std::pair<std::string, std::string>> clusters = {{"dgx-h100", kDgxH100},
-                                                                            {"gb200-nvl72", kGb200Nvl72}};
-  return clusters;
-}
+const std::vector<std::pair<std::string, std::string>>& BuiltinClusters() { return reshard::BuiltinClusters(); }
 
 std::vector<std::string> SupportedModelTypes() { return ArchModelTypes(); }
 
@@ -160,22 +102,28 @@ Result Generate(const Request& req) {
   const ordered_json il = MakeLayout(arch, name, infer, res.notes);
   // What we write must parse: a generated spec the compiler refuses is a bug here.
   const ModelSpec ms = ParseModel(nlohmann::json::parse(model.dump()), "model.json");
-  ParseLayout(nlohmann::json::parse(tl.dump()), "train.json", ms);
-  ParseLayout(nlohmann::json::parse(il.dump()), "infer.json", ms);
+  const LayoutSpec ts = ParseLayout(nlohmann::json::parse(tl.dump()), "train.json", ms);
+  const LayoutSpec is = ParseLayout(nlohmann::json::parse(il.dump()), "infer.json", ms);
   res.files.push_back({"model.json", Pretty(model)});
   res.files.push_back({"train.json", Pretty(tl)});
   res.files.push_back({"infer.json", Pretty(il)});
-  res.notes.insert(res.notes.begin(), {"train: " + tl["name"].get<std::string>() + ", " +
-                                           std::to_string(tl["ranks"].get<int64_t>()) + " ranks",
-                                       "infer: " + il["name"].get<std::string>() + ", " +
-                                           std::to_string(il["ranks"].get<int64_t>()) + " ranks"});
+  std::vector<std::string> first = {"train: " + tl["name"].get<std::string>() + ", " +
+                                        std::to_string(tl["ranks"].get<int64_t>()) + " ranks",
+                                    "infer: " + il["name"].get<std::string>() + ", " +
+                                        std::to_string(il["ranks"].get<int64_t>()) + " ranks"};
+  first.insert(first.end(), arch.notes.begin(), arch.notes.end());  // what the config left out and was assumed
+  res.notes.insert(res.notes.begin(), first.begin(), first.end());
   if (!req.cluster.empty()) {
-    std::string text;
-    for (const auto& [n, t] : BuiltinClusters())
-      if (n == req.cluster) text = t;
-    if (text.empty()) text = ReadFile(req.cluster, "--cluster");
-    ParseCluster(ParseJson(text, req.cluster), req.cluster);
+    std::string file;
+    const std::string text = ClusterText(req.cluster, "--cluster", &file);  // a file, or a bundled name
+    const ClusterSpec cs = ParseCluster(ParseJson(text, file), file);
     res.files.push_back({"cluster.json", text});
+    // Do the weights fit the GPUs? A warning, as `reshard compile` gives (compiler/memory_check.h).
+    if (cs.gpu_memory_GB > 0) {
+      for (const MemoryWarning& w :
+           CheckGpuMemory(cs, ts, RankWeightBytes(Expand(ms, ts)), is, RankWeightBytes(Expand(ms, is))))
+        res.warnings.push_back(w.message);
+    }
   }
   return res;
 }

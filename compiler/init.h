@@ -25,12 +25,12 @@ namespace reshard::init {
 /// What `reshard init` was asked for. `train` and `infer` are framework
 /// settings such as "megatron:tp=4,pp=8,ep=16", "vllm:tp=8,dp=16,ep",
 /// "fsdp2:dp_shard=8,tp=2" or "hf:tp=2"; `cluster` is empty, a built-in
-/// cluster name or a file's text.
+/// cluster name or a file's path.
 struct Request {
   nlohmann::json config;         // the HF config.json
   std::string config_file;       // its name, for messages
   std::string train, infer;
-  std::string cluster;           // "", "dgx-h100", "gb200-nvl72", or a path
+  std::string cluster;           // "", a path, or "dgx-h100" / "gb200-nvl72" (a path that exists wins)
   std::string name;              // the model spec's name; "" derives it from the config
 };
 
@@ -40,6 +40,9 @@ struct Request {
 struct Result {
   std::vector<std::pair<std::string, std::string>> files;
   std::vector<std::string> notes;
+  /// Where the specs will not run as written, though they compile: a rank
+  /// whose weights exceed the cluster's gpu_memory_GB (compiler/memory_check.h).
+  std::vector<std::string> warnings;
 };
 
 /// Derives the specs. Throws reshard::Error naming the config field or the
@@ -56,7 +59,8 @@ void ReadConfig(const std::string& path, Request& req);
 /// has checked everything before: nothing is written for a bad input.
 void WriteFiles(const std::string& dir, const Result& res);
 
-/// The built-in clusters (`--cluster dgx-h100|gb200-nvl72`): name -> JSON text.
+/// The built-in clusters (`--cluster dgx-h100|gb200-nvl72`): name -> JSON text
+/// (reshard::BuiltinClusters, compiler/clusters.cc; every --cluster takes them).
 const std::vector<std::pair<std::string, std::string>>& BuiltinClusters();
 
 /// The architectures `init` knows (`model_type` values), for help and errors.

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <functional>
 #include <set>
 
 #include "compiler/expand.h"
@@ -395,6 +397,169 @@ TEST(Init, VirtualPipelineChunksNamedAsMegatronSavesThem) {
   EXPECT_FALSE(rank1.count("model0.decoder.layers.1.mlp.linear_fc2.weight"));
   EXPECT_TRUE(rank1.count("model1.output_layer.weight"));
   CompileAndValidate(r);
+}
+
+// A config without head_dim (or num_key_value_heads) gets what transformers
+// 5.20.2's config class builds, and a note says so: Qwen3Config's head_dim is
+// 128, not hidden / heads (Qwen3-32B: 5120 / 64 = 80).
+TEST(Init, MissingHeadDimFollowsTheConfigClass) {
+  json q3 = {{"model_type", "qwen3"}, {"hidden_size", 5120}, {"num_hidden_layers", 2}, {"num_attention_heads", 64},
+             {"num_key_value_heads", 8}, {"intermediate_size", 256}, {"vocab_size", 512}};
+  Result r = Gen(q3, "hf", "vllm:tp=8");
+  const json m = File(r, "model.json");
+  EXPECT_EQ(m["tensors"][2]["name"], "model.layers.{layer}.self_attn.q_proj.weight");
+  EXPECT_EQ(m["tensors"][2]["shape"], json({64 * 128, 5120}));
+  EXPECT_EQ(m["tensors"][2]["heads"], json({{"dim", 0}, {"size", 128}}));
+  EXPECT_NE(std::find(r.notes.begin(), r.notes.end(),
+                      "config.json: no head_dim; 128 assumed (Qwen3Config, transformers 5.20.2 "
+                      "models/qwen3/configuration_qwen3.py)"),
+            r.notes.end());
+  CompileAndValidate(r);
+  // Where the class computes it (or, without such a field, the attention module does): hidden // heads.
+  for (const std::string type : {"llama", "qwen2", "qwen3_moe", "mixtral"}) {
+    SCOPED_TRACE(type);
+    json c = Tiny(type);
+    c["hidden_size"] = 96;  // 4 heads: 24 each
+    c.erase("head_dim");
+    Result t = Gen(c, "hf", "hf");
+    EXPECT_EQ(File(t, "model.json")["tensors"][2]["shape"], json({96, 96}));
+    EXPECT_NE(std::find(t.notes.begin(), t.notes.end(),
+                        std::string("config.json: no head_dim; hidden_size // num_attention_heads = 96 // 4 = 24 "
+                                    "assumed (") +
+                            (type == "llama" ? "LlamaConfig, transformers 5.20.2 models/llama/configuration_llama.py)"
+                             : type == "qwen2"
+                                 ? "Qwen2Config, transformers 5.20.2 models/qwen2/configuration_qwen2.py, and "
+                                   "Qwen2Attention in modeling_qwen2.py)"
+                             : type == "qwen3_moe"
+                                 ? "Qwen3MoeConfig, transformers 5.20.2 models/qwen3_moe/configuration_qwen3_moe.py, "
+                                   "and Qwen3MoeAttention in modeling_qwen3_moe.py)"
+                                 : "MixtralConfig, transformers 5.20.2 models/mixtral/configuration_mixtral.py)")),
+              t.notes.end());
+  }
+  // num_key_value_heads: the class default (Qwen3MoeConfig: 4; LlamaConfig: the heads).
+  json moe = Tiny("qwen3_moe");
+  moe["num_attention_heads"] = 8;
+  moe["hidden_size"] = 128;
+  moe.erase("num_key_value_heads");
+  EXPECT_EQ(File(Gen(moe, "hf", "hf"), "model.json")["tensors"][3]["shape"], json({4 * 16, 128}));  // k_proj
+  json llama = Tiny("llama");
+  llama.erase("num_key_value_heads");
+  EXPECT_EQ(File(Gen(llama, "hf", "hf"), "model.json")["tensors"][3]["shape"], json({4 * 16, 64}));
+  // null where the class would not compute one: an error naming the field.
+  q3["head_dim"] = nullptr;
+  EXPECT_EQ(ErrorOf([&] { Gen(q3, "hf", "hf"); }), "config.json: /head_dim: expected a positive integer, got null");
+}
+
+// Every config field init reads, missing or of the wrong type: the file and the field.
+TEST(Init, BadConfigFieldsNameTheFieldAndTheFile) {
+  const std::vector<std::pair<std::function<void(json&)>, std::string>> cases = {
+      {[](json& c) { c.erase("num_experts"); }, "/num_experts: missing; a qwen3_moe config.json has it"},
+      {[](json& c) { c["hidden_size"] = "64"; }, "/hidden_size: expected a positive integer, got \"64\""},
+      {[](json& c) { c["vocab_size"] = 512.0; }, "/vocab_size: expected a positive integer, got 512.0"},
+      {[](json& c) { c["hidden_size"] = int64_t{1} << 40; },
+       "/hidden_size: expected at most 4294967295, got 1099511627776"},
+      {[](json& c) { c["model_type"] = 5; }, "/model_type: expected a string, got 5"},
+      {[](json& c) { c["_name_or_path"] = json::array(); }, "/_name_or_path: expected a string, got []"},
+      {[](json& c) { c["tie_word_embeddings"] = "yes"; }, "/tie_word_embeddings: expected true or false, got \"yes\""},
+      {[](json& c) { c["num_key_value_heads"] = nullptr; },
+       "/num_key_value_heads: expected a positive integer, got null"},  // Qwen3MoeConfig: an int, no fallback
+      {[](json& c) { c["num_key_value_heads"] = 3; }, "/num_key_value_heads: must divide num_attention_heads (4), got 3"},
+      {[](json& c) { c["mlp_only_layers"] = 3; }, "/mlp_only_layers: expected a list of layer indices, got 3"},
+      {[](json& c) { c["quantization_config"] = "fp8"; }, "/quantization_config: expected an object, got \"fp8\""},
+      {[](json& c) { c["quantization_config"] = {{"quant_method", 5}}; },
+       "/quantization_config: only FP8 checkpoints with block scales (quant_method 'fp8', weight_block_size) are "
+       "supported, got {\"quant_method\":5}"},
+      {[](json& c) { c["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {0, 128}}}; },
+       "/quantization_config/weight_block_size: expected [rows, cols] (positive integers), got [0,128]"},
+  };
+  for (const auto& [breakit, message] : cases) {
+    json c = Tiny("qwen3_moe");
+    breakit(c);
+    SCOPED_TRACE(c.dump());
+    EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "hf"); }), "config.json: " + message);
+  }
+  json ds = Tiny("deepseek_v3");
+  ds["topk_method"] = 1;  // was read as "" (no e_score_correction_bias)
+  EXPECT_EQ(ErrorOf([&] { Gen(ds, "hf", "hf"); }), "config.json: /topk_method: expected a string, got 1");
+}
+
+// vLLM's EP over more ranks than experts (FusedMoEParallelConfig: ep_size =
+// dp x tp; determine_expert_map: the first E ranks one expert each): the rest
+// hold zero-size w13_weight / w2_weight, and the note says so.
+TEST(Init, VllmEpLargerThanTheExpertCount) {
+  const std::string gate = "model.layers.{layer}.mlp.experts.{expert}.gate_proj.weight";
+  Result r = Gen(Tiny("qwen3_moe"), "megatron:tp=2,ep=2,etp=1", "vllm:tp=2,dp=8,ep");
+  const json infer = File(r, "infer.json");
+  EXPECT_EQ((*Place(infer, gate))["ep"], json::parse(R"({"shard": "expert", "split": "chunk"})"));
+  EXPECT_NE(std::find(r.notes.begin(), r.notes.end(),
+                      "--infer: 8 experts over EP 16 (dp 8 x tp 2): ranks 0-7 hold one expert each and ranks 8-15 "
+                      "none (vLLM's linear expert placement: fused_moe/expert_map_manager.py determine_expert_map): "
+                      "vLLM accepts this, and those ranks hold zero-size expert weights and idle in every MoE layer; "
+                      "dp x tp of at most 8 gives every rank an expert"),
+            r.notes.end());
+  ModelSpec m = ParseModel(File(r, "model.json"), "model.json");
+  Expansion e = Expand(m, ParseLayout(infer, "infer.json", m));
+  auto w13 = [&](int rank) -> std::vector<int64_t> {
+    for (const BufferDesc& b : e.ranks[rank].buffers)
+      if (b.name == "model.layers.0.mlp.experts.routed_experts.w13_weight") return b.shape;
+    return {};
+  };
+  EXPECT_EQ(w13(7), std::vector<int64_t>({1, 64, 64}));
+  EXPECT_EQ(w13(8), std::vector<int64_t>({0, 64, 64}));  // as vLLM holds it: torch.empty(0, 2I, H)
+  CompileAndValidate(r);
+  // Fewer ranks than experts, not a multiple: the first ranks one more, said as such.
+  Result u = Gen(Tiny("qwen3_moe"), "hf", "vllm:tp=2,dp=3,ep");
+  EXPECT_NE(std::find(u.notes.begin(), u.notes.end(),
+                      "--infer: 8 experts over EP 6: ranks 0-1 hold 2 experts each, ranks 2-5 hold 1 (vLLM's linear "
+                      "expert placement: fused_moe/expert_map_manager.py determine_expert_map)"),
+            u.notes.end());
+}
+
+// dp=N (vLLM's built-in data parallel, one engine) and engines=N (N engines,
+// NeMo RL's "TP8 DP16"): the note says which was written and the other option.
+TEST(Init, NotesSayBuiltInDataParallelOrIndependentEngines) {
+  auto note = [](const Result& r, const std::string& start) {
+    for (const auto& n : r.notes)
+      if (n.rfind(start, 0) == 0) return n;
+    return std::string();
+  };
+  const json moe = Tiny("qwen3_moe");
+  EXPECT_EQ(note(Gen(moe, "hf", "vllm:tp=2,dp=2"), "--infer: dp="),
+            "--infer: dp=2 is vLLM's built-in data parallel: one engine of 4 ranks (--data-parallel-size 2), each "
+            "expert's intermediate dim split over all its ranks; 2 independent engines of TP 2 (NeMo RL's \"TP2 DP2\") "
+            "would be --infer vllm:tp=2,engines=2");
+  EXPECT_EQ(note(Gen(moe, "hf", "vllm:tp=2,engines=4"), "--infer: engines="),
+            "--infer: engines=4 is 4 independent vLLM engines of TP 2 (NeMo RL's \"TP2 DP4\"), each holding the whole "
+            "model; one engine of 8 ranks with vLLM's built-in data parallel (--data-parallel-size 4, each expert's "
+            "intermediate dim split over all its ranks) would be --infer vllm:tp=2,dp=4");
+  EXPECT_EQ(note(Gen(moe, "hf", "vllm:tp=2,dp=2,ep,engines=2,quant=none"), "--infer: dp="),
+            "--infer: dp=2 is vLLM's built-in data parallel: each of the 2 engines is 4 ranks (--data-parallel-size "
+            "2), the experts spread over all its ranks (EP 4); 4 independent engines of TP 2 (NeMo RL's \"TP2 DP4\") "
+            "would be --infer vllm:tp=2,engines=4,ep,quant=none");
+  EXPECT_EQ(note(Gen(Tiny("llama"), "vllm:tp=2,engines=2", "hf"), "--train: engines="),
+            "--train: engines=2 is 2 independent vLLM engines of TP 2 (NeMo RL's \"TP2 DP2\"), each holding the whole "
+            "model; one engine of 4 ranks with vLLM's built-in data parallel (--data-parallel-size 2) would be --train "
+            "vllm:tp=2,dp=2");
+  EXPECT_EQ(note(Gen(moe, "hf", "vllm:tp=2"), "--infer: "), "");  // one engine, no DP: nothing to confuse
+}
+
+// Llama-3.1-405B in BF16 at vLLM TP8 needs 101 GB per GPU: init warns on an
+// 80 GB DGX H100, not on GB200 (186 GB); the specs are written either way.
+TEST(Init, WarnsWhereARanksWeightsExceedTheGpuMemory) {
+  const json l405 = {{"model_type", "llama"}, {"hidden_size", 16384}, {"intermediate_size", 53248},
+                     {"num_attention_heads", 128}, {"num_hidden_layers", 126}, {"num_key_value_heads", 8},
+                     {"head_dim", 128}, {"vocab_size", 128256}};
+  Request req{l405, "config.json", "megatron:tp=8,pp=9", "vllm:tp=8", "dgx-h100", "llama-405b"};
+  Result r = Generate(req);
+  ASSERT_EQ(r.warnings.size(), 1u);
+  EXPECT_EQ(r.warnings[0],
+            "infer.json (vllm-tp8): rank 0 holds 101.47 GB of weights (101470601216 bytes), more than its GPU's 80 GB "
+            "(dgx-h100: /gpu_memory_GB); 8 of its 8 ranks do");
+  EXPECT_EQ(r.files.size(), 4u);
+  req.cluster = "gb200-nvl72";
+  EXPECT_TRUE(Generate(req).warnings.empty());
+  req.cluster = "";
+  EXPECT_TRUE(Generate(req).warnings.empty());  // no cluster: no limit known
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "compiler/expand.h"
+#include "compiler/memory_check.h"
 #include "compiler/spec.h"
 
 namespace reshard {
@@ -118,6 +119,8 @@ struct PlanIR {
   /// direct: how many ways to fill the rounds Schedule had to choose from
   /// (RouteOptions::fill_candidate counts in this list).
   size_t fill_candidates = 0;
+  /// Ranks whose weights exceed the cluster's gpu_memory_GB (memory_check.h).
+  std::vector<MemoryWarning> memory_warnings;
 };
 
 struct RouteOptions {

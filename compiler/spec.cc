@@ -68,6 +68,8 @@ size_t EditDistance(const std::string& a, const std::string& b) {
   return prev[b.size()];
 }
 
+}  // namespace
+
 // "; did you mean 'x'?" when a candidate is close enough, else "".
 std::string DidYouMean(const std::string& word, const std::vector<std::string>& candidates) {
   std::string best;
@@ -78,6 +80,8 @@ std::string DidYouMean(const std::string& word, const std::vector<std::string>& 
   }
   return best.empty() ? "" : "; did you mean '" + best + "'?";
 }
+
+namespace {
 
 // Reads one spec file: every accessor reports "file: /json/path: what".
 class Reader {
@@ -829,8 +833,8 @@ ClusterSpec ParseCluster(const json& root, const std::string& file) {
   Reader r(file);
   r.Format(root, "reshard.cluster/1");
   r.Keys(root, "", {"format", "name", "gpus_per_domain", "nic_gbps", "nvlink_GBps", "hbm_GBps", "nic_latency_us",
-                    "nvlink_latency_us", "placement", "train_gpus_per_domain", "infer_gpus_per_domain", "sources",
-                    "notes"});
+                    "nvlink_latency_us", "placement", "train_gpus_per_domain", "infer_gpus_per_domain",
+                    "gpu_memory_GB", "sources", "notes"});
   ClusterSpec c;
   c.file = file;
   c.name = r.String(r.Get(root, "", "name"), "/name");
@@ -840,6 +844,7 @@ ClusterSpec ParseCluster(const json& root, const std::string& file) {
   if (root.contains("hbm_GBps")) c.hbm_GBps = r.Number(root["hbm_GBps"], "/hbm_GBps");
   if (root.contains("nic_latency_us")) c.nic_latency_us = r.Number(root["nic_latency_us"], "/nic_latency_us");
   if (root.contains("nvlink_latency_us")) c.nvlink_latency_us = r.Number(root["nvlink_latency_us"], "/nvlink_latency_us");
+  if (root.contains("gpu_memory_GB")) c.gpu_memory_GB = r.Number(root["gpu_memory_GB"], "/gpu_memory_GB");
   if (root.contains("placement")) {
     std::string p = r.String(root["placement"], "/placement");
     if (p == "colocated") c.colocated = true;

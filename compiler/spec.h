@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -159,6 +160,10 @@ struct ClusterSpec {
   /// the inference side use (0: all). With either set, inference starts on a
   /// fresh domain; without, it follows the training ranks.
   int64_t train_per_domain = 0, infer_per_domain = 0;
+  /// `"gpu_memory_GB"`: each GPU's memory in GB (1e9 bytes); 0 when the file
+  /// does not say (optional). compile and init warn where a GPU's weights
+  /// exceed it (compiler/memory_check.h).
+  double gpu_memory_GB = 0;
 };
 
 /// Parsers: `text` is the file's contents, `file` its name for messages.
@@ -168,6 +173,20 @@ nlohmann::json LoadJson(const std::string& path);
 ModelSpec ParseModel(const nlohmann::json& j, const std::string& file);
 LayoutSpec ParseLayout(const nlohmann::json& j, const std::string& file, const ModelSpec& model);
 ClusterSpec ParseCluster(const nlohmann::json& j, const std::string& file);
+
+/// The clusters bundled with reshard (compiler/clusters.cc; samples/clusters/
+/// holds the same text): name -> reshard.cluster/1 JSON text.
+const std::vector<std::pair<std::string, std::string>>& BuiltinClusters();
+
+/// What every `--cluster` takes: a reshard.cluster/1 file, or the name of a
+/// bundled cluster (dgx-h100, gb200-nvl72). A path that exists wins over a
+/// name. Returns the text and sets `*file` to the name messages use (the path,
+/// or the bundled name). Errors name `option` and suggest a close bundled name.
+std::string ClusterText(const std::string& path_or_name, const std::string& option, std::string* file);
+
+/// "; did you mean 'x'?" for the candidate closest to `word` when it is close
+/// enough (a few edits), else "".
+std::string DidYouMean(const std::string& word, const std::vector<std::string>& candidates);
 
 /// A name template cut at its placeholders: text[0] {dims[0]} text[1] ...
 /// text[n]. Each placeholder names a stack dim's index as `kind` says:

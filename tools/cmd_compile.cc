@@ -35,14 +35,14 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--to", o->to, "inference layout (reshard.layout/1): where they must go")
       ->required()
       ->check(CLI::ExistingFile);
-  cmd->add_option("--cluster", o->cluster, "cluster spec (reshard.cluster/1): NVLink domains and bandwidths")
-      ->required()
-      ->check(CLI::ExistingFile);
+  cmd->add_option("--cluster", o->cluster, ClusterOptionHelp("cluster spec (reshard.cluster/1): NVLink domains, "
+                                                             "bandwidths and, optionally, each GPU's memory"))
+      ->required();
   cmd->add_option("-o,--output", o->out, "plan file to write (.rsplan); written whole or not at all")->required();
   cmd->add_option("--strategy", o->strategy,
                   "direct: every destination region straight from a source that holds it (default);\n"
                   "gather: the usual gather-to-owner then broadcast chain, as a baseline")
-      ->check(CLI::IsMember({"direct", "gather"}));
+      ->check(OneOf({"direct", "gather"}));
   cmd->add_option("--staging-mb", o->staging_mb, "staging memory per rank in MiB (2..4095, default 512); work is split into rounds to fit")
       ->check(CLI::Range(2, 4095));
   cmd->add_flag("--no-nvlink-exchange", o->no_exchange,
@@ -97,6 +97,9 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
     }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     j["seconds"] = secs;
+    // Weights a GPU cannot hold (the cluster's gpu_memory_GB): a warning, also in --json's "memory_warnings".
+    for (const auto& w : j["memory_warnings"])
+      std::fprintf(stderr, "reshard: warning: %s\n", w["message"].get<std::string>().c_str());
     if (o->json) {
       std::printf("%s\n", j.dump().c_str());
     } else if (!o->quiet) {

@@ -75,7 +75,9 @@ void AddInitCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--hf-config", o->config, "the model's Hugging Face config.json (or its directory)")->required();
   cmd->add_option("--train", o->train, "the training side: megatron:..., fsdp2:..., vllm:..., hf or hf:tp=N")->required();
   cmd->add_option("--infer", o->infer, "the inference side: vllm:..., megatron:..., fsdp2:..., hf or hf:tp=N")->required();
-  cmd->add_option("--cluster", o->cluster, "dgx-h100, gb200-nvl72 or a reshard.cluster/1 file: written as cluster.json");
+  cmd->add_option("--cluster", o->cluster,
+                  ClusterOptionHelp("written as cluster.json") +
+                      "; with its gpu_memory_GB, init warns where a rank's weights exceed a GPU's memory");
   cmd->add_option("--name", o->name, "the model spec's name (default: from the config's _name_or_path or model_type)");
   cmd->add_option("-o,--output", o->out, "directory to write the specs into (created if missing)")->required();
   cmd->add_flag("-q,--quiet", o->quiet, "print nothing on success");
@@ -88,6 +90,7 @@ void AddInitCommand(CLI::App& app, int& exit_code) {
     req.name = o->name;
     init::Result res = init::Generate(req);
     init::WriteFiles(o->out, res);
+    for (const auto& w : res.warnings) std::fprintf(stderr, "reshard: warning: %s\n", w.c_str());
     if (o->quiet) return;
     for (const auto& [name, text] : res.files)
       std::printf("wrote %s\n", (std::filesystem::path(o->out) / name).string().c_str());

@@ -58,14 +58,15 @@ void AddSimulateCommand(CLI::App& app, int& exit_code) {
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("plan", o->plan, "plan file (.rsplan)")->required();
-  cmd->add_option("--cluster", o->cluster, "cluster spec (reshard.cluster/1) to simulate on")
-      ->required()
-      ->check(CLI::ExistingFile);
+  cmd->add_option("--cluster", o->cluster, ClusterOptionHelp("cluster spec (reshard.cluster/1) to simulate on"))
+      ->required();
   cmd->add_option("--trace", o->trace, "write a Chrome/Perfetto timeline (JSON) here");
   cmd->add_flag("--json", o->json, "print the result as JSON");
   cmd->add_flag("-q,--quiet", o->quiet, "no progress messages");
   cmd->callback([o, &exit_code] {
-    ClusterSpec cluster = ParseCluster(LoadJson(o->cluster), o->cluster);
+    std::string file;
+    const std::string text = ClusterText(o->cluster, "--cluster", &file);  // a file, or a bundled name
+    ClusterSpec cluster = ParseCluster(ParseJson(text, file), file);
     Plan plan = Plan::open(o->plan);
     sim::Workload w = sim::BuildWorkload(plan, cluster);
     sim::LowerBound lb = sim::ComputeLowerBound(plan, cluster);

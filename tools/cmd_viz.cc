@@ -449,7 +449,7 @@ void AddVizCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("plan", o->plan, "plan file (.rsplan)")->required();
   cmd->add_option("-o,--output", o->out, "file to write: .html, .svg or .dot")->required();
   cmd->add_option("--by", o->by, "units of the pictures: auto (NVLink domains from 512 ranks), rank or domain")
-      ->check(CLI::IsMember({"auto", "rank", "domain"}));
+      ->check(OneOf({"auto", "rank", "domain"}));
   cmd->callback([o, &exit_code] {
     const std::string ext = Extension(o->out);
     if (ext != ".html" && ext != ".svg" && ext != ".dot")

@@ -1,10 +1,45 @@
 // reshard: compile, check and run weight-refit plans.
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <new>
+#include <string>
 
 #include "runtime/error.h"
 #include "tools/commands.h"
+
+namespace reshard::cli {
+
+std::string UnknownWords(CLI::App& app, int argc, char** argv) {
+  std::vector<std::string> commands;
+  for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) commands.push_back(sub->get_name());
+  CLI::App* sub = nullptr;
+  int i = 1;
+  for (; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("-", 0) == 0) continue;  // the app's own flags (--version, --help)
+    for (CLI::App* s : app.get_subcommands([](CLI::App*) { return true; }))
+      if (s->get_name() == a) sub = s;
+    if (!sub) return "unknown command '" + a + "'" + DidYouMean(a, commands) + "\n";
+    break;
+  }
+  if (!sub) return "";
+  std::vector<std::string> names;
+  for (const CLI::Option* o : sub->get_options())
+    for (const std::string& n : o->get_lnames()) names.push_back("--" + n);
+  std::string out;
+  for (++i; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--") break;
+    if (a.rfind("--", 0) != 0) continue;
+    const std::string name = a.substr(0, a.find('='));
+    if (std::find(names.begin(), names.end(), name) == names.end())
+      out += "unknown option '" + name + "' for 'reshard " + sub->get_name() + "'" + DidYouMean(name, names) + "\n";
+  }
+  return out;
+}
+
+}  // namespace reshard::cli
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -32,6 +67,13 @@ int main(int argc, char** argv) {
   reshard::cli::AddVizCommand(app, exit_code);
   reshard::cli::AddCheckCommand(app, exit_code);
   reshard::cli::AddInitCommand(app, exit_code);
+  // CLI11's messages for an unknown option or command, with "did you mean" added.
+  app.failure_message([&app, argc, argv](const CLI::App* failed, const CLI::Error& e) {
+    std::string msg = CLI::FailureMessage::simple(failed, e);
+    const std::string extra = reshard::cli::UnknownWords(app, argc, argv);
+    const size_t eol = msg.find('\n');
+    return eol == std::string::npos ? msg + extra : msg.insert(eol + 1, extra);
+  });
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
