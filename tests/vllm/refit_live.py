@@ -1,18 +1,25 @@
 #!/usr/bin/env python3
-"""A refit lands in a live vLLM engine: real Megatron-Core CPU ranks (this
-venv, torch 2.15) refit into real vLLM 0.33 CPU ranks (build/vllm-venv,
-torch 2.14) through one plan, twice with different weights; after each
-refit every parameter and buffer of every vLLM rank must equal, bit for bit,
-a fresh vLLM model loaded from the HF checkpoint of the same weights
-(tests/vllm/rank_refit.py). The vLLM ranks go through reshard.vllm
-(WorkerRefit: bind once, run, the engine's post-processing), the Megatron
-ranks through reshard.TrainerRefit.
+"""A refit lands in a live vLLM engine: real Megatron-Core or FSDP2 CPU
+ranks (this venv, torch 2.15) refit into real vLLM 0.33 CPU ranks
+(build/vllm-venv, torch 2.14) through one plan, twice with different
+weights; after each refit every parameter and buffer of every vLLM rank must
+equal, bit for bit, a fresh vLLM model loaded from the HF checkpoint of the
+same weights (tests/vllm/rank_refit.py). The vLLM ranks go through
+reshard.vllm (WorkerRefit: bind once, run, the engine's post-processing), the
+training ranks through reshard.TrainerRefit.
 
 Cases (CASES below): dense Llama into TP4 with replicated KV heads; Qwen3-MoE
 into TP2 x DP2 with EP; Qwen3-MoE into per-channel FP8 (transposed views);
 DeepSeek-style MLA with FP8 block scales, shared experts and EP (W_UV /
 W_UK_T derived at load), from one BF16 HF rank (Megatron-Core's MLA needs
-Transformer Engine, a GPU).
+Transformer Engine, a GPU); FSDP2: a transformers Qwen3 (tests/fsdp2's dense
+model and its tp2-fsdp2 setup: NeMo RL's TP plan with q_norm / k_norm as
+SequenceParallel, then fully_shard over dp_shard 2, fp32 masters under a
+bf16 MixedPrecisionPolicy) on 4 Gloo ranks with a process group of their own
+(file:// init, apart from reshard's transport over all 6 plan ranks), one
+AdamW step before each round, each rank's DTensor locals bound in place by
+TrainerRefit, the plan converting fp32 -> bf16 as it sends, into vLLM TP2;
+the checkpoint holds every parameter's full_tensor() in bf16.
 
     build/venv/bin/python tests/vllm/refit_live.py --build build [--vllm-python P] [CASE ...]
 """
@@ -28,6 +35,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 MEGATRON = os.path.join(ROOT, "tests", "megatron")
+FSDP2 = os.path.join(ROOT, "tests", "fsdp2")
 sys.path[:0] = [HERE, MEGATRON, os.path.join(ROOT, "tools")]
 
 import torch  # noqa: E402
@@ -53,7 +61,27 @@ CASES = {
     "mla-fp8-tp2-dp2-ep": dict(hf="vllm-mla-tp2", infer_config="vllm-mla-fp8-tp2-dp2-ep",
                                vllm=dict(tp=2, pp=1, dp=2, ep=True), infer="vllm:tp=2,dp=2,ep",
                                via="weight-transfer-engine"),
+    # a tests/fsdp2 case: transformers' Qwen3, NeMo RL's TP plan then fully_shard, fp32 masters
+    "fsdp2-tp2xfsdp2": dict(fsdp2="tp2-fsdp2", vllm=dict(tp=2, pp=1, dp=1, ep=False), infer="vllm:tp=2"),
 }
+
+
+def fsdp2_modules():
+    """(models, cases) of tests/fsdp2, imported with its own cases.py
+    (tests/megatron, on the path for the Megatron cases, has one too)."""
+    saved = sys.modules.pop("cases", None)
+    sys.path.insert(0, FSDP2)
+    try:
+        import cases as fsdp2_cases
+        import models
+        assert models.CONFIGS is fsdp2_cases.CONFIGS
+    finally:
+        sys.path.remove(FSDP2)
+        if saved is not None:
+            sys.modules["cases"] = saved
+        else:
+            sys.modules.pop("cases", None)
+    return models, fsdp2_cases
 
 
 def load_json(path):
@@ -73,6 +101,17 @@ def specs(build, case, work):
                     case["infer"], "-o", os.path.join(work, "specs"))
         config = load_json(config_path)
         d = os.path.join(work, "specs")
+        paths = (os.path.join(d, "model.json"), os.path.join(d, "train.json"), os.path.join(d, "infer.json"))
+    elif "fsdp2" in case:
+        _, fsdp2_cases = fsdp2_modules()
+        fcase = fsdp2_cases.BY_NAME[case["fsdp2"]]
+        config = dict(fsdp2_cases.CONFIGS[fcase["model"]])
+        config_path = os.path.join(work, "config.json")
+        with open(config_path, "w") as f:
+            json.dump(config, f, indent=1)
+        d = os.path.join(work, "specs")
+        reshard_cli(build, "init", "-q", "--hf-config", config_path, "--train", fcase["train"], "--infer",
+                    case["infer"], "-o", d)
         paths = (os.path.join(d, "model.json"), os.path.join(d, "train.json"), os.path.join(d, "infer.json"))
     else:  # BF16 HF rank -> the FP8 checkpoint's layout: one model spec, two configs
         bf16 = os.path.join(RECORDED, case["hf"], "config.json")
@@ -162,6 +201,88 @@ def megatron_checkpoints(case_name, case, work, world, config, vllm_python, erro
         errors.append(e)
 
 
+# -- the FSDP2 ranks (torch.multiprocessing, this venv) ------------------------------------------------------
+
+FSDP2_WORLD = 4
+FSDP2_PRELOAD = ["__main__", "torch", "torch.distributed.fsdp", "torch.distributed.tensor.parallel",
+                 "transformers.models.auto.modeling_auto", "transformers.models.qwen3.modeling_qwen3", "reshard"]
+
+
+def _fsdp2_entry(rank, case_name, a, timed_runs, vllm_python):
+    import warnings
+    warnings.filterwarnings("ignore")
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import logging
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    # The trainer's own process group (FSDP2's and TP's collectives), apart from reshard's transport over
+    # all plan ranks (train and vLLM).
+    dist.init_process_group("gloo", init_method="file://" + os.path.join(a["work"], "fsdp2-pg"), rank=rank,
+                            world_size=FSDP2_WORLD)
+    try:
+        _fsdp2_rank(rank, case_name, a, timed_runs, vllm_python)
+    finally:
+        dist.destroy_process_group()
+
+
+def _fsdp2_rank(rank, case_name, a, timed_runs, vllm_python):
+    """A tests/fsdp2 case's model, sharded (TP, then fully_shard) and trained
+    one AdamW step per round; TrainerRefit binds this rank's DTensor locals
+    (FSDP2's fp32 masters: the plan converts to bf16 as it sends). Rank 0
+    writes each round's checkpoint from every parameter's full_tensor() in
+    bf16 (a thread, while the refit runs)."""
+    import reshard
+    models, fsdp2_cases = fsdp2_modules()
+    fcase = fsdp2_cases.BY_NAME[CASES[case_name]["fsdp2"]]
+    model = models.build(fcase)
+    dp_index = models.shard(fcase, model)
+    plan = reshard.Plan.open(a["plan"])
+    session = reshard.Session(plan, rank, reshard.GlooTransport(rank, plan.num_ranks, store=a["store"],
+                                                                timeout_s=TIMEOUT_S))
+    refit, writer, failed, previous = None, None, [], None
+
+    def write(d, truth):
+        try:
+            write_checkpoint(vllm_python, d, "model", a["config"], truth)
+        except Exception as e:  # noqa: BLE001 - raised by the rank below
+            failed.append(e)
+
+    for k in range(ROUNDS):
+        models.train_step(fcase, model, dp_index)  # a different model each round
+        truth = models.truth(model)  # collective: every parameter's full_tensor() in bf16, under HF names
+        if previous is not None:
+            same = [n for n in truth if torch.equal(truth[n].view(torch.int16), previous[n].view(torch.int16))]
+            if same:
+                raise RuntimeError(f"FSDP2 rank {rank}: round {k}'s AdamW step left {same[:4]} as they were in bf16")
+        previous = truth
+        if rank == 0:
+            if writer is not None:
+                writer.join()
+            d = os.path.join(a["work"], f"round{k}")
+            os.makedirs(d, exist_ok=True)
+            writer = threading.Thread(target=write, args=(d, truth), daemon=True)
+            writer.start()
+        if refit is None:
+            refit = reshard.TrainerRefit(session, model)
+            held = models.locals_of(model)
+            for b in session.buffers:  # in place: the runtime reads FSDP2's own memory
+                t = session.tensor(b.name)
+                if t.numel() and t.data_ptr() != held[b.name].data_ptr():
+                    raise RuntimeError(f"FSDP2 rank {rank}: {b.name} is bound at 0x{t.data_ptr():x}, not at the "
+                                       f"DTensor local's 0x{held[b.name].data_ptr():x}")
+        refit.run()
+    for _ in range(2 * timed_runs):  # the vLLM ranks time bare runs, then WorkerRefit runs
+        refit.run()
+    if writer is not None:
+        writer.join()
+    if failed:
+        raise failed[0]
+    if refit.rebinds:
+        raise RuntimeError(f"FSDP2 rank {rank}: TrainerRefit re-bound {refit.rebinds} times: the optimizer "
+                           "replaced FSDP2's sharded parameters")
+
+
 def hf_source(case, work, a, config, vllm_python, errors, timed_runs=TIMED_RUNS):
     """The BF16 HF rank (plan rank 0): new values each round, TrainerRefit, the checkpoint of the same values."""
     try:
@@ -192,8 +313,26 @@ def source_failed(errors, ctx):
     if ctx is not None:
         for i, p in enumerate(ctx.processes):
             if p.exitcode not in (None, 0):
-                return f"Megatron rank {i} exited with {p.exitcode}"
+                return f"{ctx.label} rank {i} exited with {p.exitcode}"
     return None
+
+
+def rank_tracebacks(ctx):
+    """The tracebacks of the source ranks that raised (torch.multiprocessing's error files)."""
+    import pickle
+    out = []
+    for i, path in enumerate(getattr(ctx, "error_files", None) or []):
+        try:
+            if path and os.path.getsize(path):
+                with open(path, "rb") as f:
+                    out.append(f"\n{ctx.label} rank {i}: {pickle.load(f).rstrip()}")
+        except Exception:  # noqa: BLE001 - nothing (more) to say
+            pass
+    return "".join(out)
+
+
+def source_kind(case):
+    return "Megatron-Core" if "megatron" in case else "FSDP2 (fp32 masters)" if "fsdp2" in case else "HF"
 
 
 def run_case(name, build, vllm_python, work, timed_runs=TIMED_RUNS):
@@ -218,8 +357,19 @@ def run_case(name, build, vllm_python, work, timed_runs=TIMED_RUNS):
     if "megatron" in case:
         import ranks
         ctx = ranks.spawn(first, _megatron_rank, name, a, timed_runs, join=False)
+        ctx.label = "Megatron"
         threads.append(threading.Thread(target=megatron_checkpoints, daemon=True,
                                         args=(name, case, work, first, config, vllm_python, errors)))
+    elif "fsdp2" in case:
+        import torch.multiprocessing as mp
+        assert first == FSDP2_WORLD, (first, FSDP2_WORLD)
+        # forkserver: one process imports torch, transformers and reshard, the ranks fork from it (4 spawned
+        # interpreters importing them compete with the vLLM ranks' start for the CPUs), and none inherits
+        # this process's threads or sessions
+        mp.get_context("forkserver").set_forkserver_preload(FSDP2_PRELOAD)
+        ctx = mp.start_processes(_fsdp2_entry, args=(name, dict(a, config=config), timed_runs, vllm_python),
+                                 nprocs=FSDP2_WORLD, join=False, start_method="forkserver")
+        ctx.label = "FSDP2"
     else:
         threads.append(threading.Thread(target=hf_source, daemon=True,
                                         args=(case, work, a, config, vllm_python, errors, timed_runs)))
@@ -230,15 +380,17 @@ def run_case(name, build, vllm_python, work, timed_runs=TIMED_RUNS):
             "via": case.get("via", "WorkerRefit")}
     world = len(p.dest_ranks)
     t0 = time.time()
+    done = False
     try:
         launch.run(world, [os.path.join(HERE, "rank_refit.py"), json.dumps(args)], timeout_s=TIMEOUT_S,
                    python=vllm_python, label=f"{name}-vllm", log_dir=work, abort=lambda: source_failed(errors, ctx))
+        done = True
     except RuntimeError as e:
-        raise SystemExit(f"{name}: {e}\n(errors on the source side: {errors!r})")
+        raise SystemExit(f"{name}: {e}\n(errors on the source side: {errors!r}){rank_tracebacks(ctx)}")
     finally:
         if ctx is not None:
-            for p in ctx.processes:  # after a failure the Megatron ranks would wait for their peers' timeout
-                p.join(timeout=60 if not errors else 1)
+            for p in ctx.processes:  # after a failure the source ranks would wait for their peers' timeout
+                p.join(timeout=60 if done and not errors else 1)
                 if p.is_alive():
                     p.kill()
         for t in threads:
@@ -246,7 +398,8 @@ def run_case(name, build, vllm_python, work, timed_runs=TIMED_RUNS):
     if errors:
         raise SystemExit(f"{name}: the source side: {errors[0]!r}")
     if ctx is not None and any(p.exitcode != 0 for p in ctx.processes):
-        raise SystemExit(f"{name}: Megatron ranks exited with {[p.exitcode for p in ctx.processes]}")
+        raise SystemExit(f"{name}: {ctx.label} ranks exited with {[p.exitcode for p in ctx.processes]}"
+                         f"{rank_tracebacks(ctx)}")
     wall = time.time() - t0
     results = [load_json(os.path.join(work, f"vllm-rank{r}.json")) for r in range(world)]
     bad = []
@@ -278,7 +431,7 @@ def run_case(name, build, vllm_python, work, timed_runs=TIMED_RUNS):
         "rebind_check_s": med([r["rebind_check_s"] for r in results]),
         "wall_s": round(wall, 1),
     }
-    print(f"{name}: {ROUNDS} refits through {args['via']} from {first} {'Megatron-Core' if 'megatron' in case else 'HF'} rank(s) into "
+    print(f"{name}: {ROUNDS} refits through {args['via']} from {first} {source_kind(case)} rank(s) into "
           f"{world} vLLM ranks: every parameter and buffer ({tensors} on rank 0) equals a fresh vLLM load, bit for "
           f"bit, after each; nothing moved in memory" + (f"; W_UV / W_UK_T recomputed" if "mla" in name else "")
           + (f" (without it they are stale: the comparison sees it)" if "mla" in name else "")

@@ -5,9 +5,11 @@
 #     dumped; each dump must equal the recorded one (tests/vllm/record.py;
 #     RecordedDumps in ctest checks `reshard init` against them);
 #  2. reshard.vllm's checks on a real rank (tests/vllm/worker_checks.py);
-#  3. live refits: real Megatron-Core ranks (build/venv) into real vLLM ranks
-#     through one plan, twice, every parameter and buffer of each vLLM rank
-#     equal to a fresh vLLM load after each (tests/vllm/refit_live.py).
+#  3. live refits: real Megatron-Core ranks, a BF16 HF rank, and real FSDP2
+#     ranks (transformers Qwen3, TP2 x FSDP2, fp32 masters; build/venv) into
+#     real vLLM ranks through one plan, twice, every parameter and buffer of
+#     each vLLM rank equal to a fresh vLLM load after each
+#     (tests/vllm/refit_live.py).
 # Installs the Python package into both venvs (tools/python_install.sh).
 # Skips (exit 0, with a message) only when the Python package registry
 # cannot be reached.
