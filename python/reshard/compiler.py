@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from typing import Any, Dict, Mapping, Optional, Union
 
 from . import _reshard
@@ -30,11 +31,15 @@ def compile(model: PathLike, from_: PathLike, to: PathLike, cluster: PathLike, o
     threads is not safe. Returns the summary ``reshard compile --json``
     prints (plan, strategy, ranks, rounds, net_bytes, nvlink_bytes,
     plan_bytes, split_blocks, shared_packs, round_fill, min_share,
-    staging_fill, seconds) plus "summary", the CLI's line. Raises
-    CompileError with the CLI's message (naming the file and JSON path).
+    staging_fill, memory_warnings, seconds) plus "summary", the CLI's line.
+    `cluster` is a reshard.cluster/1 file or a bundled name ("dgx-h100",
+    "gb200-nvl72"; a file of that name wins). Where a rank's weights exceed
+    the cluster's GPU memory ("gpu_memory_GB"), each such warning of the CLI
+    is also a Python ``UserWarning``. Raises CompileError with the CLI's
+    message (naming the file and JSON path).
     """
-    paths = {}
-    for flag, value in (("--model", model), ("--from", from_), ("--to", to), ("--cluster", cluster)):
+    paths = {"--cluster": os.fspath(cluster)}  # a file or a bundled name ("dgx-h100"): the compiler resolves it
+    for flag, value in (("--model", model), ("--from", from_), ("--to", to)):
         p = os.fspath(value)
         if not os.path.exists(p):
             raise CompileError(f"{flag}: File does not exist: {p}")
@@ -50,6 +55,8 @@ def compile(model: PathLike, from_: PathLike, to: PathLike, cluster: PathLike, o
                                    not requantize_on_receiver, bool(search_fills))
     summary: Dict[str, Any] = json.loads(text)
     summary["summary"] = line
+    for w in summary.get("memory_warnings", []):  # the CLI's stderr warnings, as Python warnings
+        warnings.warn(w.get("message", str(w)), stacklevel=2)
     return summary
 
 

@@ -128,6 +128,19 @@ def test_compile_errors_carry_the_cli_messages(tmp_path):
         assert err == f"reshard: error: {e.value}\n"
 
 
+def test_compile_takes_bundled_cluster_names_and_warns_on_gpu_memory(tmp_path):
+    d = SAMPLES / "qwen3-235b"
+    args = [d / "model.json", d / "train-tp4-pp8-ep16.json", d / "infer-tp4-dp32.json"]
+    # Qwen3-235B BF16 at TP4 holds 117.6 GB per GPU: more than an H100's 80 GB.
+    with pytest.warns(UserWarning, match=r"rank \d+ holds 117\.\d+ GB .*more than its GPU's 80 GB"):
+        summary = reshard.compile(*args, "dgx-h100", tmp_path / "p.rsplan")
+    assert summary["memory_warnings"] and (tmp_path / "p.rsplan").exists()
+    with pytest.raises(reshard.CompileError) as e:
+        reshard.compile(*args, "dgx-h10", tmp_path / "q.rsplan")
+    assert "did you mean 'dgx-h100'" in str(e.value)
+    assert not (tmp_path / "q.rsplan").exists()
+
+
 # -- binding -------------------------------------------------------------------
 
 
