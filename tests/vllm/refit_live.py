@@ -170,7 +170,10 @@ def _megatron_rank(rank, case_name, a, timed_runs=TIMED_RUNS):
         os.makedirs(d, exist_ok=True)
         torch.save({"coords": tiny_gpt.coords(), "params": {n: t.clone() for n, t in tiny_gpt.named_params(model).items()}},
                    os.path.join(d, f"megatron{rank}.pt"))
-        if refit is None:
+        if refit is None:  # connected once round 0's checkpoint is being written (the vLLM ranks start slower)
+            plan = reshard.Plan.open(a["plan"])
+            session = reshard.Session(plan, rank, reshard.GlooTransport(rank, plan.num_ranks, store=a["store"],
+                                                                        timeout_s=TIMEOUT_S))
             refit = reshard.TrainerRefit(session, model)
         refit.run()
     for _ in range(2 * timed_runs):  # the vLLM ranks time bare runs, then WorkerRefit runs
@@ -237,9 +240,6 @@ def _fsdp2_rank(rank, case_name, a, timed_runs, vllm_python):
     fcase = fsdp2_cases.BY_NAME[CASES[case_name]["fsdp2"]]
     model = models.build(fcase)
     dp_index = models.shard(fcase, model)
-    plan = reshard.Plan.open(a["plan"])
-    session = reshard.Session(plan, rank, reshard.GlooTransport(rank, plan.num_ranks, store=a["store"],
-                                                                timeout_s=TIMEOUT_S))
     refit, writer, failed, previous = None, None, [], None
 
     def write(d, truth):
@@ -263,7 +263,10 @@ def _fsdp2_rank(rank, case_name, a, timed_runs, vllm_python):
             os.makedirs(d, exist_ok=True)
             writer = threading.Thread(target=write, args=(d, truth), daemon=True)
             writer.start()
-        if refit is None:
+        if refit is None:  # connected once round 0's checkpoint is being written (the vLLM ranks start slower)
+            plan = reshard.Plan.open(a["plan"])
+            session = reshard.Session(plan, rank, reshard.GlooTransport(rank, plan.num_ranks, store=a["store"],
+                                                                        timeout_s=TIMEOUT_S))
             refit = reshard.TrainerRefit(session, model)
             held = models.locals_of(model)
             for b in session.buffers:  # in place: the runtime reads FSDP2's own memory
