@@ -444,7 +444,8 @@ TEST(QuantAssemble, CoverLargerThanTheStagingBudgetIsRefused) {
   json model = json::parse(R"({"format": "reshard.model/1", "name": "big", "dtype": "bf16", "dims": {"layer": 1},
     "tensors": [{"name": "layers.{layer}.gate", "shape": [2048, 2048]},
                 {"name": "layers.{layer}.up", "shape": [2048, 2048]},
-                {"name": "layers.{layer}.down", "shape": [2048, 2048]}]})");
+                {"name": "layers.{layer}.down", "shape": [2048, 2048]},
+                {"name": "layers.{layer}.norm", "shape": [2048]}]})");
   AssembleFixture f(json{{"format", "fp8_e4m3"}, {"scale", "tensor"}}, false, 8, model);
   EXPECT_EQ(f.error,
             "infer.json: tensor 'layers.{layer}.gate': inference rank 0 quantizes [0:1, 0:1024, 0:2048] over "

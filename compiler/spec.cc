@@ -679,6 +679,8 @@ LayoutSpec ParseLayout(const json& root, const std::string& file, const ModelSpe
       if (ax.size() != 2) r.Fail(ap, "expected [axis name, size]");
       std::string n = r.String(ax[0], ap + "/0");
       if (!names.insert(n).second) r.Fail(ap, "axis '" + n + "' appears twice");
+      if (n == "match" || n == "mesh" || n == "order" || n == "split_heads")
+        r.Fail(ap + "/0", "'" + n + "' is a field of every placement and cannot name a mesh axis");
       int64_t s = r.Int(ax[1], ap + "/1", 1, kMaxRanks);
       mesh.axes.emplace_back(n, s);
       product = std::min(product * s, kMaxRanks + 1);  // both <= 2^20 + 1: no overflow
@@ -731,6 +733,13 @@ LayoutSpec ParseLayout(const json& root, const std::string& file, const ModelSpe
   std::vector<std::string> tensor_names;
   std::unordered_map<std::string, size_t> tensor_index;
   for (auto& t : model.tensors) tensor_index.emplace(t.name, tensor_names.size()), tensor_names.push_back(t.name);
+  // An exact match (no *, ? or [) names one tensor family: a typo there would
+  // silently hand the tensor to a later catch-all placement.
+  for (const Placement& p : l.placements)
+    if (p.match.find_first_of("*?[") == std::string::npos && !tensor_index.count(p.match))
+      r.Fail(p.path + "/match", "no tensor '" + p.match + "' in model '" + model.name + "'" +
+                                    DidYouMean(p.match, tensor_names) +
+                                    " (a match without * ? [ names one tensor family, as the model spec writes it)");
   if (root.contains("buffers")) {
     const json& bufs = r.Array(root["buffers"], "/buffers");
     for (size_t i = 0; i < bufs.size(); ++i) {
@@ -741,6 +750,8 @@ LayoutSpec ParseLayout(const json& root, const std::string& file, const ModelSpe
       BufferRule b;
       b.path = path;
       b.name = r.String(r.Get(bj, path, "name"), path + "/name");
+      if (bj.contains("tensor") && bj.contains("parts"))
+        r.Fail(path, "use either \"tensor\" (a buffer of one tensor) or \"parts\" (several, fused)");
       if (bj.contains("tensor")) {
         b.parts.push_back(r.String(bj["tensor"], path + "/tensor"));
       } else {
@@ -759,6 +770,7 @@ LayoutSpec ParseLayout(const json& root, const std::string& file, const ModelSpe
         b.fuse_dim = static_cast<int>(r.Int(bj["concat"], path + "/concat", 0));
       } else if (bj.contains("interleave")) {
         const json& il = r.Object(bj["interleave"], path + "/interleave");
+        r.Keys(il, path + "/interleave", {"dim", "groups"});
         b.fuse = Fuse::interleave;
         b.fuse_dim = static_cast<int>(r.Int(r.Get(il, path + "/interleave", "dim"), path + "/interleave/dim", 0));
         b.groups = r.Int(r.Get(il, path + "/interleave", "groups"), path + "/interleave/groups", 1);

@@ -134,5 +134,26 @@ TEST(SpecErrors, AtIsReadAsAnInteger) {
   EXPECT_EQ(LayoutError(pp), "infer.json: /placements/0/pp/at: expected an integer <= 4294967295, got 18446744073709551615");
 }
 
+// What docs/specs.md found the parser let through (issue 31): each now has a message.
+TEST(SpecErrors, LoopholesTheReferenceFound) {
+  // An exact match names one tensor family; a typo would hand the tensor to a later "*".
+  EXPECT_EQ(LayoutError(With(kLayout, "{\"match\": \"*\", \"tp\": {\"shard\": 0}}",
+                             "{\"match\": \"layers.{layer}.v\"}, {\"match\": \"*\", \"tp\": {\"shard\": 0}}")),
+            "infer.json: /placements/0/match: no tensor 'layers.{layer}.v' in model 'm'; did you mean "
+            "'layers.{layer}.w'? (a match without * ? [ names one tensor family, as the model spec writes it)");
+  // A mesh axis cannot take a placement field's name.
+  EXPECT_EQ(LayoutError(With(With(kLayout, "[\"tp\", 2]", "[\"order\", 2]"), "\"tp\": {", "\"x\": {")),
+            "infer.json: /meshes/dense/0/0: 'order' is a field of every placement and cannot name a mesh axis");
+  const std::string rule = R"(, "buffers": [{"name": "b.{layer}", "tensor": "layers.{layer}.w", )";
+  auto with_rule = [&](const std::string& fields) {
+    std::string l = kLayout;
+    return l.substr(0, l.size() - 1) + rule + fields + "}]}";
+  };
+  EXPECT_EQ(LayoutError(with_rule(R"("parts": ["layers.{layer}.nope"])")),
+            "infer.json: /buffers/0: use either \"tensor\" (a buffer of one tensor) or \"parts\" (several, fused)");
+  EXPECT_EQ(LayoutError(with_rule(R"("interleave": {"dim": 0, "groups": 2, "group": 4})")),
+            "infer.json: /buffers/0/interleave/group: unknown field 'group'; did you mean 'groups'?");
+}
+
 }  // namespace
 }  // namespace reshard
