@@ -1,6 +1,6 @@
 // reshard init: the three specs (model, training layout, inference layout) and
 // a cluster, derived from a Hugging Face config.json and the frameworks'
-// parallel settings (DESIGN.md, "Where layouts come from").
+// parallel settings (README.md, "Specs from a config: reshard init").
 //
 // This is the driver (compiler/init.cc: the specs; init_files.cc: reading the
 // config, writing the files). The knowledge lives in frameworks/:

@@ -81,7 +81,9 @@ TEST(Init, UnknownModelTypeListsTheSupportedOnes) {
   c["model_type"] = "gpt2";
   EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "hf"); }),
             "config.json: /model_type: unknown model_type 'gpt2'; reshard init supports llama, qwen2, qwen3, qwen3_moe, "
-            "mixtral, deepseek_v3, kimi_k2");
+            "mixtral, deepseek_v3, kimi_k2. For another architecture, write the model spec by hand: the shortest way "
+            "is init with the closest model_type above, then edit the tensors' names and shapes (docs/specs.md, "
+            "\"Writing a model spec by hand\")");
   c.erase("hidden_size");
   c["model_type"] = "llama";
   EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "hf"); }), "config.json: /hidden_size: missing; a llama config.json has it");

@@ -1,5 +1,5 @@
 // The validated inputs of the compiler: model, layouts and cluster, parsed from
-// their JSON specs (DESIGN.md, "Specs"). Parsing is the only pass that reads
+// their JSON specs (docs/specs.md: every field). Parsing is the only pass that reads
 // files; every later pass works on these structs.
 #pragma once
 

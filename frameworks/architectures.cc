@@ -308,7 +308,10 @@ Arch ParseArch(const json& j, const std::string& file) {
     std::string list;
     for (const auto& t : Tables()) list += (list.empty() ? "" : ", ") + std::string(t.model_type);
     c.Fail("model_type", (type.empty() ? std::string("missing") : "unknown model_type '" + type + "'") +
-                             "; reshard init supports " + list);
+                             "; reshard init supports " + list +
+                             ". For another architecture, write the model spec by hand: the shortest way is init "
+                             "with the closest model_type above, then edit the tensors' names and shapes "
+                             "(docs/specs.md, \"Writing a model spec by hand\")");
   }
   Arch a;
   a.model_type = table->uses;

@@ -1,5 +1,5 @@
 // A rank's side of a refit: bind the weight buffers its program names, then
-// replay the program. See DESIGN.md "Runtime".
+// replay the program. See README.md, "Python" and "Using it".
 #pragma once
 
 #include <cstdint>
