@@ -10,6 +10,7 @@
 
 #include "compiler/expand.h"
 #include "compiler/spec.h"
+#include "compiler/init_test_util.h"
 #include "compiler/test.h"
 
 namespace reshard::init {
@@ -17,41 +18,11 @@ namespace {
 
 using nlohmann::json;
 using testing::ErrorOf;
-
-json Tiny(const std::string& type) {
-  json c = {{"model_type", type}, {"hidden_size", 64}, {"num_hidden_layers", 4}, {"num_attention_heads", 4},
-            {"num_key_value_heads", 2}, {"head_dim", 16}, {"intermediate_size", 128}, {"vocab_size", 512}};
-  if (type == "qwen3_moe") c.update({{"num_experts", 8}, {"moe_intermediate_size", 32}});
-  if (type == "mixtral") c.update({{"num_local_experts", 8}});
-  if (type == "deepseek_v3" || type == "kimi_k2")
-    c.update({{"num_key_value_heads", 4}, {"n_routed_experts", 8}, {"n_shared_experts", 1}, {"first_k_dense_replace", 1},
-              {"moe_intermediate_size", 32}, {"q_lora_rank", 32}, {"kv_lora_rank", 16}, {"qk_nope_head_dim", 16},
-              {"qk_rope_head_dim", 8}, {"v_head_dim", 16}, {"topk_method", "noaux_tc"}});
-  return c;
-}
-
-Result Gen(const json& config, const std::string& train, const std::string& infer) {
-  return Generate(Request{config, "config.json", train, infer, "", "m"});
-}
-
-json File(const Result& r, const std::string& name) {
-  for (const auto& [n, text] : r.files)
-    if (n == name) return json::parse(text);
-  ADD_FAILURE() << "no " << name;
-  return {};
-}
-
-const json* Rule(const json& layout, const std::string& buffer) {
-  for (const json& b : layout["buffers"])
-    if (b["name"] == buffer) return &b;
-  return nullptr;
-}
-
-const json* Place(const json& layout, const std::string& tensor) {
-  for (const json& p : layout["placements"])
-    if (p["match"] == tensor) return &p;
-  return nullptr;
-}
+using fixtures::File;
+using fixtures::Gen;
+using fixtures::Place;
+using fixtures::Rule;
+using fixtures::Tiny;
 
 // Compiles and validates the generated specs: every destination element
 // written exactly once from the right source.
@@ -341,7 +312,6 @@ TEST(Init, BadSettingsNameTheOptionAndTheAllowedValues) {
   EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "vllm"); }),
             "--infer 'vllm': expected vllm:key=value,... (tp, pp, dp, ep, engines, quant)");
 }
-
 
 // The TE spec's DeepSeek-style dense first layers fuse the pre-MLP norm into
 // linear_fc1; MoE layers keep pre_mlp_layernorm: two rules narrowed by layer.

@@ -71,9 +71,9 @@ size_t EditDistance(const std::string& a, const std::string& b) {
 }  // namespace
 
 // "; did you mean 'x'?" when a candidate is close enough, else "".
-std::string DidYouMean(const std::string& word, const std::vector<std::string>& candidates) {
+std::string DidYouMean(const std::string& word, const std::vector<std::string>& candidates, size_t min_edits) {
   std::string best;
-  size_t best_d = std::max<size_t>(3, word.size() / 3) + 1;
+  size_t best_d = std::max<size_t>(min_edits, word.size() / 3) + 1;
   for (const auto& c : candidates) {
     size_t d = EditDistance(word, c);
     if (d < best_d) best_d = d, best = c;

@@ -186,7 +186,7 @@ std::string ClusterText(const std::string& path_or_name, const std::string& opti
 
 /// "; did you mean 'x'?" for the candidate closest to `word` when it is close
 /// enough (a few edits), else "".
-std::string DidYouMean(const std::string& word, const std::vector<std::string>& candidates);
+std::string DidYouMean(const std::string& word, const std::vector<std::string>& candidates, size_t min_edits = 3);
 
 /// A name template cut at its placeholders: text[0] {dims[0]} text[1] ...
 /// text[n]. Each placeholder names a stack dim's index as `kind` says:

@@ -9,6 +9,7 @@
 #include "compiler/expand.h"
 #include "compiler/init.h"
 #include "compiler/spec.h"
+#include "compiler/init_test_util.h"
 #include "compiler/test.h"
 
 namespace reshard::init {
@@ -16,6 +17,11 @@ namespace {
 
 using nlohmann::json;
 using testing::ErrorOf;
+using fixtures::File;
+using fixtures::Gen;
+using fixtures::Place;
+using fixtures::Rule;
+using fixtures::Tiny;
 using Span = std::pair<int64_t, int64_t>;  // [lo, hi)
 
 // The samples' tiny configs, with sizes torch.chunk cuts unevenly where a test
@@ -31,42 +37,6 @@ json Moe(int64_t experts = 3) {
   json c = testing::LoadSample("tiny-moe/config.json");  // qwen3_moe: 8 heads of 16 (2 KV), hidden 64, I 96
   c["num_experts"] = experts;                             // 3 over 4: the last rank holds none
   return c;
-}
-
-// The configs compiler/init_test.cc uses for every architecture.
-json Tiny(const std::string& type) {
-  json c = {{"model_type", type}, {"hidden_size", 64}, {"num_hidden_layers", 4}, {"num_attention_heads", 4},
-            {"num_key_value_heads", 2}, {"head_dim", 16}, {"intermediate_size", 128}, {"vocab_size", 512}};
-  if (type == "qwen3_moe") c.update({{"num_experts", 8}, {"moe_intermediate_size", 32}});
-  if (type == "mixtral") c.update({{"num_local_experts", 8}});
-  if (type == "deepseek_v3" || type == "kimi_k2")
-    c.update({{"num_key_value_heads", 4}, {"n_routed_experts", 8}, {"n_shared_experts", 1}, {"first_k_dense_replace", 1},
-              {"moe_intermediate_size", 32}, {"q_lora_rank", 32}, {"kv_lora_rank", 16}, {"qk_nope_head_dim", 16},
-              {"qk_rope_head_dim", 8}, {"v_head_dim", 16}, {"topk_method", "noaux_tc"}});
-  return c;
-}
-
-Result Gen(const json& config, const std::string& train, const std::string& infer) {
-  return Generate(Request{config, "config.json", train, infer, "", "m"});
-}
-
-json File(const Result& r, const std::string& name) {
-  for (const auto& [n, text] : r.files)
-    if (n == name) return json::parse(text);
-  ADD_FAILURE() << "no " << name;
-  return {};
-}
-
-const json* Place(const json& layout, const std::string& tensor) {
-  for (const json& p : layout["placements"])
-    if (p["match"] == tensor) return &p;
-  return nullptr;
-}
-
-const json* Rule(const json& layout, const std::string& buffer) {
-  for (const json& b : layout["buffers"])
-    if (b["name"] == buffer) return &b;
-  return nullptr;
 }
 
 bool HasNote(const Result& r, const std::string& part) {

@@ -1,0 +1,57 @@
+// Fixtures shared by the tests of `reshard init` (compiler/init_test.cc) and
+// of each framework's side (frameworks/*_test.cc): a tiny config of every
+// architecture, Generate on it, and finding files, rules and placements in
+// what it wrote.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "compiler/init.h"
+
+namespace reshard::init::fixtures {
+
+/// A tiny config.json of `type` (4 layers, hidden 64, 4 heads of 16, 2 KV heads).
+inline nlohmann::json Tiny(const std::string& type) {
+  nlohmann::json c = {{"model_type", type},  {"hidden_size", 64},        {"num_hidden_layers", 4},
+                      {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 16},
+                      {"intermediate_size", 128}, {"vocab_size", 512}};
+  if (type == "qwen3_moe") c.update({{"num_experts", 8}, {"moe_intermediate_size", 32}});
+  if (type == "mixtral") c.update({{"num_local_experts", 8}});
+  if (type == "deepseek_v3" || type == "kimi_k2")
+    c.update({{"num_key_value_heads", 4}, {"n_routed_experts", 8}, {"n_shared_experts", 1}, {"first_k_dense_replace", 1},
+              {"moe_intermediate_size", 32}, {"q_lora_rank", 32}, {"kv_lora_rank", 16}, {"qk_nope_head_dim", 16},
+              {"qk_rope_head_dim", 8}, {"v_head_dim", 16}, {"topk_method", "noaux_tc"}});
+  return c;
+}
+
+inline Result Gen(const nlohmann::json& config, const std::string& train, const std::string& infer) {
+  return Generate(Request{config, "config.json", train, infer, "", "m"});
+}
+
+/// The file `name` ("model.json", "train.json", ...) Generate wrote.
+inline nlohmann::json File(const Result& r, const std::string& name) {
+  for (const auto& [n, text] : r.files)
+    if (n == name) return nlohmann::json::parse(text);
+  ADD_FAILURE() << "no " << name;
+  return {};
+}
+
+/// The buffer rule named `buffer`, or nullptr.
+inline const nlohmann::json* Rule(const nlohmann::json& layout, const std::string& buffer) {
+  for (const nlohmann::json& b : layout["buffers"])
+    if (b["name"] == buffer) return &b;
+  return nullptr;
+}
+
+/// The placement whose match is `tensor`, or nullptr.
+inline const nlohmann::json* Place(const nlohmann::json& layout, const std::string& tensor) {
+  for (const nlohmann::json& p : layout["placements"])
+    if (p["match"] == tensor) return &p;
+  return nullptr;
+}
+
+}  // namespace reshard::init::fixtures
