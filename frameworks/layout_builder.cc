@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <set>
 
+#include "compiler/spec.h"
 #include "runtime/error.h"
 
 namespace reshard::init {
@@ -31,22 +32,7 @@ std::string Join(const std::vector<std::string>& v) {
 }
 
 std::string DidYouMean(const std::string& word, const std::vector<std::string>& candidates) {
-  auto distance = [](const std::string& a, const std::string& b) {
-    std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-    for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-    for (size_t i = 1; i <= a.size(); ++i) {
-      cur[0] = i;
-      for (size_t j = 1; j <= b.size(); ++j)
-        cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
-      std::swap(prev, cur);
-    }
-    return prev[b.size()];
-  };
-  std::string best;
-  size_t best_d = std::max<size_t>(2, word.size() / 3) + 1;
-  for (const auto& c : candidates)
-    if (const size_t d = distance(word, c); d < best_d) best_d = d, best = c;
-  return best.empty() ? "" : "; did you mean '" + best + "'?";
+  return reshard::DidYouMean(word, candidates, 2);  // compiler/spec.cc's, at two edits
 }
 
 int64_t PositiveInt(const Settings& s, const std::string& key, const std::string& value) {
