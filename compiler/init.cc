@@ -69,6 +69,7 @@ ordered_json ModelJson(const Arch& a, const std::string& name) {
   m["format"] = "reshard.model/1";
   m["name"] = name;
   m["dtype"] = "bf16";
+  if (!a.model_notes.empty()) m["notes"] = a.model_notes;
   ordered_json dims = {{"layer", a.layers}};
   if (a.experts > 0) dims["expert"] = a.experts;
   m["dims"] = dims;

@@ -38,7 +38,7 @@ TEST(Init, EveryArchitectureCompilesAndValidates) {
   for (const std::string& type : SupportedModelTypes()) {
     SCOPED_TRACE(type);
     const json c = Tiny(type);
-    const bool moe = type == "qwen3_moe" || type == "mixtral" || type == "deepseek_v3" || type == "kimi_k2";
+    const bool moe = fixtures::Moe(type);
     const std::string ep = moe ? ",ep=2,etp=1" : "";
     CompileAndValidate(Gen(c, "megatron:tp=2,pp=2" + ep, "vllm:tp=2,dp=2"));
     CompileAndValidate(Gen(c, "megatron:tp=2,pp=2" + ep + ",spec=local", "hf"));
@@ -52,9 +52,9 @@ TEST(Init, UnknownModelTypeListsTheSupportedOnes) {
   c["model_type"] = "gpt2";
   EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "hf"); }),
             "config.json: /model_type: unknown model_type 'gpt2'; reshard init supports llama, qwen2, qwen3, qwen3_moe, "
-            "mixtral, deepseek_v3, kimi_k2. For another architecture, write the model spec by hand: the shortest way "
-            "is init with the closest model_type above, then edit the tensors' names and shapes (docs/specs.md, "
-            "\"Writing a model spec by hand\")");
+            "mixtral, deepseek_v3, kimi_k2, glm4_moe, gpt_oss. For another architecture, write the model spec by hand: "
+            "the shortest way is init with the closest model_type above, then edit the tensors' names and shapes "
+            "(docs/specs.md, \"Writing a model spec by hand\")");
   c.erase("hidden_size");
   c["model_type"] = "llama";
   EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "hf"); }), "config.json: /hidden_size: missing; a llama config.json has it");
@@ -439,8 +439,11 @@ TEST(Init, BadConfigFieldsNameTheFieldAndTheFile) {
       {[](json& c) { c["mlp_only_layers"] = 3; }, "/mlp_only_layers: expected a list of layer indices, got 3"},
       {[](json& c) { c["quantization_config"] = "fp8"; }, "/quantization_config: expected an object, got \"fp8\""},
       {[](json& c) { c["quantization_config"] = {{"quant_method", 5}}; },
-       "/quantization_config: only FP8 checkpoints with block scales (quant_method 'fp8', weight_block_size) are "
-       "supported, got {\"quant_method\":5}"},
+       "/quantization_config: only FP8 checkpoints with block scales (quant_method 'fp8', weight_block_size) and "
+       "gpt-oss's MXFP4 release (quant_method 'mxfp4') are supported, got {\"quant_method\":5}"},
+      {[](json& c) { c["quantization_config"] = {{"quant_method", "mxfp4"}}; },  // gpt-oss's alone
+       "/quantization_config: only FP8 checkpoints with block scales (quant_method 'fp8', weight_block_size) and "
+       "gpt-oss's MXFP4 release (quant_method 'mxfp4') are supported, got {\"quant_method\":\"mxfp4\"}"},
       {[](json& c) { c["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {0, 128}}}; },
        "/quantization_config/weight_block_size: expected [rows, cols] (positive integers), got [0,128]"},
   };
@@ -532,6 +535,202 @@ TEST(Init, WarnsWhereARanksWeightsExceedTheGpuMemory) {
   EXPECT_TRUE(Generate(req).warnings.empty());
   req.cluster = "";
   EXPECT_TRUE(Generate(req).warnings.empty());  // no cluster: no limit known
+}
+
+
+bool HasNote(const Result& r, const std::string& note) {
+  return std::find(r.notes.begin(), r.notes.end(), note) != r.notes.end();
+}
+
+// GLM-4.5 (glm4_moe): q/k/v biases, optional q/k norms, first_k_dense_replace
+// dense layers, a sigmoid router with its fp32 e_score_correction_bias, shared
+// experts; the MTP layer left out. vLLM holds the router in fp32 and keeps the
+// shared experts TP-cut under sequence-parallel MoE (Glm4MoeMLP has no
+// disable_tp); Megatron: linear_qkv.bias, q/k_layernorm, expert_bias, shared
+// experts. Checked on real vLLM and Megatron-Core ranks: tests/data/archs.
+TEST(Init, Glm4Moe) {
+  const std::string m = "model.layers.{layer}.mlp.";
+  Result r = Gen(Tiny("glm4_moe"), "megatron:tp=2,pp=2,ep=2,etp=1", "vllm:tp=2,dp=2,ep");
+  const json model = File(r, "model.json");
+  std::vector<std::string> names;
+  for (const json& t : model["tensors"]) names.push_back(t["name"]);
+  EXPECT_EQ(names, (std::vector<std::string>{
+                       "model.embed_tokens.weight", "model.layers.{layer}.input_layernorm.weight",
+                       "model.layers.{layer}.self_attn.q_proj.weight", "model.layers.{layer}.self_attn.k_proj.weight",
+                       "model.layers.{layer}.self_attn.v_proj.weight", "model.layers.{layer}.self_attn.q_proj.bias",
+                       "model.layers.{layer}.self_attn.k_proj.bias", "model.layers.{layer}.self_attn.v_proj.bias",
+                       "model.layers.{layer}.self_attn.o_proj.weight", "model.layers.{layer}.self_attn.q_norm.weight",
+                       "model.layers.{layer}.self_attn.k_norm.weight",
+                       "model.layers.{layer}.post_attention_layernorm.weight", m + "gate_proj.weight",
+                       m + "up_proj.weight", m + "down_proj.weight", m + "gate.weight",
+                       m + "gate.e_score_correction_bias", m + "experts.{expert}.gate_proj.weight",
+                       m + "experts.{expert}.up_proj.weight", m + "experts.{expert}.down_proj.weight",
+                       m + "shared_experts.gate_proj.weight", m + "shared_experts.up_proj.weight",
+                       m + "shared_experts.down_proj.weight", "model.norm.weight", "lm_head.weight"}));
+  for (const json& t : model["tensors"]) {
+    if (t["name"] == m + "gate_proj.weight") EXPECT_EQ(t["range"], json::parse(R"({"layer": [0, 1]})"));
+    if (t["name"] == m + "gate.e_score_correction_bias") {
+      EXPECT_EQ(t["dtype"], "fp32");
+      EXPECT_EQ(t["range"], json::parse(R"({"layer": [1, 4]})"));
+    }
+    if (t["name"] == m + "shared_experts.gate_proj.weight") EXPECT_EQ(t["shape"], json({32, 64}));
+  }
+  const json infer = File(r, "infer.json");
+  EXPECT_EQ(*Rule(infer, m + "gate.weight"),
+            json::parse(R"({"name": ")" + m + R"(gate.weight", "parts": [")" + m + R"(gate.weight"], "dtype": "fp32"})"));
+  EXPECT_EQ((*Place(infer, m + "shared_experts.up_proj.weight"))["tp"], json({{"shard", 0}}));  // not whole
+  EXPECT_EQ((*Rule(infer, m + "shared_experts.gate_up_proj.weight"))["concat"], 0);
+  const json train = File(r, "train.json");
+  const std::string L = "decoder.layers.{layer.local}.";
+  for (const std::string b : {"self_attention.linear_qkv.bias", "self_attention.q_layernorm.weight",
+                              "mlp.router.expert_bias", "mlp.shared_experts.linear_fc1.weight"})
+    EXPECT_NE(Rule(train, L + b), nullptr) << b;
+  EXPECT_EQ((*Rule(train, L + "mlp.linear_fc1.layer_norm_weight"))["range"], json::parse(R"({"layer": [0, 1]})"));
+  EXPECT_TRUE(HasNote(r, "--train: the checkpoint's 1 MTP layer(s) (num_nextn_predict_layers) are not in the layout: "
+                         "train without --mtp-num-layers, or refit them separately (vLLM's main model skips them "
+                         "when loading)"));
+  CompileAndValidate(r);
+  CompileAndValidate(Gen(Tiny("glm4_moe"), "fsdp2:dp_shard=2,tp=2", "vllm:tp=2"));
+  // GLM-4.5-Air: no q/k norms; Glm4MoeConfig's defaults where the config is silent.
+  json air = Tiny("glm4_moe");
+  air.erase("use_qk_norm");
+  air.erase("first_k_dense_replace");
+  air.erase("n_shared_experts");
+  air.erase("head_dim");
+  air["hidden_size"] = 96;
+  Result a = Gen(air, "hf", "hf");
+  for (const json& t : File(a, "model.json")["tensors"]) EXPECT_EQ(t["name"].get<std::string>().find("_norm"), std::string::npos);
+  const std::string cls = " assumed (Glm4MoeConfig, transformers 5.20.2 models/glm4_moe/configuration_glm4_moe.py)";
+  EXPECT_TRUE(HasNote(a, "config.json: no first_k_dense_replace; 1" + cls));
+  EXPECT_TRUE(HasNote(a, "config.json: no n_shared_experts; 1" + cls));
+  EXPECT_TRUE(HasNote(a, "config.json: no head_dim; hidden_size // num_attention_heads = 96 // 4 = 24 assumed "
+                         "(Glm4MoeConfig, transformers 5.20.2 models/glm4_moe/configuration_glm4_moe.py, and "
+                         "Glm4MoeAttention in modeling_glm4_moe.py)"));
+  air["first_k_dense_replace"] = 4;
+  EXPECT_EQ(ErrorOf([&] { Gen(air, "hf", "hf"); }),
+            "config.json: /first_k_dense_replace: must be below num_hidden_layers");
+}
+
+// gpt-oss: q/k/v/o biases, per-head sinks, a router with a bias, experts with
+// biases; the experts per expert as [out, in] (the checkpoint's transposed,
+// fused gate_up_proj cannot be a layout). vLLM: attn.*, embedding, w13 with
+// gate and up rows alternating (interleave, groups of one row), w2_bias real
+// only on the MoE's flattened rank 0; Megatron: softmax_offset, the biases.
+TEST(Init, GptOss) {
+  const std::string e = "model.layers.{layer}.mlp.experts.{expert}.";
+  const std::string v = "model.layers.{layer}.mlp.experts.routed_experts.";
+  Result r = Gen(Tiny("gpt_oss"), "megatron:tp=2,pp=2,ep=2,etp=1", "vllm:tp=2,dp=2");
+  const json model = File(r, "model.json");
+  EXPECT_NE(model["notes"].get<std::string>().find("gate_up_proj [E, H, 2I]"), std::string::npos);
+  for (const json& t : model["tensors"]) {
+    if (t["name"] == "model.layers.{layer}.self_attn.sinks") {
+      EXPECT_EQ(t["shape"], json({4}));
+      EXPECT_EQ(t["heads"], json({{"dim", 0}, {"size", 1}}));
+    }
+    if (t["name"] == e + "down_proj.bias") EXPECT_EQ(t["shape"], json({64}));
+  }
+  const json infer = File(r, "infer.json");
+  EXPECT_NE(Rule(infer, "model.embedding.weight"), nullptr);
+  EXPECT_NE(Rule(infer, "model.layers.{layer}.attn.qkv_proj.bias"), nullptr);
+  EXPECT_NE(Rule(infer, "model.layers.{layer}.attn.sinks"), nullptr);
+  EXPECT_EQ((*Place(infer, "model.layers.{layer}.self_attn.sinks"))["tp"], json({{"shard", 0}}));
+  EXPECT_FALSE(Place(infer, "model.layers.{layer}.self_attn.o_proj.bias")->contains("tp"));
+  EXPECT_EQ(*Rule(infer, v + "w13_weight"),
+            json::parse(R"({"name": ")" + v + R"(w13_weight", "parts": [")" + e + R"(gate_proj.weight", ")" + e +
+                        R"(up_proj.weight"], "interleave": {"dim": 0, "groups": 32}})"));
+  EXPECT_EQ((*Rule(infer, v + "w13_bias"))["interleave"], json::parse(R"({"dim": 0, "groups": 32})"));
+  EXPECT_EQ(infer["meshes"]["moe"], json::parse(R"([["moe_tp", 4]])"));
+  EXPECT_EQ(*Place(infer, e + "down_proj.bias"),
+            json::parse(R"({"match": ")" + e + R"(down_proj.bias", "mesh": "moe", "moe_tp": {"shard": 0, "sizes": [64, 0, 0, 0]}})"));
+  EXPECT_EQ((*Rule(infer, v + "w2_bias"))["shape"], json({64}));
+  ModelSpec ms = ParseModel(model, "model.json");
+  Expansion x = Expand(ms, ParseLayout(infer, "infer.json", ms));
+  for (int rank = 0; rank < 4; ++rank)  // every rank binds w2_bias [E, H] (zeros but on rank 0), as vLLM holds it
+    EXPECT_EQ(std::count_if(x.ranks[rank].buffers.begin(), x.ranks[rank].buffers.end(),
+                            [](const BufferDesc& b) {
+                              return b.name == "model.layers.0.mlp.experts.routed_experts.w2_bias" &&
+                                     b.shape == std::vector<int64_t>({8, 64});
+                            }),
+              1)
+        << rank;
+  const json train = File(r, "train.json");
+  const std::string L = "decoder.layers.{layer.local}.";
+  for (const std::string b : {"self_attention.core_attention.softmax_offset", "self_attention.linear_proj.bias",
+                              "self_attention.linear_qkv.bias", "mlp.router.bias",
+                              "mlp.experts.local_experts.{expert.local}.linear_fc1.bias",
+                              "mlp.experts.local_experts.{expert.local}.linear_fc2.bias"})
+    EXPECT_NE(Rule(train, L + b), nullptr) << b;
+  EXPECT_EQ((*Rule(train, L + "mlp.experts.local_experts.{expert.local}.linear_fc1.weight"))["concat"], 0);
+  EXPECT_FALSE(Place(train, e + "down_proj.bias")->contains("etp"));
+  CompileAndValidate(r);
+  // With EP: the biases go with their experts; pp on vLLM: w2_bias on dp 0's first TP rank.
+  CompileAndValidate(Gen(Tiny("gpt_oss"), "megatron:pp=2,ep=4,etp=1,grouped-gemm", "vllm:tp=2,dp=2,ep"));
+  const json pp = File(Gen(Tiny("gpt_oss"), "hf", "vllm:tp=2,pp=2,dp=2"), "infer.json");
+  EXPECT_EQ((*Place(pp, e + "down_proj.bias"))["tp"], json::parse(R"({"shard": 0, "sizes": [64, 0]})"));
+  EXPECT_EQ((*Place(pp, e + "down_proj.bias"))["dp"], json::parse(R"({"at": 0})"));
+  // hf: the checkpoint's fused expert biases; the note says what the layout cannot hold.
+  Result h = Gen(Tiny("gpt_oss"), "hf:tp=2", "hf");
+  const json hf = File(h, "train.json");
+  EXPECT_EQ(*Rule(hf, "model.layers.{layer}.mlp.experts.gate_up_proj_bias"),
+            json::parse(R"({"name": "model.layers.{layer}.mlp.experts.gate_up_proj_bias", "parts": [")" + e +
+                        R"(gate_proj.bias", ")" + e + R"(up_proj.bias"], "interleave": {"dim": 0, "groups": 32}})"));
+  EXPECT_NE(Rule(hf, "model.layers.{layer}.mlp.experts.down_proj_bias"), nullptr);
+  EXPECT_TRUE(HasNote(h, "--train: the experts' weights are written per expert as [out, in] (" + e +
+                             "gate_proj.weight, ...): the gpt_oss checkpoint holds them transposed and fused "
+                             "(mlp.experts.gate_up_proj [8, 64, 2 x 32] with gate and up in alternate columns, "
+                             "down_proj [8, 32, 64]), which a layout cannot express (no transposes); the experts' "
+                             "biases are the checkpoint's gate_up_proj_bias and down_proj_bias"));
+  CompileAndValidate(h);
+}
+
+// What gpt-oss's frameworks refuse, each naming its rule: vLLM serving the
+// release's MXFP4 experts (kernel layouts reshard cannot write), vLLM TP above
+// the KV heads (OAIAttention divides them), uneven EP (its loader slices
+// E // ep_size), Megatron's expert biases under expert-TP, FSDP2's
+// transposed experts.
+TEST(Init, GptOssRefusals) {
+  json release = Tiny("gpt_oss");
+  release["quantization_config"] = {{"quant_method", "mxfp4"},
+                                    {"modules_to_not_convert", {"model.layers.*.self_attn", "lm_head"}}};
+  EXPECT_EQ(ErrorOf([&] { Gen(release, "hf", "vllm:tp=2"); }),
+            "--infer 'vllm:tp=2': the config's quantization_config (quant_method mxfp4) makes vLLM serve gpt-oss's "
+            "experts in MXFP4, held after loading in a kernel-specific layout (layers/fused_moe/oracle/mxfp4.py "
+            "convert_gpt_oss_weight_to_mxfp4_moe_kernel_format: Marlin repacking, FlashInfer shuffles, "
+            "triton_kernels swizzling, sizes rounded up), which reshard cannot write: a BF16 refit needs MXFP4 "
+            "quantization and that layout. Serve a BF16 checkpoint (no quantization_config) and add quant=none to "
+            "refit into it");
+  Result bf16 = Gen(release, "megatron:tp=2,ep=2,etp=1", "vllm:tp=2,quant=none");
+  EXPECT_EQ(File(bf16, "infer.json")["name"], "vllm-tp2");
+  CompileAndValidate(bf16);
+  EXPECT_EQ(ErrorOf([&] { Gen(Tiny("gpt_oss"), "hf", "vllm:tp=2,quant=fp8-block"); }),
+            "--infer 'vllm:tp=2,quant=fp8-block': reshard init describes gpt-oss engines in BF16 only (quant=none); "
+            "quant=fp8-block would quantize the experts, which vLLM's gpt-oss loader (models/gpt_oss.py) takes only "
+            "from an MXFP4 or quark checkpoint");
+  EXPECT_EQ(ErrorOf([&] { Gen(Tiny("gpt_oss"), "hf", "vllm:tp=4"); }),
+            "--infer 'vllm:tp=4': vLLM's OAIAttention (models/gpt_oss.py) divides the 2 KV heads by "
+            "tensor_parallel_size (num_key_value_heads // tp_size) instead of replicating them: tp must be at most 2");
+  EXPECT_EQ(ErrorOf([&] { Gen(Tiny("gpt_oss"), "hf", "vllm:tp=1,dp=3,ep"); }),
+            "--infer 'vllm:tp=1,dp=3,ep': vLLM's gpt-oss MLPBlock asserts intermediate_size (32) % world_size "
+            "(dp x pp x tp = 3) == 0 (models/gpt_oss.py)");
+  json wide = Tiny("gpt_oss");
+  wide["intermediate_size"] = 48;
+  EXPECT_EQ(ErrorOf([&] { Gen(wide, "hf", "vllm:tp=1,dp=3,ep"); }),
+            "--infer 'vllm:tp=1,dp=3,ep': vLLM's gpt-oss loader gives EP rank r experts r x (E // ep_size) onward "
+            "(models/gpt_oss.py GptOssModel.load_weights): num_local_experts (8) must divide by dp x tp (3)");
+  EXPECT_EQ(ErrorOf([&] { Gen(Tiny("gpt_oss"), "megatron:tp=2,ep=2", "hf"); }),
+            "--train 'megatron:tp=2,ep=2': Megatron-Core supports the experts' biases (add_bias_linear, gpt_oss) only "
+            "with expert_tensor_parallel_size 1 (transformer_config.py: \"Bias in Moe is only supported when "
+            "ETP==1\"); etp is 2 (Megatron's default: tp), add etp=1");
+  EXPECT_EQ(ErrorOf([&] { Gen(Tiny("gpt_oss"), "fsdp2:dp_shard=2", "hf"); }),
+            "--train 'fsdp2:dp_shard=2': transformers 5's gpt_oss experts (GptOssExperts, "
+            "models/gpt_oss/modeling_gpt_oss.py) are mlp.experts.gate_up_proj [8, 64, 64] and down_proj [8, 32, 64], "
+            "[in, out] per expert: the transpose of the [out, in] experts vLLM and Megatron hold, and a layout cannot "
+            "transpose; reshard init does not describe FSDP2 for gpt_oss");
+  json nobias = Tiny("gpt_oss");
+  nobias["attention_bias"] = false;
+  EXPECT_EQ(ErrorOf([&] { Gen(nobias, "hf", "hf"); }),
+            "config.json: /attention_bias: vLLM's OAIAttention (models/gpt_oss.py) always builds q/k/v/o biases; "
+            "expected true");
 }
 
 }  // namespace

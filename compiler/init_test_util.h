@@ -25,7 +25,18 @@ inline nlohmann::json Tiny(const std::string& type) {
     c.update({{"num_key_value_heads", 4}, {"n_routed_experts", 8}, {"n_shared_experts", 1}, {"first_k_dense_replace", 1},
               {"moe_intermediate_size", 32}, {"q_lora_rank", 32}, {"kv_lora_rank", 16}, {"qk_nope_head_dim", 16},
               {"qk_rope_head_dim", 8}, {"v_head_dim", 16}, {"topk_method", "noaux_tc"}});
+  if (type == "glm4_moe")  // GLM-4.5's fields: q/k/v biases, q/k norms, one dense layer, a shared expert, MTP
+    c.update({{"n_routed_experts", 8}, {"n_shared_experts", 1}, {"first_k_dense_replace", 1},
+              {"moe_intermediate_size", 32}, {"attention_bias", true}, {"use_qk_norm", true},
+              {"num_nextn_predict_layers", 1}});
+  if (type == "gpt_oss") c.update({{"num_local_experts", 8}, {"intermediate_size", 32}});
   return c;
+}
+
+/// Whether `type`'s table has experts.
+inline bool Moe(const std::string& type) {
+  return type == "qwen3_moe" || type == "mixtral" || type == "deepseek_v3" || type == "kimi_k2" ||
+         type == "glm4_moe" || type == "gpt_oss";
 }
 
 inline Result Gen(const nlohmann::json& config, const std::string& train, const std::string& infer) {

@@ -65,7 +65,10 @@ void Head(Arch& a, std::vector<ArchTensor>& t) {
   // Tied embeddings: the checkpoint has no lm_head (transformers ties it to embed_tokens).
   if (!a.tied) t.push_back({Role::lm_head, "lm_head.weight", {a.vocab, a.hidden}, Layers::none});
 }
-void GqaAttention(Arch& a, std::vector<ArchTensor>& t, bool bias, bool qk_norm) {
+// GQA attention; `o_bias` and `sinks` (gpt-oss): o_proj's bias and the
+// per-head sink logits (self_attn.sinks [num_attention_heads]).
+void GqaAttention(Arch& a, std::vector<ArchTensor>& t, bool bias, bool qk_norm, bool o_bias = false,
+                  bool sinks = false) {
   const std::string p = "model.layers.{layer}.";
   const int64_t hd = a.head_dim, q = a.heads * hd, kv = a.kv_heads * hd;
   t.push_back({Role::input_norm, p + "input_layernorm.weight", {a.hidden}});
@@ -78,6 +81,8 @@ void GqaAttention(Arch& a, std::vector<ArchTensor>& t, bool bias, bool qk_norm) 
     t.push_back({Role::v_bias, p + "self_attn.v_proj.bias", {kv}, Layers::all, false, hd});
   }
   t.push_back({Role::o, p + "self_attn.o_proj.weight", {a.hidden, q}, Layers::all, false, hd});
+  if (o_bias) t.push_back({Role::o_bias, p + "self_attn.o_proj.bias", {a.hidden}});
+  if (sinks) t.push_back({Role::sinks, p + "self_attn.sinks", {a.heads}, Layers::all, false, 1});
   if (qk_norm) {
     t.push_back({Role::q_norm, p + "self_attn.q_norm.weight", {hd}});
     t.push_back({Role::k_norm, p + "self_attn.k_norm.weight", {hd}});
@@ -203,6 +208,85 @@ void DeepseekV3(const Config& c, Arch& a) {
   Head(a, t);
 }
 
+// GLM-4.5 / 4.6 / 4.5-Air (transformers 5.20.2 models/glm4_moe/modeling_glm4_moe.py;
+// the checkpoints' safetensors index): GQA with q/k/v biases
+// (attention_bias) and optional per-head q/k norms (use_qk_norm: GLM-4.5 and
+// 4.6, not 4.5-Air), first_k_dense_replace dense layers, then MoE layers
+// (Glm4MoeMoE) with a sigmoid router `mlp.gate` and its fp32
+// e_score_correction_bias (Glm4MoeTopkRouter: always, an nn.Buffer kept in
+// fp32 by _keep_in_fp32_modules_strict), n_routed_experts experts and
+// n_shared_experts fused into one shared MLP of moe_intermediate_size x
+// n_shared_experts. The checkpoint's MTP layer (num_nextn_predict_layers:
+// model.layers.{num_hidden_layers}.*) is not part of the model spec
+// (Glm4MoePreTrainedModel ignores it on load; vLLM skips it: skip_spec_layers).
+// Missing first_k_dense_replace / n_shared_experts take Glm4MoeConfig's
+// defaults (1 and 1), said in a note.
+void Glm4Moe(const Config& c, Arch& a) {
+  const std::string cls = " assumed (Glm4MoeConfig, transformers 5.20.2 models/glm4_moe/configuration_glm4_moe.py)";
+  a.experts = c.Int("n_routed_experts");
+  if (c.Has("first_k_dense_replace")) {
+    a.first_moe = c.IntOrZero("first_k_dense_replace");
+  } else {
+    a.first_moe = 1;
+    a.notes.push_back(c.file() + ": no first_k_dense_replace; 1" + cls);
+  }
+  a.mtp_layers = c.IntOrZero("num_nextn_predict_layers");
+  if (a.first_moe >= a.layers) c.Fail("first_k_dense_replace", "must be below num_hidden_layers");
+  if (!c.Has("n_shared_experts")) a.notes.push_back(c.file() + ": no n_shared_experts; 1" + cls);
+  const int64_t shared = c.Int("n_shared_experts", 1);
+  const int64_t h = a.hidden, inter = c.Int("moe_intermediate_size");
+  auto& t = a.tensors;
+  Embeddings(a, t);
+  GqaAttention(a, t, c.Bool("attention_bias", false), c.Bool("use_qk_norm", false));
+  const std::string m = "model.layers.{layer}.mlp.";
+  if (a.first_moe > 0) DenseMlp(t, m, h, c.Int("intermediate_size"), Layers::dense);
+  t.push_back({Role::router, m + "gate.weight", {a.experts, h}, Layers::moe});
+  t.push_back({Role::router_bias, m + "gate.e_score_correction_bias", {a.experts}, Layers::moe, true});
+  DenseMlp(t, m + "experts.{expert}.", h, inter, Layers::moe, Role::expert_gate, Role::expert_up, Role::expert_down);
+  DenseMlp(t, m + "shared_experts.", h, shared * inter, Layers::moe, Role::shared_gate, Role::shared_up,
+           Role::shared_down);
+  Head(a, t);
+}
+
+// gpt-oss (transformers 5.20.2 models/gpt_oss/modeling_gpt_oss.py; the
+// safetensors index of openai/gpt-oss-120b): GQA with q/k/v/o biases and
+// per-head attention sinks (self_attn.sinks), every layer MoE with a router
+// `mlp.router` that has a bias, and experts with biases. The checkpoint fuses
+// each layer's experts as GptOssExperts holds them: gate_up_proj [E, H, 2I]
+// (gate = columns 0::2, up = 1::2: _apply_gate), gate_up_proj_bias [E, 2I],
+// down_proj [E, I, H], down_proj_bias [E, H]; the release stores gate_up_proj
+// and down_proj in MXFP4 (*_blocks, *_scales: quantization_config
+// "mxfp4"). The weights are [in, out] there, the transpose of what vLLM
+// (w13_weight [E, 2I, H]) and Megatron (linear_fc1 [2I, H]) hold, and a
+// layout does not transpose: the model spec holds each expert's gate, up and
+// down as [out, in] (and their biases) under per-expert names, and says so
+// in its notes.
+void GptOss(const Config& c, Arch& a) {
+  if (!c.Bool("attention_bias", true))
+    c.Fail("attention_bias", "vLLM's OAIAttention (models/gpt_oss.py) always builds q/k/v/o biases; expected true");
+  a.experts = c.Int("num_local_experts");
+  a.interleaved_gate_up = true;
+  a.experts_transposed = true;
+  const int64_t h = a.hidden, inter = c.Int("intermediate_size");
+  auto& t = a.tensors;
+  Embeddings(a, t);
+  GqaAttention(a, t, true, false, true, true);
+  const std::string m = "model.layers.{layer}.mlp.";
+  t.push_back({Role::router, m + "router.weight", {a.experts, h}, Layers::moe});
+  t.push_back({Role::router_linear_bias, m + "router.bias", {a.experts}, Layers::moe});
+  const std::string e = m + "experts.{expert}.";
+  DenseMlp(t, e, h, inter, Layers::moe, Role::expert_gate, Role::expert_up, Role::expert_down);
+  t.push_back({Role::expert_gate_bias, e + "gate_proj.bias", {inter}, Layers::moe});
+  t.push_back({Role::expert_up_bias, e + "up_proj.bias", {inter}, Layers::moe});
+  t.push_back({Role::expert_down_bias, e + "down_proj.bias", {h}, Layers::moe});
+  Head(a, t);
+  a.model_notes =
+      "gpt-oss experts per expert as [out, in]: the checkpoint's mlp.experts.gate_up_proj [E, H, 2I] holds them "
+      "transposed with gate and up in alternate columns (gate = 0::2, up = 1::2), gate_up_proj_bias [E, 2I] "
+      "alternates likewise, down_proj [E, I, H] is down_proj.weight transposed, down_proj_bias [E, H]; the "
+      "release stores gate_up_proj and down_proj in MXFP4 (*_blocks, *_scales). Generated by reshard init";
+}
+
 // What transformers builds when config.json leaves out num_key_value_heads or
 // head_dim: the defaults of the architecture's config class (transformers
 // 5.20.2, models/<model_type>/configuration_<model_type>.py) or, where the
@@ -239,6 +323,16 @@ const Defaults kQwen3Moe{"Qwen3MoeConfig, transformers 5.20.2 models/qwen3_moe/c
 // num_attention_heads), head_dim = None: MixtralAttention (modeling_mixtral.py)
 // takes getattr(config, "head_dim", None) or hidden_size // num_attention_heads.
 const Defaults kMixtral{"MixtralConfig, transformers 5.20.2 models/mixtral/configuration_mixtral.py", 8, true, 0, true};
+// Glm4MoeConfig (configuration_glm4_moe.py): num_key_value_heads: int = 8
+// (no __post_init__ for None); no head_dim field: Glm4MoeAttention
+// (modeling_glm4_moe.py) takes getattr(config, "head_dim", hidden_size // num_attention_heads).
+const Defaults kGlm4Moe{"Glm4MoeConfig, transformers 5.20.2 models/glm4_moe/configuration_glm4_moe.py, and "
+                        "Glm4MoeAttention in modeling_glm4_moe.py",
+                        8, false, 0, false};
+// GptOssConfig (configuration_gpt_oss.py): num_key_value_heads: int = 8,
+// head_dim: int = 64; __post_init__ sets None to num_attention_heads and
+// hidden_size // num_attention_heads.
+const Defaults kGptOss{"GptOssConfig, transformers 5.20.2 models/gpt_oss/configuration_gpt_oss.py", 8, true, 64, true};
 
 struct Table {
   const char* model_type;
@@ -256,6 +350,8 @@ const std::vector<Table>& Tables() {
       {"mixtral", "mixtral", Mixtral, &kMixtral},
       {"deepseek_v3", "deepseek_v3", DeepseekV3, nullptr},
       {"kimi_k2", "deepseek_v3", DeepseekV3, nullptr},
+      {"glm4_moe", "glm4_moe", Glm4Moe, &kGlm4Moe},
+      {"gpt_oss", "gpt_oss", GptOss, &kGptOss},
   };
   return tables;
 }
@@ -325,14 +421,20 @@ Arch ParseArch(const json& j, const std::string& file) {
     const json& q = c.Raw("quantization_config");
     if (!q.is_object()) c.Fail("quantization_config", "expected an object, got " + q.dump());
     const json method = q.value("quant_method", json(""));
-    if (method != "fp8" || !q.contains("weight_block_size"))
-      c.Fail("quantization_config", "only FP8 checkpoints with block scales (quant_method 'fp8', weight_block_size) are "
-                                    "supported, got " + q.dump());
-    const json& b = q.at("weight_block_size");
-    auto positive = [](const json& x) { return x.is_number_integer() && x.get<int64_t>() > 0; };
-    if (!b.is_array() || b.size() != 2 || !positive(b[0]) || !positive(b[1]))
-      c.Fail("quantization_config/weight_block_size", "expected [rows, cols] (positive integers), got " + b.dump());
-    a.fp8_block = std::make_pair(b[0].get<int64_t>(), b[1].get<int64_t>());
+    if (method == "mxfp4" && type == "gpt_oss") {
+      // gpt-oss's release: MXFP4 experts. The model spec is BF16 (what
+      // training holds); frameworks/vllm.cc refuses an MXFP4-serving engine.
+      a.mxfp4_release = true;
+    } else {
+      if (method != "fp8" || !q.contains("weight_block_size"))
+        c.Fail("quantization_config", "only FP8 checkpoints with block scales (quant_method 'fp8', weight_block_size) "
+                                      "and gpt-oss's MXFP4 release (quant_method 'mxfp4') are supported, got " + q.dump());
+      const json& b = q.at("weight_block_size");
+      auto positive = [](const json& x) { return x.is_number_integer() && x.get<int64_t>() > 0; };
+      if (!b.is_array() || b.size() != 2 || !positive(b[0]) || !positive(b[1]))
+        c.Fail("quantization_config/weight_block_size", "expected [rows, cols] (positive integers), got " + b.dump());
+      a.fp8_block = std::make_pair(b[0].get<int64_t>(), b[1].get<int64_t>());
+    }
   }
   table->fill(c, a);
   if (a.experts == 0) a.first_moe = a.layers;

@@ -18,12 +18,17 @@ enum class Role {
   embed, lm_head, final_norm,                  // vocab rows / replicated, outside the layers
   input_norm, post_norm,                       // layer norms before attention and before the MLP
   q, k, v, q_bias, k_bias, v_bias, o,          // GQA attention (q/k/v rows, o cols, in heads)
-  q_norm, k_norm,                              // per-head q/k norms (Qwen3)
+  o_bias,                                      // o_proj's bias (gpt-oss): whole on every TP rank
+  sinks,                                       // per-head attention sink logits (gpt-oss), cut with the heads
+  q_norm, k_norm,                              // per-head q/k norms (Qwen3, GLM-4.5)
   mla_q, mla_q_a, mla_q_a_norm, mla_q_b,       // MLA (DeepSeek-V3): q without / with LoRA
   mla_kv_a, mla_kv_a_norm, mla_kv_b,
   gate, up, down,                              // dense MLP
   router, router_bias,                         // MoE router weight, e_score_correction_bias
+  router_linear_bias,                          // the router linear's own bias (gpt-oss mlp.router.bias)
   expert_gate, expert_up, expert_down,         // routed experts, stacked over {expert}
+  expert_gate_bias, expert_up_bias,            // the experts' biases (gpt-oss): cut with their rows
+  expert_down_bias,                            // added after the row-parallel reduction: never cut
   shared_gate, shared_up, shared_down,         // shared experts (one fused MLP)
 };
 
@@ -50,11 +55,25 @@ struct Arch {
   int64_t heads = 0, kv_heads = 0, head_dim = 0;  // kv_heads = 0 for MLA
   bool mla = false;
   bool tied = false;
+  /// gate and up rows alternate in the checkpoint's fused experts (gpt-oss
+  /// gate_up_proj: gate = 0::2, up = 1::2), and so in vLLM's w13.
+  bool interleaved_gate_up = false;
+  /// The checkpoint stores the experts' weights transposed ([E, in, out]:
+  /// gpt-oss gate_up_proj [E, H, 2I], down_proj [E, I, H]); the model spec
+  /// holds them per expert as [out, in], as vLLM and Megatron do.
+  bool experts_transposed = false;
   int64_t mtp_layers = 0;        // num_nextn_predict_layers: not in the model spec
+  /// The release's MXFP4 experts (quantization_config quant_method "mxfp4",
+  /// gpt-oss): the model spec is BF16; a refit into an MXFP4-serving engine
+  /// is refused (frameworks/vllm.cc says why).
+  bool mxfp4_release = false;
   /// FP8 checkpoint (`quantization_config`: quant_method fp8 with
   /// weight_block_size): its block; nullopt for BF16 checkpoints.
   std::optional<std::pair<int64_t, int64_t>> fp8_block;
   std::vector<ArchTensor> tensors;
+  /// The model spec's "notes" (what the tensors are, where they differ from
+  /// the checkpoint); empty: none written.
+  std::string model_notes;
   /// What the config left out and was taken from the HF config class's
   /// defaults (head_dim, num_key_value_heads), one line each.
   std::vector<std::string> notes;

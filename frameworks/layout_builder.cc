@@ -115,11 +115,13 @@ Cut CutOf(Role r) {
     case Role::embed: case Role::lm_head: return Cut::vocab;
     case Role::q: case Role::k: case Role::v: case Role::q_bias: case Role::k_bias: case Role::v_bias:
     case Role::mla_q: case Role::mla_q_b: case Role::mla_kv_b: case Role::gate: case Role::up:
-    case Role::shared_gate: case Role::shared_up:
+    case Role::shared_gate: case Role::shared_up: case Role::sinks:
       return Cut::column;
     case Role::o: case Role::down: case Role::shared_down: return Cut::row;
-    case Role::expert_gate: case Role::expert_up: return Cut::expert_column;
+    case Role::expert_gate: case Role::expert_up: case Role::expert_gate_bias: case Role::expert_up_bias:
+      return Cut::expert_column;
     case Role::expert_down: return Cut::expert_row;
+    case Role::expert_down_bias: return Cut::expert_whole;
     default: return Cut::replicate;
   }
 }
@@ -129,7 +131,10 @@ bool IsNorm(Role r) {
          r == Role::k_norm || r == Role::mla_q_a_norm || r == Role::mla_kv_a_norm;
 }
 
-bool IsExpert(Role r) { return r == Role::expert_gate || r == Role::expert_up || r == Role::expert_down; }
+bool IsExpert(Role r) {
+  return r == Role::expert_gate || r == Role::expert_up || r == Role::expert_down || r == Role::expert_gate_bias ||
+         r == Role::expert_up_bias || r == Role::expert_down_bias;
+}
 
 bool IsQuantized(Role r) {
   switch (r) {

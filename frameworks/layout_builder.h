@@ -94,7 +94,9 @@ std::string DidYouMean(const std::string& word, const std::vector<std::string>& 
 int64_t PositiveInt(const Settings& s, const std::string& key, const std::string& value);
 
 /// Role classes: how a tensor is cut by tensor parallelism in every framework.
-enum class Cut { replicate, column, row, vocab, expert_column, expert_row };
+/// expert_whole: an expert's tensor that tensor parallelism leaves whole (the
+/// down projection's bias, added after the row-parallel reduction).
+enum class Cut { replicate, column, row, vocab, expert_column, expert_row, expert_whole };
 Cut CutOf(Role r);
 bool IsNorm(Role r);
 bool IsExpert(Role r);

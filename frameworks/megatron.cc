@@ -21,6 +21,21 @@
 //  - Megatron vocab: megatron/training/tokenizer/tokenizer.py _vocab_size_with_padding
 //    (multiple of make_vocab_size_divisible_by x TP), split evenly by
 //    tensor_parallel/layers.py VocabParallelEmbedding (padding on the last ranks).
+//  - GLM-4.5 (glm4_moe): a GPT with add_qkv_bias (linear_qkv.bias),
+//    qk_layernorm (GLM-4.5 / 4.6), rotary_percent 0.5, moe_layer_freq with
+//    first_k_dense_replace dense layers, shared experts
+//    (moe_shared_expert_intermediate_size: mlp.shared_experts.linear_fc1 /
+//    linear_fc2), the sigmoid router's fp32 expert_bias
+//    (moe_router_enable_expert_bias); what Megatron-Bridge's GLM-4.5 provider sets.
+//  - gpt-oss: add_bias_linear (linear_qkv.bias, linear_proj.bias, the
+//    router's `bias`, the experts' linear_fc1.bias / linear_fc2.bias),
+//    softmax_type "learnable" (transformer/dot_product_attention.py and
+//    extensions/transformer_engine.py TEDotProductAttention, TE >= 2.8:
+//    `core_attention.softmax_offset`, num_attention_heads / TP per rank),
+//    window_size / window_attn_skip_freq, glu_linear_offset and
+//    activation_func_clamp_value (transformer/mlp.py glu: `torch.chunk(x, 2)`,
+//    so linear_fc1 is [gate; up] with moe_mlp_glu_interleave_size unset, the
+//    default; the checkpoint's alternating rows are de-interleaved).
 //  Checked against per-rank dumps derived from this source
 //  (tests/data/recorded/*/SOURCES.md, tests/recorded_dumps_test.cc) and against
 //  real Megatron-Core ranks (tests/data/megatron/).
@@ -61,6 +76,8 @@ struct MegatronNames {
       case Role::q: case Role::k: case Role::v: return L + "self_attention.linear_qkv.weight";
       case Role::q_bias: case Role::k_bias: case Role::v_bias: return L + "self_attention.linear_qkv.bias";
       case Role::o: return L + "self_attention.linear_proj.weight";
+      case Role::o_bias: return L + "self_attention.linear_proj.bias";
+      case Role::sinks: return L + "self_attention.core_attention.softmax_offset";
       case Role::q_norm: return L + "self_attention.q_layernorm.weight";
       case Role::k_norm: return L + "self_attention.k_layernorm.weight";
       case Role::mla_q: return L + "self_attention.linear_q_proj.weight";
@@ -81,10 +98,15 @@ struct MegatronNames {
       case Role::down: return L + "mlp.linear_fc2.weight";
       case Role::router: return L + "mlp.router.weight";
       case Role::router_bias: return L + "mlp.router.expert_bias";
+      case Role::router_linear_bias: return L + "mlp.router.bias";
       case Role::expert_gate: case Role::expert_up:
         return L + (grouped ? "mlp.experts.linear_fc1.weight{expert.local}" : "mlp.experts.local_experts.{expert.local}.linear_fc1.weight");
       case Role::expert_down:
         return L + (grouped ? "mlp.experts.linear_fc2.weight{expert.local}" : "mlp.experts.local_experts.{expert.local}.linear_fc2.weight");
+      case Role::expert_gate_bias: case Role::expert_up_bias:
+        return L + (grouped ? "mlp.experts.linear_fc1.bias{expert.local}" : "mlp.experts.local_experts.{expert.local}.linear_fc1.bias");
+      case Role::expert_down_bias:
+        return L + (grouped ? "mlp.experts.linear_fc2.bias{expert.local}" : "mlp.experts.local_experts.{expert.local}.linear_fc2.bias");
       case Role::shared_gate: case Role::shared_up: return L + "mlp.shared_experts.linear_fc1.weight";
       case Role::shared_down: return L + "mlp.shared_experts.linear_fc2.weight";
     }
@@ -102,6 +124,7 @@ Cut MegatronCut(Role r, bool te) {
 
 ordered_json MakeMegatron(const Arch& a, const std::string& model, Settings& s, std::vector<std::string>& notes) {
   const int64_t tp = s.tp, pp = s.pp, cp = s.cp, ep = s.ep;
+  const bool etp_default = s.etp == 0;
   if (s.etp == 0) s.etp = tp;  // Megatron: expert_tensor_parallel_size defaults to tensor_model_parallel_size
   const int64_t etp = s.etp;
   if (a.experts == 0 && (ep > 1 || s.grouped_gemm)) Fail(s, "the model has no experts; leave out ep and grouped-gemm");
@@ -126,6 +149,12 @@ ordered_json MakeMegatron(const Arch& a, const std::string& model, Settings& s, 
   if (fused_shard && tp % a.kv_heads != 0)
     Fail(s, "Megatron-Core splits linear_qkv evenly when TP exceeds num_query_groups; TP " + S(tp) +
                 " must then be a multiple of num_key_value_heads (" + S(a.kv_heads) + ")");
+  // transformer_config.py __post_init__: "Bias in Moe is only supported when ETP==1".
+  if (Find(a, Role::expert_down_bias) && etp != 1)
+    Fail(s, "Megatron-Core supports the experts' biases (add_bias_linear, " + a.model_type +
+                ") only with expert_tensor_parallel_size 1 (transformer_config.py: \"Bias in Moe is only supported "
+                "when ETP==1\"); etp is " + S(etp) + (etp_default ? " (Megatron's default: tp)" : "") +
+                ", add etp=1");
   if (a.experts > 0 && a.experts % ep != 0)
     Fail(s, "Megatron-Core needs num_moe_experts (" + S(a.experts) + ") divisible by expert_model_parallel_size (" + S(ep) + ")");
   for (const auto& t : a.tensors) {
@@ -133,7 +162,7 @@ ordered_json MakeMegatron(const Arch& a, const std::string& model, Settings& s, 
     const bool expert = c == Cut::expert_column || c == Cut::expert_row;
     const int64_t n = expert ? etp : tp;
     const int dim = (c == Cut::row || c == Cut::expert_row) ? 1 : 0;
-    if (c != Cut::replicate && c != Cut::vocab && t.shape[dim] % n != 0)
+    if (c != Cut::replicate && c != Cut::vocab && c != Cut::expert_whole && t.shape[dim] % n != 0)
       Fail(s, "Megatron-Core splits " + t.name + " dim " + S(dim) + " (" + S(t.shape[dim]) + ") evenly over " +
                   (expert ? "expert_tensor_parallel_size" : "tensor_model_parallel_size") + " (" + S(n) + ")");
   }
@@ -190,6 +219,12 @@ ordered_json MakeMegatron(const Arch& a, const std::string& model, Settings& s, 
                     "skips them when loading)");
   if (tied_copy)
     notes.push_back(s.option + ": tied embeddings: the last stage holds output_layer.weight, a copy of the embedding");
+  if (a.interleaved_gate_up)
+    notes.push_back(s.option + ": " + a.model_type + " in Megatron-Core 0.19: add_bias_linear, softmax_type=\"learnable\" "
+                    "(the sinks as self_attention.core_attention.softmax_offset" +
+                    std::string(s.te ? ", TE >= 2.8" : "") + "); the experts' linear_fc1 is [gate; up] "
+                    "(moe_mlp_glu_interleave_size unset, the default) while the checkpoint and vLLM alternate gate "
+                    "and up rows: the plan reorders them");
 
   std::set<std::string> fused_done;
   for (const auto& t : a.tensors) {
@@ -203,7 +238,7 @@ ordered_json MakeMegatron(const Arch& a, const std::string& model, Settings& s, 
                      t.role == Role::k_bias || t.role == Role::v_bias;
     if (IsExpert(t.role)) {
       axes.push_back({"ep", {{"shard", "expert"}}});
-      axes.push_back({"etp", Shard(c == Cut::expert_row ? 1 : 0)});
+      if (c != Cut::expert_whole) axes.push_back({"etp", Shard(c == Cut::expert_row ? 1 : 0)});
       b.Place(t, "expert", axes);
     } else {
       if (c == Cut::column && !(qkv && fused_shard)) axes.push_back({"tp", Shard(0)});
@@ -223,8 +258,12 @@ ordered_json MakeMegatron(const Arch& a, const std::string& model, Settings& s, 
       rule["parts"] = {Find(a, r0)->name, Find(a, r1)->name, Find(a, r2)->name};
       rule["interleave"] = {{"dim", 0}, {"groups", a.kv_heads}};
       if (fused_shard) rule["shard"] = "tp";
-    } else if (t.role == Role::gate || t.role == Role::expert_gate || t.role == Role::shared_gate) {
-      const Role up = t.role == Role::gate ? Role::up : t.role == Role::expert_gate ? Role::expert_up : Role::shared_up;
+    } else if (t.role == Role::gate || t.role == Role::expert_gate || t.role == Role::shared_gate ||
+               t.role == Role::expert_gate_bias) {
+      const Role up = t.role == Role::gate          ? Role::up
+                      : t.role == Role::expert_gate ? Role::expert_up
+                      : t.role == Role::shared_gate ? Role::shared_up
+                                                    : Role::expert_up_bias;
       rule["parts"] = {t.name, Find(a, up)->name};
       rule["concat"] = 0;
     } else {

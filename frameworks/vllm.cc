@@ -19,6 +19,30 @@
 //    validate_fp8_block_shape), quantization/compressed_tensors/schemes/
 //    compressed_tensors_w8a8_fp8.py (per-channel `weight_scale` [rows, 1]; after
 //    loading the weight parameter is a transposed view of the [rows, cols] storage).
+//  - models/glm4_moe.py (GLM-4.5): Glm4MoE's router `gate` is a GateLinear with
+//    params_dtype=torch.float32 (an fp32 buffer of the bf16 checkpoint
+//    tensor) and e_score_correction_bias an fp32 Parameter; its shared
+//    experts are a Glm4MoeMLP without disable_tp (TP-cut even when the MoE
+//    runs sequence-parallel, unlike DeepseekV2MLP); fused shared experts only
+//    under ROCm AITER (fused_moe/utils.py resolve_layer_fused_shared_expert).
+//  - models/gpt_oss.py (gpt-oss): hf_to_vllm_mapper renames `.self_attn.` to
+//    `.attn.` and embed_tokens to `embedding`; OAIAttention's qkv_proj and
+//    o_proj have biases (o_proj's whole on every rank, RowParallelLinear),
+//    `sinks` holds the rank's heads (model_loader/weight_utils.py
+//    load_attention_sink); the KV heads are divided by tp_size, not
+//    replicated (num_key_value_heads // tp_size); MLPBlock's router has a
+//    bias; GptOssModel._load_weights_other (BF16 checkpoints) loads
+//    gate_up_proj [E, H, 2I] as w13_weight [E, 2I, H] keeping gate and up in
+//    alternate rows (each rank's slice 2 x tp_rank_start .. 2 x tp_rank_end
+//    of the alternating columns: gate and up rows of its part of I), w13_bias
+//    likewise, and w2_bias only on the (DP x TP-flattened) rank 0 (zeros on
+//    the others: the row-parallel reduction adds it once); with EP, experts
+//    ep_rank x (E // ep_size) onward (E divisible by EP). The release's
+//    MXFP4 experts are held after loading in a kernel-specific layout
+//    (layers/fused_moe/oracle/mxfp4.py convert_gpt_oss_weight_to_mxfp4_moe_kernel_format:
+//    Marlin repacking, FlashInfer TRTLLM row shuffles, SM90 interleaving,
+//    triton_kernels swizzling; sizes rounded up by
+//    mxfp4_round_up_hidden_size_and_intermediate_size), which reshard does not write.
 //  Checked against per-rank dumps of real vLLM 0.33 ranks
 //  (tests/data/recorded/vllm-*/SOURCES.md, tests/recorded_dumps_test.cc).
 #include <algorithm>
@@ -50,7 +74,7 @@ namespace {
 using nlohmann::ordered_json;
 
 // The vLLM fused buffer name of a role, from the HF name (vLLM's stacked_params_mapping).
-std::string VllmName(const Arch& a, const ArchTensor& t) {
+std::string VllmFusedName(const Arch& a, const ArchTensor& t) {
   switch (t.role) {
     case Role::q: case Role::k: case Role::v: return Rename(Find(a, Role::q)->name, "q_proj.weight", "qkv_proj.weight");
     case Role::q_bias: case Role::k_bias: case Role::v_bias:
@@ -61,21 +85,63 @@ std::string VllmName(const Arch& a, const ArchTensor& t) {
     case Role::mla_q_a: case Role::mla_kv_a:
       if (Find(a, Role::mla_q_a)) return Rename(Find(a, Role::mla_q_a)->name, "q_a_proj.weight", "fused_qkv_a_proj.weight");
       return t.name;
-    case Role::expert_gate: case Role::expert_up: case Role::expert_down: {
+    case Role::expert_gate: case Role::expert_up: case Role::expert_down: case Role::expert_gate_bias:
+    case Role::expert_up_bias: case Role::expert_down_bias: {
       // FusedMoE's weights live in its `routed_experts` submodule (fused_moe/routed_experts.py
       // RoutedExperts; see tests/data/recorded/vllm-moe-*/SOURCES.md).
       const std::string prefix = t.name.substr(0, t.name.find(".{expert}."));
-      return prefix + (t.role == Role::expert_down ? ".routed_experts.w2_weight" : ".routed_experts.w13_weight");
+      const bool down = t.role == Role::expert_down || t.role == Role::expert_down_bias;
+      const bool bias = t.role == Role::expert_gate_bias || t.role == Role::expert_up_bias ||
+                        t.role == Role::expert_down_bias;
+      return prefix + ".routed_experts." + (down ? "w2" : "w13") + (bias ? "_bias" : "_weight");
     }
     default: return t.name;
   }
 }
 
+// gpt-oss's hf_to_vllm_mapper (models/gpt_oss.py GptOssForCausalLM): the
+// attention module is `attn`, the embedding `embedding`.
+std::string VllmName(const Arch& a, const ArchTensor& t) {
+  std::string name = VllmFusedName(a, t);
+  if (a.model_type != "gpt_oss") return name;
+  if (const auto at = name.find(".self_attn."); at != std::string::npos) name.replace(at, 11, ".attn.");
+  if (name == "model.embed_tokens.weight") name = "model.embedding.weight";
+  return name;
+}
+
 ordered_json MakeVllm(const Arch& a, const std::string& model, Settings& s, Notes& notes) {
   const int64_t tp = s.tp, dp = std::max<int64_t>(s.dp, 1), engines = s.engines;
   s.dp = dp;
-  const bool kv_replicated = HeadsOverTp(a, s, "vLLM", notes);
   const bool ep = s.vllm_ep;
+  if (a.model_type == "gpt_oss") {
+    // A BF16 refit into an engine serving the release's MXFP4 experts would
+    // need MXFP4 quantization (E2M1 values, one e8m0 scale per 32) and then
+    // each kernel's own layout of them (see the sources above): refused.
+    if (a.mxfp4_release && s.quant != "none")
+      Fail(s, "the config's quantization_config (quant_method mxfp4) makes vLLM serve gpt-oss's experts in MXFP4, "
+              "held after loading in a kernel-specific layout (layers/fused_moe/oracle/mxfp4.py "
+              "convert_gpt_oss_weight_to_mxfp4_moe_kernel_format: Marlin repacking, FlashInfer shuffles, "
+              "triton_kernels swizzling, sizes rounded up), which reshard cannot write: a BF16 refit needs MXFP4 "
+              "quantization and that layout. Serve a BF16 checkpoint (no quantization_config) and add quant=none "
+              "to refit into it");
+    if (!s.quant.empty() && s.quant != "none")
+      Fail(s, "reshard init describes gpt-oss engines in BF16 only (quant=none); quant=" + s.quant +
+                  " would quantize the experts, which vLLM's gpt-oss loader (models/gpt_oss.py) takes only from an "
+                  "MXFP4 or quark checkpoint");
+    if (tp > a.kv_heads)
+      Fail(s, "vLLM's OAIAttention (models/gpt_oss.py) divides the " + S(a.kv_heads) +
+                  " KV heads by tensor_parallel_size (num_key_value_heads // tp_size) instead of replicating them: "
+                  "tp must be at most " + S(a.kv_heads));
+    const int64_t world = dp * s.pp * tp;
+    if (Find(a, Role::expert_gate)->shape[0] % world != 0)
+      Fail(s, "vLLM's gpt-oss MLPBlock asserts intermediate_size (" + S(Find(a, Role::expert_gate)->shape[0]) +
+                  ") % world_size (dp x pp x tp = " + S(world) + ") == 0 (models/gpt_oss.py)");
+    if (ep && a.experts % (dp * tp) != 0)
+      Fail(s, "vLLM's gpt-oss loader gives EP rank r experts r x (E // ep_size) onward (models/gpt_oss.py "
+              "GptOssModel.load_weights): num_local_experts (" + S(a.experts) + ") must divide by dp x tp (" +
+                  S(dp * tp) + ")");
+  }
+  const bool kv_replicated = HeadsOverTp(a, s, "vLLM", notes);
   // vLLM pipeline stages (distributed/utils.py get_pp_indices): num_layers /
   // pp each, the remainder one more on the stages before the last, from the
   // second-to-last backwards; the embedding on the first stage, the final norm
@@ -103,7 +169,9 @@ ordered_json MakeVllm(const Arch& a, const std::string& model, Settings& s, Note
   // experts with disable_tp=is_sequence_parallel (models/deepseek_v2.py
   // DeepseekV2MLP): each rank holds them whole. Seen on real vLLM 0.33 ranks
   // (tests/vllm, case vllm-mla-fp8-tp2-dp2-ep).
-  const bool shared_whole = ep && tp > 1 && dp > 1;
+  // GLM-4.5's Glm4MoeMLP (models/glm4_moe.py) has no disable_tp: its shared
+  // experts stay TP-cut (seen on real vLLM ranks: tests/data/archs).
+  const bool shared_whole = ep && tp > 1 && dp > 1 && a.model_type == "deepseek_v3";
   auto is_shared = [](Role r) { return r == Role::shared_gate || r == Role::shared_up || r == Role::shared_down; };
   if (shared_whole && Find(a, Role::shared_gate))
     notes.push_back(s.option + ": EP with TP " + S(tp) + " and DP " + S(dp) +
@@ -112,7 +180,8 @@ ordered_json MakeVllm(const Arch& a, const std::string& model, Settings& s, Note
   const QuantFormat q = QuantOf(a, s.quant);
   for (const auto& t : a.tensors) {
     const Cut c = CutOf(t.role);
-    if (c == Cut::replicate || c == Cut::vocab || (shared_whole && is_shared(t.role))) continue;
+    if (c == Cut::replicate || c == Cut::vocab || c == Cut::expert_whole || (shared_whole && is_shared(t.role)))
+      continue;
     const bool expert = c == Cut::expert_column || c == Cut::expert_row;
     const int64_t n = expert ? moe_width : tp;
     const int dim = (c == Cut::row || c == Cut::expert_row) ? 1 : 0;
@@ -219,6 +288,18 @@ ordered_json MakeVllm(const Arch& a, const std::string& model, Settings& s, Note
     b.AddMesh("dense", {{"engine", engines}, {"dp", dp}, {"tp", tp}});
     if (ep) b.AddMesh("expert", {{"engine", engines}, {"ep", ep_size}});
   }
+  // gpt-oss's w2_bias without EP: real on the MoE's flattened rank 0
+  // (dp_rank x tp + tp_rank, FusedMoEParallelConfig.flatten_tp_across_dp_and_pcp),
+  // zeros on the others; a mesh of that flattened axis says it exactly.
+  const bool down_bias_flat = !ep && Find(a, Role::expert_down_bias) && dp * tp > 1;
+  if (down_bias_flat && pp == 1) b.AddMesh("moe", {{"engine", engines}, {"moe_tp", dp * tp}});
+  if (down_bias_flat)
+    notes.push_back(s.option + ": vLLM holds the real w2_bias on the MoE's first rank of each engine (DP x TP "
+                    "flattened) and zeros on the others (models/gpt_oss.py _load_weights_other: the row-parallel "
+                    "reduction adds it once); the layout writes rank 0's and leaves the zeros" +
+                    (pp > 1 && dp > 1 ? "; with pp, the ranks of dp > 0 are left out of the layout (their w2_bias "
+                                        "stays zero)"
+                                      : ""));
   const VocabSplit vocab = SplitVocab(a.vocab, 64, tp);
   if (vocab.padded % tp != 0)
     Fail(s, "vLLM's VocabParallelEmbedding splits the vocabulary padded to a multiple of 64 (" + S(vocab.padded) +
@@ -250,6 +331,21 @@ ordered_json MakeVllm(const Arch& a, const std::string& model, Settings& s, Note
         }
         axes.push_back({"ep", e});
         b.Place(t, "expert", axes);
+      } else if (c == Cut::expert_whole) {
+        if (down_bias_flat) {  // the flattened rank 0 holds it, the others all padding (the rule's "shape")
+          ordered_json first = ordered_json::array();
+          for (int64_t r = 0; r < (pp == 1 ? dp * tp : tp); ++r) first.push_back(r == 0 ? t.shape[0] : 0);
+          if (pp == 1) {
+            axes.push_back({"moe_tp", {{"shard", 0}, {"sizes", first}}});
+            b.Place(t, "moe", axes);
+          } else {
+            axes.push_back({"dp", {{"at", 0}}});
+            axes.push_back({"tp", {{"shard", 0}, {"sizes", first}}});
+            b.Place(t, "dense", axes);
+          }
+        } else {
+          b.Place(t, "dense", axes);
+        }
       } else {
         axes.push_back({"dp", Shard(dim)});
         axes.push_back({"tp", Shard(dim)});
@@ -275,10 +371,16 @@ ordered_json MakeVllm(const Arch& a, const std::string& model, Settings& s, Note
         const bool bias = t.role == Role::q_bias;
         rule["parts"] = {t.name, Find(a, bias ? Role::k_bias : Role::k)->name, Find(a, bias ? Role::v_bias : Role::v)->name};
         rule["concat"] = 0;
-      } else if (t.role == Role::gate || t.role == Role::shared_gate || t.role == Role::expert_gate) {
-        const Role up = t.role == Role::gate ? Role::up : t.role == Role::shared_gate ? Role::shared_up : Role::expert_up;
+      } else if (t.role == Role::gate || t.role == Role::shared_gate || t.role == Role::expert_gate ||
+                 t.role == Role::expert_gate_bias) {
+        const Role up = t.role == Role::gate          ? Role::up
+                        : t.role == Role::shared_gate ? Role::shared_up
+                        : t.role == Role::expert_gate ? Role::expert_up
+                                                      : Role::expert_up_bias;
         rule["parts"] = {t.name, Find(a, up)->name};
-        rule["concat"] = 0;
+        // gpt-oss: gate and up rows alternate (groups of one row).
+        if (IsExpert(t.role) && a.interleaved_gate_up) rule["interleave"] = {{"dim", 0}, {"groups", t.shape[0]}};
+        else rule["concat"] = 0;
       } else if (t.role == Role::mla_q_a) {
         rule["parts"] = {t.name, Find(a, Role::mla_kv_a)->name};
         rule["concat"] = 0;
@@ -298,8 +400,11 @@ ordered_json MakeVllm(const Arch& a, const std::string& model, Settings& s, Note
     const bool expert = t.role == Role::expert_gate || t.role == Role::expert_up || t.role == Role::expert_down;
     if (quantized && q.kind == "fp8-channel" && !expert) rule["held"] = "transposed";
     if (c == Cut::vocab && vocab.padded != a.vocab) rule["shape"] = {vocab.per_rank, a.hidden};
+    if (c == Cut::expert_whole && down_bias_flat) rule["shape"] = {t.shape[0]};
+    // GLM-4.5's router: a GateLinear built with params_dtype=torch.float32.
+    if (t.role == Role::router && a.model_type == "glm4_moe") rule["dtype"] = "fp32";
     // Buffers vLLM keeps under their HF names need no rule (default_buffers).
-    if (buf == t.name && !quantized && !rule.contains("shape")) continue;
+    if (buf == t.name && !quantized && !rule.contains("shape") && !rule.contains("dtype")) continue;
     b.Buffer(rule);
   }
   std::string lname = "vllm";
