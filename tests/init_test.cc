@@ -2,6 +2,7 @@
 // checked-in sample spec must be exactly what samples/regenerate.sh writes.
 #include <filesystem>
 #include <set>
+#include <tuple>
 
 #include <gtest/gtest.h>
 
@@ -114,6 +115,80 @@ TEST(InitCli, HelpTeachesEveryOptionWithExamples) {
                         "vllm:tp=N[,pp=N][,dp=N][,ep][,engines=N][,quant=none|fp8-block|fp8-channel|mxfp8]", "hf:tp=N",
                         "--cluster", "Examples:", "reshard init --hf-config", "deepseek_v3"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s;
+}
+
+
+// The architectures issue 31 added (glm4_moe, gpt_oss) against real ranks
+// (tests/data/archs/, recorded by tests/archs/record_vllm.py and
+// record_megatron.py): what `reshard init` writes for each case's settings has
+// zero differences with every rank's parameters under `reshard check` (vLLM's
+// own runtime buffers, named as the engine's, aside).
+TEST(InitArchs, RealRanksHaveZeroDifferences) {
+  TempDir dir;
+  const std::vector<std::tuple<std::string, std::string, std::string>> cases = {
+      {"vllm-glm4moe-tp2", "--infer", "vllm:tp=2"},
+      {"vllm-glm4moe-tp2-dp2-ep", "--infer", "vllm:tp=2,dp=2,ep"},
+      {"vllm-gptoss-tp2", "--infer", "vllm:tp=2"},
+      {"vllm-gptoss-tp2-dp2", "--infer", "vllm:tp=2,dp=2"},
+      {"vllm-gptoss-tp2-dp2-ep", "--infer", "vllm:tp=2,dp=2,ep"},
+      {"megatron-glm4moe-tp2-pp2-ep2", "--train", "megatron:tp=2,pp=2,ep=2,etp=1,spec=local"},
+      {"megatron-gptoss-tp2-pp2-ep2", "--train", "megatron:tp=2,pp=2,ep=2,etp=1,spec=local"},
+  };
+  for (const auto& [name, side, setting] : cases) {
+    SCOPED_TRACE(name);
+    const std::string data = SourceDir() + "/tests/data/archs/" + name + "/";
+    const std::string out = dir.File(name);
+    const bool train = side == "--train";
+    Result r = Reshard(dir, {"init", "-q", "--hf-config", data + "config.json", "--train", train ? setting : "hf",
+                             "--infer", train ? "hf" : setting, "-o", out});
+    ASSERT_EQ(r.code, 0) << r.err;
+    r = Reshard(dir, {"check", "--layout", out + (train ? "/train.json" : "/infer.json"), "--model",
+                      out + "/model.json", "--state-dict", data + "dump.json"});
+    EXPECT_EQ(r.code, 0) << r.out << r.err;
+  }
+}
+
+// Tiny GLM-4.5 and gpt-oss configs: init, compile, validate and `run --local`
+// (every destination element checked) from Megatron into vLLM layouts (TP and
+// DP without EP, with EP) and into hf, and from hf into vLLM.
+TEST(InitArchs, TinyConfigsRunExactIntoVllmAndHf) {
+  TempDir dir;
+  const std::string glm = R"({"model_type": "glm4_moe", "hidden_size": 64, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128,
+    "moe_intermediate_size": 32, "n_routed_experts": 8, "n_shared_experts": 1, "first_k_dense_replace": 1,
+    "attention_bias": true, "use_qk_norm": true, "num_nextn_predict_layers": 1, "vocab_size": 500})";
+  const std::string oss = R"({"model_type": "gpt_oss", "hidden_size": 64, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 32,
+    "num_local_experts": 8, "vocab_size": 500})";
+  WriteText(dir.File("glm.json"), glm);
+  WriteText(dir.File("oss.json"), oss);
+  const std::vector<std::pair<std::string, std::string>> sides = {
+      {"megatron:tp=2,pp=2,ep=2,etp=1", "vllm:tp=2,dp=2"},
+      {"megatron:tp=2,pp=2,ep=4,etp=1,grouped-gemm", "vllm:tp=2,dp=2,ep"},
+      {"megatron:tp=2,ep=2,etp=1,spec=local", "hf"},
+      {"hf", "vllm:tp=2,pp=2"},
+  };
+  for (const std::string model : {"glm", "oss"}) {
+    for (size_t i = 0; i < sides.size(); ++i) {
+      const auto& [train, infer] = sides[i];
+      SCOPED_TRACE(model + ": " + train + " -> " + infer);
+      const std::string d = dir.File(model + "-" + std::to_string(i));
+      Result r = Reshard(dir, {"init", "-q", "--hf-config", dir.File(model + ".json"), "--train", train, "--infer",
+                               infer, "-o", d});
+      ASSERT_EQ(r.code, 0) << r.err;
+      r = Reshard(dir, {"compile", "-q", "--model", d + "/model.json", "--from", d + "/train.json", "--to",
+                        d + "/infer.json", "--cluster", "dgx-h100", "-o", d + "/p.rsplan"});
+      ASSERT_EQ(r.code, 0) << r.err;
+      r = Reshard(dir, {"validate", d + "/p.rsplan"});
+      EXPECT_EQ(r.code, 0) << r.out << r.err;
+      r = Reshard(dir, {"run", d + "/p.rsplan", "--local", "--timeout", "60", "--json"});
+      ASSERT_EQ(r.code, 0) << r.out << r.err;
+      const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+      ASSERT_FALSE(j.is_discarded()) << r.out;
+      EXPECT_EQ(j["wrong"], 0) << r.out;
+      EXPECT_GT(j["checked"].get<int64_t>(), 0) << r.out;
+    }
+  }
 }
 
 }  // namespace
