@@ -50,6 +50,18 @@ T=megatron:tp=4,pp=16,dp=16,ep=64,etp=1,grouped-gemm,pp-layers=3,4,4,4,4,4,4,4,4
 gen kimi-k2 kimi-k2 $T vllm:tp=8,dp=16,ep,engines=4,quant=none train-1024.json infer-512.json
 gen moe-2.4t moe-2.4t $T vllm:tp=8,dp=16,ep,engines=4,quant=none train-1024.json infer-512.json
 
+# GLM-4.5-Air (glm4_moe): Megatron TP2 PP4 EP8 (32 ranks, DP4; the dense layer
+# 0 on stage 0) -> 8 engines of vLLM TP4, or 4 engines of TP2 x DP4 with EP8.
+T=megatron:tp=2,pp=4,ep=8,etp=1,grouped-gemm,pp-layers=11,12,12,11
+gen glm-4.5-air glm-4.5-air $T vllm:tp=4,engines=8 train-tp2-pp4-ep8.json infer-tp4-dp8.json
+gen glm-4.5-air glm-4.5-air $T vllm:tp=2,dp=4,ep,engines=4 - infer-tp2-dp4-ep8-x4.json
+
+# gpt-oss-120b (gpt_oss), its release config (MXFP4 experts): vLLM engines
+# serving it in BF16 (quant=none; init refuses a refit into MXFP4-serving ones).
+T=megatron:tp=2,pp=4,ep=8,etp=1,grouped-gemm
+gen gpt-oss-120b gpt-oss-120b $T vllm:tp=4,engines=8,quant=none train-tp2-pp4-ep8.json infer-tp4-dp8.json
+gen gpt-oss-120b gpt-oss-120b $T vllm:tp=2,dp=4,ep,engines=4,quant=none - infer-tp2-dp4-ep8-x4.json
+
 # Clusters.
 mkdir -p "$out/clusters"
 for c in dgx-h100 gb200-nvl72; do
