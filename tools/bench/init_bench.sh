@@ -50,3 +50,10 @@ row "Mixtral-8x7B" $C/mixtral-8x7b.json megatron:tp=2,pp=4,ep=8,etp=1,grouped-ge
 DS=megatron:pp=16,ep=16,etp=1,grouped-gemm,pp-layers=3,4,4,4,4,4,4,4,4,4,4,4,4,4,4,2
 row "DeepSeek-V3 BF16" $S/deepseek-v3/config.json $DS vllm:tp=32,engines=8,quant=none
 row "DeepSeek-V3 FP8" $S/deepseek-v3/config.json $DS vllm:tp=16,engines=16
+# Issue 31's architectures (samples/glm-4.5-air, samples/gpt-oss-120b: real configs).
+GLM=megatron:tp=2,pp=4,ep=8,etp=1,grouped-gemm,pp-layers=11,12,12,11
+row "GLM-4.5-Air" $S/glm-4.5-air/config.json $GLM vllm:tp=4,engines=8
+row "GLM-4.5-Air" $S/glm-4.5-air/config.json $GLM vllm:tp=2,dp=4,ep,engines=4
+OSS=megatron:tp=2,pp=4,ep=8,etp=1,grouped-gemm
+row "gpt-oss-120b BF16" $S/gpt-oss-120b/config.json $OSS vllm:tp=4,engines=8,quant=none
+row "gpt-oss-120b BF16" $S/gpt-oss-120b/config.json $OSS vllm:tp=2,dp=4,ep,engines=4,quant=none
