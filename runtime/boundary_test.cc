@@ -108,8 +108,10 @@ TEST(BoundaryTest, AReusedDirectoryIsNamed) {
       << again[0].message;
 }
 
-// Ctrl-C while connecting (rank 2 never comes): rank 1 ends within a second,
-// and rank 0 hears why at once instead of waiting out its 20 s.
+// Ctrl-C while connecting (rank 2 never comes): rank 1 ends at once (within
+// a second on a quiet machine), and rank 0 hears why at once instead of
+// waiting out its 20 s. The bounds leave room for a loaded 2-core machine
+// (3.3 s measured beside a CI build), far from the 20 s a missed interrupt takes.
 void ExpectInterruptEndsThePeers(const std::string& rendezvous) {
   auto out = RunRanks(
       2,
@@ -126,11 +128,11 @@ void ExpectInterruptEndsThePeers(const std::string& rendezvous) {
       },
       30);
   EXPECT_EQ(out[1].message, "Interrupted: rank 1: interrupted (SIGINT) while connecting");
-  EXPECT_LT(out[1].seconds, 2.5);
+  EXPECT_LT(out[1].seconds, 6.0);
   EXPECT_TRUE(std::regex_match(out[0].message, std::regex("rank 0: gloo: cannot connect 3 ranks through '.*': rank 1 "
                                                            "left: interrupted \\(SIGINT\\) while connecting")))
       << out[0].message;
-  EXPECT_LT(out[0].seconds, 3.5);
+  EXPECT_LT(out[0].seconds, 7.0);
 }
 
 TEST(BoundaryTest, InterruptWhileConnectingEndsThePeersToo) {

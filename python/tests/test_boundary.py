@@ -149,7 +149,8 @@ def test_sigint_while_connecting(tmp_path, ranks):
     ranks[3].p.send_signal(signal.SIGINT)
     last = ranks[3].finish()
     assert last.startswith("KeyboardInterrupt "), ranks[3].lines
-    assert float(last.split()[1]) < 3.0 and time.monotonic() - t0 < 1.0, last  # ended within 1 s of the signal
+    # ended at once: within 1 s of the signal on a quiet machine, 2.5 s allowed for a loaded one
+    assert float(last.split()[1]) < 3.0 and time.monotonic() - t0 < 2.5, last
     assert ranks[3].p.returncode == 130
     pattern = re.compile(r"ERROR PeerError: rank \d: gloo: cannot connect 8 ranks through '.*': rank 3 left: "
                          r"interrupted \(SIGINT\) while connecting")
@@ -157,7 +158,7 @@ def test_sigint_while_connecting(tmp_path, ranks):
         if p != 3:
             last = r.finish()
             assert pattern.fullmatch(last), last
-    assert time.monotonic() - t0 < 3.0  # the peers too, not at their 30 s timeout
+    assert time.monotonic() - t0 < 6.0  # the peers too, not at their 30 s timeout
 
 
 def test_sigint_during_run(tmp_path, ranks):
@@ -172,7 +173,7 @@ def test_sigint_during_run(tmp_path, ranks):
     t0 = time.monotonic()
     ranks[victim].p.send_signal(signal.SIGINT)
     last = ranks[victim].finish()
-    assert last.startswith("KeyboardInterrupt") and time.monotonic() - t0 < 1.0, (last, time.monotonic() - t0)
+    assert last.startswith("KeyboardInterrupt") and time.monotonic() - t0 < 2.5, (last, time.monotonic() - t0)
     assert ranks[victim].p.returncode == 130
     named = 0
     for p, r in enumerate(ranks):
