@@ -701,6 +701,8 @@ TEST(Init, GptOssRefusals) {
             "refit into it");
   Result bf16 = Gen(release, "megatron:tp=2,ep=2,etp=1", "vllm:tp=2,quant=none");
   EXPECT_EQ(File(bf16, "infer.json")["name"], "vllm-tp2");
+  EXPECT_TRUE(HasNote(bf16, "--infer: quant=none: engines serving gpt-oss in BF16, started from a BF16 checkpoint (the "
+                            "release's experts dequantized), not from the MXFP4 release the config describes"));
   CompileAndValidate(bf16);
   EXPECT_EQ(ErrorOf([&] { Gen(Tiny("gpt_oss"), "hf", "vllm:tp=2,quant=fp8-block"); }),
             "--infer 'vllm:tp=2,quant=fp8-block': reshard init describes gpt-oss engines in BF16 only (quant=none); "

@@ -124,6 +124,9 @@ ordered_json MakeVllm(const Arch& a, const std::string& model, Settings& s, Note
               "triton_kernels swizzling, sizes rounded up), which reshard cannot write: a BF16 refit needs MXFP4 "
               "quantization and that layout. Serve a BF16 checkpoint (no quantization_config) and add quant=none "
               "to refit into it");
+    if (a.mxfp4_release)
+      notes.push_back(s.option + ": quant=none: engines serving gpt-oss in BF16, started from a BF16 checkpoint (the "
+                      "release's experts dequantized), not from the MXFP4 release the config describes");
     if (!s.quant.empty() && s.quant != "none")
       Fail(s, "reshard init describes gpt-oss engines in BF16 only (quant=none); quant=" + s.quant +
                   " would quantize the experts, which vLLM's gpt-oss loader (models/gpt_oss.py) takes only from an "
