@@ -568,12 +568,16 @@ TEST(Init, Glm4Moe) {
                        m + "shared_experts.gate_proj.weight", m + "shared_experts.up_proj.weight",
                        m + "shared_experts.down_proj.weight", "model.norm.weight", "lm_head.weight"}));
   for (const json& t : model["tensors"]) {
-    if (t["name"] == m + "gate_proj.weight") EXPECT_EQ(t["range"], json::parse(R"({"layer": [0, 1]})"));
+    if (t["name"] == m + "gate_proj.weight") {
+      EXPECT_EQ(t["range"], json::parse(R"({"layer": [0, 1]})"));
+    }
     if (t["name"] == m + "gate.e_score_correction_bias") {
       EXPECT_EQ(t["dtype"], "fp32");
       EXPECT_EQ(t["range"], json::parse(R"({"layer": [1, 4]})"));
     }
-    if (t["name"] == m + "shared_experts.gate_proj.weight") EXPECT_EQ(t["shape"], json({32, 64}));
+    if (t["name"] == m + "shared_experts.gate_proj.weight") {
+      EXPECT_EQ(t["shape"], json({32, 64}));
+    }
   }
   const json infer = File(r, "infer.json");
   EXPECT_EQ(*Rule(infer, m + "gate.weight"),
@@ -627,7 +631,9 @@ TEST(Init, GptOss) {
       EXPECT_EQ(t["shape"], json({4}));
       EXPECT_EQ(t["heads"], json({{"dim", 0}, {"size", 1}}));
     }
-    if (t["name"] == e + "down_proj.bias") EXPECT_EQ(t["shape"], json({64}));
+    if (t["name"] == e + "down_proj.bias") {
+      EXPECT_EQ(t["shape"], json({64}));
+    }
   }
   const json infer = File(r, "infer.json");
   EXPECT_NE(Rule(infer, "model.embedding.weight"), nullptr);
