@@ -160,9 +160,6 @@ def _megatron_rank(rank, case_name, a, timed_runs=TIMED_RUNS):
     case = MCASES[CASES[case_name]["megatron"]]
     tiny_gpt.parallel(case)
     model = tiny_gpt.build(case, wrap=True)
-    plan = reshard.Plan.open(a["plan"])
-    session = reshard.Session(plan, rank, reshard.GlooTransport(rank, plan.num_ranks, store=a["store"],
-                                                                timeout_s=TIMEOUT_S))
     refit = None
     for k in range(ROUNDS):
         tiny_gpt.fill(model, salt=k)  # a different model each round, as after training steps
