@@ -19,6 +19,7 @@ in the model's dtype.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -500,11 +501,19 @@ def _rank(rank, tmp):
 def ranks(tmp_path_factory):
     """Every case on 4 ranks; {rank: {case: what it recorded}}."""
     tmp = tmp_path_factory.mktemp("fsdp2")
+    # Forked children inherit this process's objects; a Gloo transport an
+    # earlier test left as garbage would be destroyed in a child, where its
+    # event loop is not running (Gloo aborts: "epoll_ctl: No such file or
+    # directory"). Collect it here and keep the children's GC off the rest.
+    gc.collect()
+    gc.freeze()
     try:
         mp.start_processes(_rank, args=(str(tmp),), nprocs=WORLD, join=True, start_method="fork")
     except Exception as e:  # noqa: BLE001 - the ranks' own tracebacks say more
         failures = [json.loads(p.read_text()).get("failure", "") for p in sorted(tmp.glob("rank*.json"))]
         pytest.fail(f"the ranks failed: {e}\n" + "\n".join(f for f in failures if f))
+    finally:
+        gc.unfreeze()
     return {r: json.loads((tmp / f"rank{r}.json").read_text()) for r in range(WORLD)}, tmp
 
 
