@@ -118,14 +118,14 @@ TEST(ChunkSplit, FusedBufferChunkedAsAWhole) {
                      {"parts", {"e.{expert}.gate", "e.{expert}.up"}},
                      {"concat", 0},
                      {"shard", {{"axis", "dp_shard"}, {"split", "chunk"}}}};
-  Expansion e = ExpandJson(Layout(4, kFsdp4, {{{"match", "*"}}}, {rule}));
+  Expansion e = ExpandJson(Layout(4, kFsdp4, {{{"match", "*"}}}, json::array({rule})));
   // [3 experts, 10 rows (gate then up), 4]: the 10 rows chunked 3, 3, 3, 1.
   EXPECT_EQ(ShapeOf(e, 0, "gate_up"), (std::vector<int64_t>{3, 3, 4}));
   EXPECT_EQ(ShapeOf(e, 3, "gate_up"), (std::vector<int64_t>{3, 1, 4}));
   // The plain axis name still means an even cut, which 10 rows over 4 is not.
   json even = rule;
   even["shard"] = "dp_shard";
-  const std::string err = ErrorOf([&] { ExpandJson(Layout(4, kFsdp4, {{{"match", "*"}}}, {even})); });
+  const std::string err = ErrorOf([&] { ExpandJson(Layout(4, kFsdp4, {{{"match", "*"}}}, json::array({even}))); });
   EXPECT_NE(err.find("does not divide evenly over 4 positions of axis 'dp_shard'"), std::string::npos) << err;
 }
 
