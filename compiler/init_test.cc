@@ -603,7 +603,8 @@ TEST(Init, Glm4Moe) {
   air.erase("head_dim");
   air["hidden_size"] = 96;
   Result a = Gen(air, "hf", "hf");
-  for (const json& t : File(a, "model.json")["tensors"]) EXPECT_EQ(t["name"].get<std::string>().find("_norm"), std::string::npos);
+  const json air_model = File(a, "model.json");  // a named copy: a loop over a temporary's member would dangle
+  for (const json& t : air_model["tensors"]) EXPECT_EQ(t["name"].get<std::string>().find("_norm"), std::string::npos);
   const std::string cls = " assumed (Glm4MoeConfig, transformers 5.20.2 models/glm4_moe/configuration_glm4_moe.py)";
   EXPECT_TRUE(HasNote(a, "config.json: no first_k_dense_replace; 1" + cls));
   EXPECT_TRUE(HasNote(a, "config.json: no n_shared_experts; 1" + cls));
