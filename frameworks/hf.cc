@@ -51,17 +51,10 @@ ordered_json MakeHf(const Arch& a, const std::string& model, Settings& s, Notes&
   for (const auto& t : a.tensors) {
     const Cut c = CutOf(t.role);
     std::vector<std::pair<std::string, ordered_json>> axes;
-    const bool kv = t.role == Role::k || t.role == Role::v || t.role == Role::k_bias || t.role == Role::v_bias;
     if (IsExpert(t.role)) {
       if (c != Cut::expert_whole) axes.push_back({"tp", Shard(c == Cut::expert_row ? 1 : 0)});
     } else {
-      if (c == Cut::column) {
-        ordered_json ax = Shard(0);
-        if (kv && kv_replicated) ax["parts"] = a.kv_heads;
-        axes.push_back({"tp", ax});
-      }
-      if (c == Cut::row) axes.push_back({"tp", Shard(1)});
-      if (c == Cut::vocab && !vocab.axis.is_null()) axes.push_back({"tp", vocab.axis});
+      AddTpAxis(t, kv_replicated, a.kv_heads, vocab, axes);
     }
     b.Place(t, "dense", axes);
     // gpt-oss: the checkpoint's fused expert biases (the expert dim kept in the buffer).

@@ -212,6 +212,19 @@ ordered_json Builder::Finish(const std::string& name, const std::string& model, 
 
 ordered_json Shard(int64_t dim) { return {{"shard", dim}}; }
 
+void AddTpAxis(const ArchTensor& t, bool kv_replicated, int64_t kv_heads, const VocabSplit& vocab,
+               std::vector<std::pair<std::string, ordered_json>>& axes) {
+  const Cut c = CutOf(t.role);
+  const bool kv = t.role == Role::k || t.role == Role::v || t.role == Role::k_bias || t.role == Role::v_bias;
+  if (c == Cut::column) {
+    ordered_json ax = Shard(0);
+    if (kv && kv_replicated) ax["parts"] = kv_heads;
+    axes.push_back({"tp", ax});
+  }
+  if (c == Cut::row) axes.push_back({"tp", Shard(1)});
+  if (c == Cut::vocab && !vocab.axis.is_null()) axes.push_back({"tp", vocab.axis});
+}
+
 VocabSplit SplitVocab(int64_t vocab, int64_t multiple, int64_t n) {
   VocabSplit v;
   v.padded = multiple > 0 ? (vocab + multiple - 1) / multiple * multiple : vocab;

@@ -150,6 +150,13 @@ struct VocabSplit {
 };
 VocabSplit SplitVocab(int64_t vocab, int64_t multiple, int64_t n);
 
+/// The "tp" axis of a non-expert tensor under vLLM-style tensor parallelism
+/// (vLLM and plain HF TP): column roles by rows (K/V heads replicated over
+/// `kv_heads` parts when TP exceeds them), row roles by columns, the
+/// vocabulary as `vocab` says; appended to `axes`, nothing for the rest.
+void AddTpAxis(const ArchTensor& t, bool kv_replicated, int64_t kv_heads, const VocabSplit& vocab,
+               std::vector<std::pair<std::string, nlohmann::ordered_json>>& axes);
+
 /// How an inference side stores quantized linear weights.
 struct QuantFormat {
   std::string kind;              // "", "fp8-block", "fp8-channel", "mxfp8"

@@ -315,7 +315,6 @@ ordered_json MakeVllm(const Arch& a, const std::string& model, Settings& s, Note
   for (const auto& t : a.tensors) {
     const Cut c = CutOf(t.role);
     std::vector<std::pair<std::string, ordered_json>> axes;
-    const bool kv = t.role == Role::k || t.role == Role::v || t.role == Role::k_bias || t.role == Role::v_bias;
     if (pp > 1) {
       if (t.layers != Layers::none) axes.push_back({"pp", {{"shard", "layer"}, {"sizes", pp_sizes}}});
       if (t.role == Role::embed) axes.push_back({"pp", {{"at", 0}}});
@@ -357,13 +356,7 @@ ordered_json MakeVllm(const Arch& a, const std::string& model, Settings& s, Note
     } else if (shared_whole && is_shared(t.role)) {
       b.Place(t, "dense", axes);  // whole on every rank
     } else {
-      if (c == Cut::column) {
-        ordered_json ax = Shard(0);
-        if (kv && kv_replicated) ax["parts"] = a.kv_heads;
-        axes.push_back({"tp", ax});
-      }
-      if (c == Cut::row) axes.push_back({"tp", Shard(1)});
-      if (c == Cut::vocab && !vocab.axis.is_null()) axes.push_back({"tp", vocab.axis});
+      AddTpAxis(t, kv_replicated, a.kv_heads, vocab, axes);
       b.Place(t, "dense", axes);
     }
     const std::string buf = VllmName(a, t);
