@@ -809,21 +809,71 @@ Expansion Expander::Run() {
   }
   CheckMemory();
   // Which rules claim each tensor (several only with "range" or "at").
-  std::unordered_map<std::string, int> index;
-  for (int i = 0; i < nt; ++i) index.emplace(model_.tensors[i].name, i);
+  // A family whose model "range" lists several intervals is one TensorSpec
+  // per interval (its pieces), all of one name: a rule naming it applies to
+  // each piece its own "range" reaches.
+  std::unordered_map<std::string, std::vector<int>> index;
+  for (int i = 0; i < nt; ++i) index[model_.tensors[i].name].push_back(i);
   std::vector<std::vector<int>> owners(nt);
   std::vector<int> owner(nt, -1);
-  std::vector<std::vector<int>> rule_parts(layout_.buffers.size());
+  std::vector<std::vector<std::vector<int>>> rule_parts(layout_.buffers.size());  // per piece: the parts
   for (size_t ri = 0; ri < layout_.buffers.size(); ++ri) {
     const BufferRule& rule = layout_.buffers[ri];
-    for (size_t k = 0; k < rule.parts.size(); ++k) {
-      const int ti = index.at(rule.parts[k]);
-      if (owner[ti] >= 0 && rule.range.empty() && rule.at.empty())
-        Fail(rule.path + "/parts/" + std::to_string(k), "tensor " + Quote(rule.parts[k]) + " is already part of " +
-                                                            layout_.buffers[owner[ti]].path + "; buffer rules overlap");
-      if (owner[ti] < 0) owner[ti] = static_cast<int>(ri);
-      owners[ti].push_back(static_cast<int>(ri));
-      rule_parts[ri].push_back(ti);
+    const std::vector<int>& first = index.at(rule.parts[0]);
+    for (size_t k = 1; k < rule.parts.size(); ++k) {
+      const std::vector<int>& pk = index.at(rule.parts[k]);
+      bool same = pk.size() == first.size();
+      for (size_t j = 0; same && j < pk.size(); ++j) {
+        const TensorSpec &a = model_.tensors[first[j]], &b = model_.tensors[pk[j]];
+        same = a.stack == b.stack && std::equal(a.lo.begin(), a.lo.begin() + a.stack.size(), b.lo.begin()) &&
+               std::equal(a.hi.begin(), a.hi.begin() + a.stack.size(), b.hi.begin());
+      }
+      if (!same)
+        Fail(rule.path + "/parts/" + std::to_string(k),
+             "parts " + Quote(rule.parts[0]) + " and " + Quote(rule.parts[k]) +
+                 " exist for different instances (their model \"range\"s differ); a fused buffer joins tensors of "
+                 "the same layers");
+    }
+    if (first.size() > 1) {  // pieces: the rule must name each instance of the dim they split
+      const TensorSpec &a = model_.tensors[first[0]], &b = model_.tensors[first[1]];
+      for (size_t d = 0; d < a.stack.size(); ++d) {
+        if (a.lo[d] == b.lo[d]) continue;
+        const std::string dim = model_.dims[a.stack[d]].first;
+        const auto holes = ParseNameTemplate(rule.name).dims;
+        if (std::find(holes.begin(), holes.end(), dim) == holes.end())
+          Fail(rule.path + "/name", "buffer " + Quote(rule.name) + " stacks the " + Quote(dim) + " instances of " +
+                                        Quote(rule.parts[0]) + ", which exists for separate intervals of " +
+                                        Quote(dim) + " (its model \"range\"): name each instance ({" + dim +
+                                        "} or {" + dim + ".local} in the buffer's name)");
+      }
+    }
+    for (size_t j = 0; j < first.size(); ++j) {
+      if (first.size() > 1) {  // a piece this rule's "range" does not reach is not its
+        const TensorSpec& t = model_.tensors[first[j]];
+        bool reached = true;
+        for (const auto& [dim, lo, hi] : rule.range) {
+          const size_t d = std::find(t.stack.begin(), t.stack.end(), dim) - t.stack.begin();
+          reached = reached && lo < t.hi[d] && t.lo[d] < hi;
+        }
+        if (!reached) continue;
+      }
+      std::vector<int> parts;
+      for (size_t k = 0; k < rule.parts.size(); ++k) {
+        const int ti = index.at(rule.parts[k])[j];
+        if (owner[ti] >= 0 && rule.range.empty() && rule.at.empty())
+          Fail(rule.path + "/parts/" + std::to_string(k), "tensor " + Quote(rule.parts[k]) + " is already part of " +
+                                                              layout_.buffers[owner[ti]].path + "; buffer rules overlap");
+        if (owner[ti] < 0) owner[ti] = static_cast<int>(ri);
+        owners[ti].push_back(static_cast<int>(ri));
+        parts.push_back(ti);
+      }
+      rule_parts[ri].push_back(std::move(parts));
+    }
+    if (rule_parts[ri].empty()) {  // "range" reaches no piece
+      const auto& [dim, lo, hi] = rule.range.front();
+      Fail(rule.path + "/range/" + model_.dims[dim].first,
+           "[" + std::to_string(lo) + ", " + std::to_string(hi) + "] holds no instance of " + Quote(rule.parts[0]) +
+               ", which the model declares for other " + Quote(model_.dims[dim].first) + "s");
     }
   }
   for (int ti = 0; ti < nt; ++ti)
@@ -844,7 +894,8 @@ Expansion Expander::Run() {
                            "\"default_buffers\": true to keep the model's names for tensors no rule names");
     }
   }
-  for (size_t ri = 0; ri < layout_.buffers.size(); ++ri) ExpandRule(layout_.buffers[ri], rule_parts[ri]);
+  for (size_t ri = 0; ri < layout_.buffers.size(); ++ri)
+    for (const std::vector<int>& parts : rule_parts[ri]) ExpandRule(layout_.buffers[ri], parts);
   for (int ti = 0; ti < nt; ++ti) {
     bool narrowed = false;
     for (int ri : owners[ti]) narrowed = narrowed || !layout_.buffers[ri].range.empty() || !layout_.buffers[ri].at.empty();

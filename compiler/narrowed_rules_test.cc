@@ -94,7 +94,7 @@ TEST(NarrowedRulesErrors, ARangeWithNoInstanceOfItsTensor) {
   json m = Data("model.json");
   json l = Data("train.json");
   l["buffers"][2]["range"]["layer"] = json::array({0, 5});
-  EXPECT_EQ(ExpandError(l), "train.json: /buffers/2/range/layer: expected [lo, hi] with 0 <= lo < hi <= 4");
+  EXPECT_EQ(ExpandError(l), "train.json: /buffers/2/range/layer: expected [lo, hi] with 0 <= lo < hi <= 4, or a list of such intervals ([[0, 3], [4, 7]])");
   l["buffers"][2]["range"] = {{"expert", {0, 1}}};
   EXPECT_EQ(ExpandError(l), "train.json: /buffers/2/range/expert: "
                             "'model.layers.{layer}.post_attention_layernorm.weight' has no stack dim 'expert'");

@@ -389,6 +389,30 @@ namespace {
 
 // A tensor family's elements (at most kMaxTensorElements) and the model's
 // (at most kMaxModelElements): sizes computed later fit in 64 bits.
+// A "range" value: [lo, hi], or a list of such intervals, ascending and
+// apart (touching ones are one interval: written as one), each within
+// [0, size]. Returns them in order.
+std::vector<std::pair<int64_t, int64_t>> ParseIntervals(const Reader& r, const json& v, const std::string& path,
+                                                        int64_t size) {
+  const std::string want = "expected [lo, hi] with 0 <= lo < hi <= " + std::to_string(size) +
+                           ", or a list of such intervals ([[0, 3], [4, 7]])";
+  std::vector<std::pair<int64_t, int64_t>> out;
+  if (!v.is_array() || v.empty()) r.Fail(path, want + ", got " + v.dump());
+  const bool list = v[0].is_array();
+  for (size_t i = 0; i < (list ? v.size() : 1); ++i) {
+    const std::string ip = list ? path + "/" + std::to_string(i) : path;
+    const auto lohi = r.IntList(list ? v[i] : v, ip, 0);
+    if (lohi.size() != 2 || lohi[0] >= lohi[1] || lohi[1] > size) r.Fail(ip, want);
+    if (!out.empty() && lohi[0] <= out.back().second)
+      r.Fail(ip, "[" + std::to_string(lohi[0]) + ", " + std::to_string(lohi[1]) + "] " +
+                     (lohi[0] < out.back().second ? "overlaps or precedes" : "touches") + " [" +
+                     std::to_string(out.back().first) + ", " + std::to_string(out.back().second) +
+                     "]: list intervals ascending and apart (touching ones as one)");
+    out.emplace_back(lohi[0], lohi[1]);
+  }
+  return out;
+}
+
 void CheckElements(const Reader& r, const std::string& path, const TensorSpec& ts) {
   uint64_t n = 1;
   for (size_t d = 0; d < ts.lo.size(); ++d) {
@@ -452,6 +476,11 @@ ModelSpec ParseModel(const json& root, const std::string& file) {
       r.Fail(path, "tensor has " + std::to_string(ts.stack.size() + ts.shape.size()) +
                        " dims (stack dims and shape), at most " + std::to_string(kMaxDims) + " are supported");
     for (int d : ts.stack) ts.lo.push_back(0), ts.hi.push_back(m.dims[d].second);
+    // "range": per stack dim one [lo, hi], or a list of them (a hybrid
+    // model's linear-attention layers); a list makes the family one piece per
+    // interval, each a TensorSpec of the same name (at most one dim so).
+    int split_dim = -1;
+    std::vector<std::pair<int64_t, int64_t>> runs;
     if (t.contains("range")) {
       const json& range = r.Object(t["range"], path + "/range");
       for (auto it = range.begin(); it != range.end(); ++it) {
@@ -459,12 +488,15 @@ ModelSpec ParseModel(const json& root, const std::string& file) {
         int d = m.dim_index(it.key());
         auto pos = std::find(ts.stack.begin(), ts.stack.end(), d);
         if (d < 0 || pos == ts.stack.end()) r.Fail(rp, "tensor '" + ts.name + "' has no stack dim '" + it.key() + "'");
-        auto lohi = r.IntList(it.value(), rp, 0);
+        const auto intervals = ParseIntervals(r, it.value(), rp, m.dims[d].second);
         size_t k = pos - ts.stack.begin();
-        if (lohi.size() != 2 || lohi[0] >= lohi[1] || lohi[1] > m.dims[d].second)
-          r.Fail(rp, "expected [lo, hi] with 0 <= lo < hi <= " + std::to_string(m.dims[d].second));
-        ts.lo[k] = lohi[0];
-        ts.hi[k] = lohi[1];
+        if (intervals.size() > 1) {
+          if (split_dim >= 0) r.Fail(rp, "only one stack dim may list several intervals");
+          split_dim = static_cast<int>(k);
+          runs = intervals;
+        }
+        ts.lo[k] = intervals.front().first;
+        ts.hi[k] = intervals.back().second;
       }
     }
     for (int64_t s : ts.shape) ts.lo.push_back(0), ts.hi.push_back(s);
@@ -482,7 +514,16 @@ ModelSpec ParseModel(const json& root, const std::string& file) {
         r.Fail(hp + "/size", "dim " + std::to_string(ts.head_dim) + " (size " + std::to_string(ts.shape[ts.head_dim]) +
                                  ") is not a whole number of heads of " + std::to_string(ts.head_size));
     }
-    m.tensors.push_back(std::move(ts));
+    if (split_dim < 0) {
+      m.tensors.push_back(std::move(ts));
+      continue;
+    }
+    for (const auto& [lo, hi] : runs) {
+      TensorSpec piece = ts;
+      piece.lo[split_dim] = lo;
+      piece.hi[split_dim] = hi;
+      m.tensors.push_back(std::move(piece));
+    }
   }
   CheckModelElements(r, m);
   return m;
@@ -807,6 +848,9 @@ LayoutSpec ParseLayout(const json& root, const std::string& file, const ModelSpe
       if (bj.contains("shape")) b.shape = r.IntList(bj["shape"], path + "/shape", 1);
       if (bj.contains("dtype")) b.dtype = r.ParseDtype(bj["dtype"], path + "/dtype");
       if (bj.contains("quant")) b.quant = ParseQuant(r, bj["quant"], path, b);
+      // A list of intervals on one dim makes one rule per interval.
+      int split_dim = -1;
+      std::vector<std::pair<int64_t, int64_t>> runs;
       if (bj.contains("range")) {
         const json& range = r.Object(bj["range"], path + "/range");
         if (range.empty()) r.Fail(path + "/range", "name at least one stack dim");
@@ -816,10 +860,13 @@ LayoutSpec ParseLayout(const json& root, const std::string& file, const ModelSpe
           const int d = model.dim_index(it.key());
           if (d < 0 || std::find(t0.stack.begin(), t0.stack.end(), d) == t0.stack.end())
             r.Fail(rp, "'" + b.parts[0] + "' has no stack dim '" + it.key() + "'");
-          const auto lohi = r.IntList(it.value(), rp, 0);
-          if (lohi.size() != 2 || lohi[0] >= lohi[1] || lohi[1] > model.dims[d].second)
-            r.Fail(rp, "expected [lo, hi] with 0 <= lo < hi <= " + std::to_string(model.dims[d].second));
-          b.range.emplace_back(d, lohi[0], lohi[1]);
+          const auto intervals = ParseIntervals(r, it.value(), rp, model.dims[d].second);
+          if (intervals.size() > 1) {
+            if (split_dim >= 0) r.Fail(rp, "only one stack dim may list several intervals");
+            split_dim = d;
+            runs = intervals;
+          }
+          b.range.emplace_back(d, intervals.front().first, intervals.back().second);
         }
       }
       if (bj.contains("at")) {
@@ -835,7 +882,16 @@ LayoutSpec ParseLayout(const json& root, const std::string& file, const ModelSpe
         if (d < 0 || std::find(t0->stack.begin(), t0->stack.end(), d) == t0->stack.end())
           r.Fail(path + "/name", "placeholder '{" + p + "}' is not a stack dim of '" + b.parts[0] + "'");
       }
-      l.buffers.push_back(std::move(b));
+      if (split_dim < 0) {
+        l.buffers.push_back(std::move(b));
+        continue;
+      }
+      for (const auto& [lo, hi] : runs) {
+        BufferRule piece = b;
+        for (auto& [d, rlo, rhi] : piece.range)
+          if (d == split_dim) rlo = lo, rhi = hi;
+        l.buffers.push_back(std::move(piece));
+      }
     }
   }
   return l;

@@ -308,13 +308,27 @@ void AddDiffCommand(CLI::App& app, int& exit_code) {
     };
     std::map<std::string, TensorRow> by_name;
     static const report::TensorStats kEmpty;
+    // A family that exists for separate intervals of a layer dim is one plan
+    // tensor per interval, all of one name: those rows also say the interval.
+    std::map<std::string, int> count_a, count_b;
+    for (uint32_t t = 0; t < ta; ++t) ++count_a[Str(ra.tensors()->Get(t)->name())];
+    for (uint32_t t = 0; t < tb; ++t) ++count_b[Str(rb.tensors()->Get(t)->name())];
+    auto key = [&](const fb::Tensor* x) {
+      std::string k = Str(x->name());
+      if (count_a[k] <= 1 && count_b[k] <= 1) return k;
+      const uint32_t ns = x->stack_dims() ? x->stack_dims()->size() : 0;
+      for (uint32_t d = 0; d < ns; ++d)
+        k += " " + Str(x->stack_dims()->Get(d)) + " [" + std::to_string(x->lo()->Get(d)) + ", " +
+             std::to_string(x->hi()->Get(d)) + ")";
+      return k;
+    };
     for (uint32_t t = 0; t < ta; ++t) {
-      TensorRow& row = by_name[Str(ra.tensors()->Get(t)->name())];
+      TensorRow& row = by_name[key(ra.tensors()->Get(t))];
       row.layout = report::TensorLayout(*ra.tensors()->Get(t));
       row.a = &sa.tensors[t];
     }
     for (uint32_t t = 0; t < tb; ++t) {
-      TensorRow& row = by_name[Str(rb.tensors()->Get(t)->name())];
+      TensorRow& row = by_name[key(rb.tensors()->Get(t))];
       if (row.layout.empty()) row.layout = report::TensorLayout(*rb.tensors()->Get(t));
       row.b = &sb.tensors[t];
     }

@@ -111,12 +111,13 @@ class _Family:
         texts, holes = _template(self.name)
         self.stack: List[str] = holes
         self.regex = _regex(texts, holes)
-        self.range: Dict[str, Tuple[int, int]] = {}
+        # per stack dim, the intervals the family exists for ("range": [lo, hi]
+        # or a list of them: a hybrid model's linear-attention layers)
+        self.range: Dict[str, List[Tuple[int, int]]] = {}
         for d in holes:
             if d not in dims:
                 raise LayoutError(f"model: tensor '{self.name}': placeholder '{{{d}}}' is not a dim declared in /dims")
-            lo, hi = t.get("range", {}).get(d, (0, dims[d]))
-            self.range[d] = (int(lo), int(hi))
+            self.range[d] = _intervals(t.get("range", {}).get(d, (0, dims[d])))
         heads = t.get("heads")
         self.heads: Optional[Tuple[int, int]] = (int(heads["dim"]), int(heads["size"])) if heads else None
 
@@ -125,9 +126,22 @@ class _Family:
         if m is None:
             return None
         idx = {d: int(m.group(f"h{i}")) for i, d in enumerate(self.stack)}
-        if any(not lo <= idx[d] < hi for d, (lo, hi) in self.range.items()):
+        if any(not _within(idx[d], ivs) for d, ivs in self.range.items()):
             return None
         return idx
+
+    def indices(self, d: str) -> List[int]:
+        return [i for lo, hi in self.range[d] for i in range(lo, hi)]
+
+
+def _intervals(v: Any) -> List[Tuple[int, int]]:
+    """A model or rule "range" value: [lo, hi] or [[lo, hi], ...]."""
+    v = list(v)
+    return [(int(x[0]), int(x[1])) for x in v] if v and isinstance(v[0], (list, tuple)) else [(int(v[0]), int(v[1]))]
+
+
+def _within(i: int, intervals: List[Tuple[int, int]]) -> bool:
+    return any(lo <= i < hi for lo, hi in intervals)
 
 
 class _Rule:
@@ -156,7 +170,7 @@ class _Rule:
             self.fuse, self.fuse_dim = "interleave", int(j["interleave"]["dim"])
         else:
             self.fuse, self.fuse_dim = None, -1
-        self.range: Dict[str, Tuple[int, int]] = {d: (int(v[0]), int(v[1])) for d, v in j.get("range", {}).items()}
+        self.range: Dict[str, List[Tuple[int, int]]] = {d: _intervals(v) for d, v in j.get("range", {}).items()}
         if self.usable:
             p0 = self.parts[0]
             self.usable = all(p.stack == p0.stack and len(p.shape) == len(p0.shape) for p in self.parts)
@@ -174,16 +188,21 @@ class _Rule:
             if idx.setdefault(d, v) != v:
                 return None
         for d, v in idx.items():
-            lo, hi = self._extent(d)
-            if not lo <= v < hi:
+            if not _within(v, self.parts[0].range[d]) or (d in self.range and not _within(v, self.range[d])):
                 return None
         return idx
 
+    def indices(self, d: str) -> List[int]:
+        """The instances of stack dim `d` this rule names."""
+        return [i for i in self.parts[0].indices(d) if d not in self.range or _within(i, self.range[d])]
+
     def _extent(self, d: str) -> Tuple[int, int]:
-        lo, hi = self.parts[0].range[d]
-        if d in self.range:
-            lo, hi = max(lo, self.range[d][0]), min(hi, self.range[d][1])
-        return lo, hi
+        """A leading (stacked) dim's instances: one run, or an error."""
+        ids = self.indices(d)
+        if ids != list(range(ids[0], ids[-1] + 1)):
+            raise LayoutError(f"buffer rule '{self.name}' stacks the '{d}' dim of '{self.parts[0].name}', which "
+                              f"exists for separate intervals: name each instance ({{{d}}} in the rule's name)")
+        return ids[0], ids[-1] + 1
 
     @property
     def leading(self) -> List[str]:
@@ -695,7 +714,7 @@ def layout_from_module(module: Any, model: Union[PathLike, Mapping[str, Any]], *
         if not got:
             raise LayoutError(f"the module holds no parameter for the model's '{f.name}' (model "
                               f"'{spec.get('name')}'): a layout must place every model tensor")
-        want = set(product(*(range(*f.range[s]) for s in f.stack)))
+        want = set(product(*(f.indices(s) for s in f.stack)))
         lack = sorted(want - got)
         if lack:
             inst = dict(zip(f.stack, lack[0]))

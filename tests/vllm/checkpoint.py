@@ -47,10 +47,11 @@ def expand(model_spec):
     for t in model_spec["tensors"]:
         names = [(t["name"], {})]
         for dim, size in dims.items():
-            lo, hi = t.get("range", {}).get(dim, [0, size])
+            r = t.get("range", {}).get(dim, [0, size])
+            intervals = r if r and isinstance(r[0], list) else [r]  # [lo, hi] or a list of them
             if "{" + dim + "}" in t["name"]:
                 names = [(n.replace("{" + dim + "}", str(i)), dict(at, **{dim: i})) for n, at in names
-                         for i in range(lo, hi)]
+                         for lo, hi in intervals for i in range(lo, hi)]
         for n, _ in names:
             out.append((n, list(t["shape"]), DTYPES[t.get("dtype", default)]))
     return out
