@@ -77,8 +77,8 @@ ordered_json ModelJson(const Arch& a, const std::string& name) {
   for (const auto& t : a.tensors) {
     ordered_json e = {{"name", t.name}, {"shape", t.shape}};
     if (t.fp32) e["dtype"] = "fp32";
-    if (t.layers == Layers::dense && a.first_moe < a.layers) e["range"] = {{"layer", {0, a.first_moe}}};
-    if (t.layers == Layers::moe && a.first_moe > 0) e["range"] = {{"layer", {a.first_moe, a.layers}}};
+    if (t.layers != Layers::none && t.layers != Layers::all)
+      if (ordered_json r = LayerRange(a, LayerRuns(a, t.layers)); !r.is_null()) e["range"] = {{"layer", r}};
     if (t.head_dim > 0) e["heads"] = {{"dim", t.role == Role::o ? 1 : 0}, {"size", t.head_dim}};
     tensors.push_back(e);
   }

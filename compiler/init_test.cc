@@ -52,7 +52,7 @@ TEST(Init, UnknownModelTypeListsTheSupportedOnes) {
   c["model_type"] = "gpt2";
   EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "hf"); }),
             "config.json: /model_type: unknown model_type 'gpt2'; reshard init supports llama, qwen2, qwen3, qwen3_moe, "
-            "mixtral, deepseek_v3, kimi_k2, glm4_moe, gpt_oss. For another architecture, write the model spec by hand: "
+            "mixtral, deepseek_v3, kimi_k2, glm4_moe, gpt_oss, llama4, llama4_text. For another architecture, write the model spec by hand: "
             "the shortest way is init with the closest model_type above, then edit the tensors' names and shapes "
             "(docs/specs.md, \"Writing a model spec by hand\")");
   c.erase("hidden_size");
@@ -684,7 +684,7 @@ TEST(Init, GptOss) {
   EXPECT_NE(Rule(hf, "model.layers.{layer}.mlp.experts.down_proj_bias"), nullptr);
   EXPECT_TRUE(HasNote(h, "--train: the experts' weights are written per expert as [out, in] (" + e +
                              "gate_proj.weight, ...): the gpt_oss checkpoint holds them transposed and fused "
-                             "(mlp.experts.gate_up_proj [8, 64, 2 x 32] with gate and up in alternate columns, "
+                             "(model.layers.{layer}.mlp.experts.gate_up_proj [8, 64, 2 x 32] with gate and up in alternate columns, "
                              "down_proj [8, 32, 64]), which a layout cannot express (no transposes); the experts' "
                              "biases are the checkpoint's gate_up_proj_bias and down_proj_bias"));
   CompileAndValidate(h);
@@ -732,7 +732,7 @@ TEST(Init, GptOssRefusals) {
             "ETP==1\"); etp is 2 (Megatron's default: tp), add etp=1");
   EXPECT_EQ(ErrorOf([&] { Gen(Tiny("gpt_oss"), "fsdp2:dp_shard=2", "hf"); }),
             "--train 'fsdp2:dp_shard=2': transformers 5's gpt_oss experts (GptOssExperts, "
-            "models/gpt_oss/modeling_gpt_oss.py) are mlp.experts.gate_up_proj [8, 64, 64] and down_proj [8, 32, 64], "
+            "models/gpt_oss/modeling_gpt_oss.py) are model.layers.{layer}.mlp.experts.gate_up_proj [8, 64, 64] and down_proj [8, 32, 64], "
             "[in, out] per expert: the transpose of the [out, in] experts vLLM and Megatron hold, and a layout cannot "
             "transpose; reshard init does not describe FSDP2 for gpt_oss");
   json nobias = Tiny("gpt_oss");

@@ -30,13 +30,21 @@ inline nlohmann::json Tiny(const std::string& type) {
               {"moe_intermediate_size", 32}, {"attention_bias", true}, {"use_qk_norm", true},
               {"num_nextn_predict_layers", 1}});
   if (type == "gpt_oss") c.update({{"num_local_experts", 8}, {"intermediate_size", 32}});
+  if (type == "llama4" || type == "llama4_text")  // MoE layers 1 and 3 (interleave step 2), dense 0 and 2
+    c.update({{"num_local_experts", 8}, {"intermediate_size", 32}, {"intermediate_size_mlp", 128},
+              {"interleave_moe_layer_step", 2}});
+  if (type == "llama4") {  // the multimodal config: the language model's fields in text_config
+    nlohmann::json text = c;
+    text["model_type"] = "llama4_text";
+    c = {{"model_type", "llama4"}, {"text_config", text}, {"vision_config", {{"hidden_size", 32}}}};
+  }
   return c;
 }
 
 /// Whether `type`'s table has experts.
 inline bool Moe(const std::string& type) {
   return type == "qwen3_moe" || type == "mixtral" || type == "deepseek_v3" || type == "kimi_k2" ||
-         type == "glm4_moe" || type == "gpt_oss";
+         type == "glm4_moe" || type == "gpt_oss" || type == "llama4" || type == "llama4_text";
 }
 
 inline Result Gen(const nlohmann::json& config, const std::string& train, const std::string& infer) {

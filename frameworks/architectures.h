@@ -32,8 +32,10 @@ enum class Role {
   shared_gate, shared_up, shared_down,         // shared experts (one fused MLP)
 };
 
-/// Which layers a per-layer tensor exists in.
-enum class Layers { none, all, dense, moe };
+/// Which layers a per-layer tensor exists in: none (outside the layers), all,
+/// the dense or the MoE ones (Arch::moe_layer), the linear-attention or the
+/// full-attention ones of a hybrid model (Arch::linear_layer).
+enum class Layers { none, all, dense, moe, linear_attn, full_attn };
 
 /// One tensor family of the HF checkpoint.
 struct ArchTensor {
@@ -48,9 +50,15 @@ struct ArchTensor {
 /// A parsed config.json, as the tables need it.
 struct Arch {
   std::string model_type;        // the table used ("deepseek_v3" for kimi_k2 too)
+  /// Before "model." and "lm_head." in every name: "language_model." for a
+  /// multimodal checkpoint's language model (Llama 4), "" otherwise.
+  std::string lm_prefix;
   std::string name;              // default model spec name
   int64_t layers = 0, experts = 0;
-  int64_t first_moe = 0;         // layers [first_moe, layers) are MoE when experts > 0
+  int64_t first_moe = 0;         // the first MoE layer (layers when none)
+  /// Per layer: MoE (ParseArch fills it from first_moe when a table leaves it
+  /// empty: layers [first_moe, layers)); linear attention (hybrid models; empty: none).
+  std::vector<bool> moe_layer, linear_layer;
   int64_t hidden = 0, vocab = 0;
   int64_t heads = 0, kv_heads = 0, head_dim = 0;  // kv_heads = 0 for MLA
   bool mla = false;
@@ -78,6 +86,13 @@ struct Arch {
   /// defaults (head_dim, num_key_value_heads), one line each.
   std::vector<std::string> notes;
 };
+
+/// The layers a tensor of `layers` exists in, as ascending runs [lo, hi).
+std::vector<std::pair<int64_t, int64_t>> LayerRuns(const Arch& a, Layers layers);
+
+/// A model or rule "range" of layer runs: nothing (null) when they are all
+/// the layers, [lo, hi] for one run, a list of them for several.
+nlohmann::ordered_json LayerRange(const Arch& a, const std::vector<std::pair<int64_t, int64_t>>& runs);
 
 /// Reads config.json into an Arch; errors name `file` and the config field.
 Arch ParseArch(const nlohmann::json& config, const std::string& file);

@@ -108,13 +108,17 @@ std::string List(const std::vector<std::string>& items, size_t shown = 4) {
 ordered_json MakeFsdp2(const Arch& a, const std::string& model, Settings& s, Notes& notes) {
   if (s.dp_shard == 0)
     Fail(s, "fsdp2 needs dp_shard=N: the size of the DeviceMesh dim fully_shard shards over (TorchTitan's dp_shard)");
-  // transformers 5's GptOssExperts (models/gpt_oss/modeling_gpt_oss.py) holds
-  // gate_up_proj [E, H, 2I] and down_proj [E, I, H]: [in, out], the transpose
-  // of the model spec's [out, in] experts (what vLLM and Megatron hold).
+  // transformers 5's GptOssExperts (models/gpt_oss/modeling_gpt_oss.py) and
+  // Llama4TextExperts (models/llama4/modeling_llama4.py) hold gate_up_proj
+  // [E, H, 2I] and down_proj [E, I, H]: [in, out], the transpose of the model
+  // spec's [out, in] experts (what vLLM and Megatron hold).
   if (a.experts_transposed) {
     const ArchTensor* g = Find(a, Role::expert_gate);
-    Fail(s, "transformers 5's " + a.model_type + " experts (GptOssExperts, models/gpt_oss/modeling_gpt_oss.py) are "
-            "mlp.experts.gate_up_proj [" + S(a.experts) + ", " + S(a.hidden) + ", " + S(2 * g->shape[0]) +
+    const bool llama4 = a.model_type == "llama4";
+    Fail(s, "transformers 5's " + a.model_type + " experts (" +
+                (llama4 ? "Llama4TextExperts, models/llama4/modeling_llama4.py" : "GptOssExperts, models/gpt_oss/modeling_gpt_oss.py") +
+                ") are " + g->name.substr(0, g->name.find(".{expert}.")) + ".gate_up_proj [" + S(a.experts) + ", " +
+                S(a.hidden) + ", " + S(2 * g->shape[0]) +
             "] and down_proj [" + S(a.experts) + ", " + S(g->shape[0]) + ", " + S(a.hidden) +
             "], [in, out] per expert: the transpose of the [out, in] experts vLLM and Megatron hold, and a layout "
             "cannot transpose; reshard init does not describe FSDP2 for " + a.model_type);

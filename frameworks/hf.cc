@@ -78,12 +78,17 @@ ordered_json MakeHf(const Arch& a, const std::string& model, Settings& s, Notes&
   if (!q.kind.empty()) lname += "-" + q.kind;
   if (a.experts_transposed) {
     const ArchTensor* g = Find(a, Role::expert_gate);
+    const std::string fused = g->name.substr(0, g->name.find(".{expert}."));
     notes.push_back(s.option + ": the experts' weights are written per expert as [out, in] (" + g->name +
-                    ", ...): the " + a.model_type + " checkpoint holds them transposed and fused (mlp.experts." +
-                    "gate_up_proj [" + S(a.experts) + ", " + S(a.hidden) + ", 2 x " + S(g->shape[0]) +
-                    "] with gate and up in alternate columns, down_proj [" + S(a.experts) + ", " + S(g->shape[0]) +
-                    ", " + S(a.hidden) + "]), which a layout cannot express (no transposes); the experts' biases "
-                    "are the checkpoint's gate_up_proj_bias and down_proj_bias" +
+                    ", ...): the " + a.model_type + " checkpoint holds them transposed and fused (" + fused +
+                    ".gate_up_proj [" + S(a.experts) + ", " + S(a.hidden) + ", 2 x " + S(g->shape[0]) + "] " +
+                    (a.interleaved_gate_up ? "with gate and up in alternate columns"
+                                           : "with gate in the first " + S(g->shape[0]) + " columns, up in the rest") +
+                    ", down_proj [" + S(a.experts) + ", " + S(g->shape[0]) + ", " + S(a.hidden) +
+                    "]), which a layout cannot express (no transposes)" +
+                    (Find(a, Role::expert_gate_bias)
+                         ? "; the experts' biases are the checkpoint's gate_up_proj_bias and down_proj_bias"
+                         : "") +
                     (a.mxfp4_release ? "; the release's MXFP4 experts (*_blocks, *_scales) are not written: this is "
                                        "the BF16 form"
                                      : ""));

@@ -288,8 +288,8 @@ ordered_json MakeMegatron(const Arch& a, const std::string& model, Settings& s, 
     if (t.role == Role::post_norm && s.te && a.experts > 0 && a.first_moe > 0) {
       ordered_json dense = rule;
       dense["name"] = name.Layer() + "mlp.linear_fc1.layer_norm_weight";
-      dense["range"] = {{"layer", {0, a.first_moe}}};
-      rule["range"] = {{"layer", {a.first_moe, a.layers}}};
+      dense["range"] = {{"layer", LayerRange(a, LayerRuns(a, Layers::dense))}};
+      rule["range"] = {{"layer", LayerRange(a, LayerRuns(a, Layers::moe))}};
       b.Buffer(dense);
     }
     b.Buffer(rule);
