@@ -506,9 +506,13 @@ void Expander::ExpandRule(const BufferRule& rule, const std::vector<int>& parts)
       e_.scales.push_back(st);
     }
   }
+  // Interleaved parts [0, nil); the rest (a "parts" count) follow concatenated.
+  const size_t nil = rule.fuse != Fuse::interleave ? 0
+                     : rule.interleaved_parts > 0  ? static_cast<size_t>(rule.interleaved_parts)
+                                                   : parts.size();
   std::vector<int64_t> gs(parts.size(), 0);
   if (rule.fuse == Fuse::interleave) {
-    for (size_t j = 0; j < parts.size(); ++j) {
+    for (size_t j = 0; j < nil; ++j) {
       const TensorSpec& tj = model_.tensors[parts[j]];
       if (tj.shape[rule.fuse_dim] % rule.groups != 0)
         Fail(rule.path + "/interleave", "dim " + std::to_string(rule.fuse_dim) + " of " + Quote(tj.name) + " (size " +
@@ -581,7 +585,7 @@ void Expander::ExpandRule(const BufferRule& rule, const std::vector<int>& parts)
                               " and " + std::to_string(e) + " on dim " + std::to_string(s) + ", which is not fused");
         }
       }
-      if (rule.fuse == Fuse::interleave) {
+      if (rule.fuse == Fuse::interleave && j < nil) {
         for (const Piece& p : hj[ns + rule.fuse_dim])
           if (p.lo % gs[j] != 0 || p.size() % gs[j] != 0)
             Fail(rule.path + "/interleave",
@@ -713,14 +717,17 @@ void Expander::ExpandRule(const BufferRule& rule, const std::vector<int>& parts)
     std::vector<std::vector<std::vector<Seg>>> part_segs;
     for (size_t j = 0; j < parts.size(); ++j) {
       const Holding& hj = *hs[j];
+      // Concatenated parts (all of a concat; those after the interleaved ones)
+      // start after the parts before them.
+      const bool concatenated = rule.fuse == Fuse::concat || (rule.fuse == Fuse::interleave && j >= nil);
       int64_t concat_off = 0;
-      if (rule.fuse == Fuse::concat)
+      if (concatenated)
         for (size_t i = 0; i < j; ++i) concat_off += extent((*hs[i])[ns + rule.fuse_dim]);
       int64_t group_off = 0;
       for (size_t i = 0; i < j; ++i) group_off += gs[i];
       std::vector<std::vector<Seg>> segs(nd);
       for (int d = 0; d < nd; ++d) {
-        bool il = rule.fuse == Fuse::interleave && d == ns + rule.fuse_dim;
+        bool il = rule.fuse == Fuse::interleave && j < nil && d == ns + rule.fuse_dim;
         for (const Piece& p : hj[d]) {
           if (il && gs[j] == 1) {
             // Groups of one row (gpt-oss's alternating gate/up rows): one strided segment.
@@ -731,7 +738,7 @@ void Expander::ExpandRule(const BufferRule& rule, const std::vector<int>& parts)
               segs[d].push_back({g, g + gs[j], (u / gs[j]) * G + group_off});
             }
           } else {
-            int64_t pos = p.local + ((rule.fuse == Fuse::concat && d == ns + rule.fuse_dim) ? concat_off : 0);
+            int64_t pos = p.local + ((concatenated && d == ns + rule.fuse_dim) ? concat_off : 0);
             segs[d].push_back({p.lo, p.hi, pos});
           }
         }

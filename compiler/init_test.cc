@@ -40,10 +40,14 @@ TEST(Init, EveryArchitectureCompilesAndValidates) {
     const json c = Tiny(type);
     const bool moe = fixtures::Moe(type);
     const std::string ep = moe ? ",ep=2,etp=1" : "";
-    CompileAndValidate(Gen(c, "megatron:tp=2,pp=2" + ep, "vllm:tp=2,dp=2"));
-    CompileAndValidate(Gen(c, "megatron:tp=2,pp=2" + ep + ",spec=local", "hf"));
-    CompileAndValidate(Gen(c, "hf:tp=2", "megatron:tp=2,pp=2,vpp=2" + ep + (moe ? ",grouped-gemm" : "")));
-    if (moe) CompileAndValidate(Gen(c, "megatron:pp=2,ep=4,etp=1", "vllm:tp=2,dp=2,ep,engines=2"));
+    // Refused, each with its reason (Init.Qwen3NextRefusals, Init.Llama4): Megatron for
+    // qwen3_next (zero-centered norms), vLLM for llama4 (q/k rows permuted in every head).
+    const bool megatron = type != "qwen3_next", vllm = type != "llama4" && type != "llama4_text";
+    const std::string src = megatron ? "megatron:tp=2,pp=2" + ep : "hf:tp=2";
+    if (vllm) CompileAndValidate(Gen(c, src, "vllm:tp=2,dp=2"));
+    CompileAndValidate(Gen(c, megatron ? "megatron:tp=2,pp=2" + ep + ",spec=local" : "hf:tp=2", "hf"));
+    if (megatron) CompileAndValidate(Gen(c, "hf:tp=2", "megatron:tp=2,pp=2,vpp=2" + ep + (moe ? ",grouped-gemm" : "")));
+    if (moe && vllm) CompileAndValidate(Gen(c, megatron ? "megatron:pp=2,ep=4,etp=1" : "hf", "vllm:tp=2,dp=2,ep,engines=2"));
   }
 }
 
@@ -52,7 +56,7 @@ TEST(Init, UnknownModelTypeListsTheSupportedOnes) {
   c["model_type"] = "gpt2";
   EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "hf"); }),
             "config.json: /model_type: unknown model_type 'gpt2'; reshard init supports llama, qwen2, qwen3, qwen3_moe, "
-            "mixtral, deepseek_v3, kimi_k2, glm4_moe, gpt_oss, llama4, llama4_text. For another architecture, write the model spec by hand: "
+            "mixtral, deepseek_v3, kimi_k2, glm4_moe, gpt_oss, qwen3_next, llama4, llama4_text. For another architecture, write the model spec by hand: "
             "the shortest way is init with the closest model_type above, then edit the tensors' names and shapes "
             "(docs/specs.md, \"Writing a model spec by hand\")");
   c.erase("hidden_size");
@@ -743,4 +747,90 @@ TEST(Init, GptOssRefusals) {
 }
 
 }  // namespace
+json RuleOrNull(const json& layout, const std::string& buffer) {
+  const json* r = Rule(layout, buffer);
+  return r ? *r : json();
+}
+
+TEST(Init, Qwen3NextLayersAndFusedParts) {
+  const Result r = Gen(Tiny("qwen3_next"), "hf", "vllm:tp=2");
+  const json m = File(r, "model.json");
+  std::map<std::string, json> range;
+  for (const json& t : m["tensors"]) range[t["name"]] = t.value("range", json());
+  const json linear = json::array({json::array({0, 1}), json::array({2, 3})});
+  const json full = json::array({json::array({1, 2}), json::array({3, 4})});
+  EXPECT_EQ(range.at("model.layers.{layer}.linear_attn.in_proj_qkvz.q.weight"), json({{"layer", linear}}));
+  EXPECT_EQ(range.at("model.layers.{layer}.linear_attn.A_log"), json({{"layer", linear}}));
+  EXPECT_EQ(range.at("model.layers.{layer}.self_attn.q_proj.gate.weight"), json({{"layer", full}}));
+  EXPECT_TRUE(range.at("model.layers.{layer}.input_layernorm.weight").is_null());
+  // hf: the checkpoint's fused tensors; vLLM: qkv_proj heads [query; gate], then k, v; A_log in fp32.
+  const json h = File(r, "train.json");
+  EXPECT_EQ(RuleOrNull(h, "model.layers.{layer}.linear_attn.in_proj_qkvz.weight")["interleave"],
+            json({{"dim", 0}, {"groups", 2}}));
+  EXPECT_EQ(RuleOrNull(h, "model.layers.{layer}.linear_attn.conv1d.weight")["parts"].size(), 3u);
+  EXPECT_EQ(RuleOrNull(h, "model.layers.{layer}.self_attn.q_proj.weight")["interleave"], json({{"dim", 0}, {"groups", 4}}));
+  const json v = File(r, "infer.json");
+  EXPECT_EQ(RuleOrNull(v, "model.layers.{layer}.self_attn.qkv_proj.weight")["interleave"],
+            json({{"dim", 0}, {"groups", 4}, {"parts", 2}}));
+  EXPECT_EQ(RuleOrNull(v, "model.layers.{layer}.linear_attn.A_log")["dtype"], "fp32");
+  CompileAndValidate(r);
+}
+
+TEST(Init, Qwen3NextRefusals) {
+  const json c = Tiny("qwen3_next");
+  EXPECT_EQ(ErrorOf([&] { Gen(c, "megatron:tp=2", "hf"); }).rfind("--train 'megatron:tp=2': Megatron-Bridge holds "
+                                                                  "Qwen3-Next's linear-attention out_norm as HF's "
+                                                                  "weight - 1", 0),
+            0u);
+  EXPECT_EQ(ErrorOf([&] { Gen(c, "fsdp2:dp_shard=2", "hf"); }).rfind(
+                "--train 'fsdp2:dp_shard=2': reshard init does not describe FSDP2 for qwen3_next yet", 0),
+            0u);
+  EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "vllm:tp=4"); }),
+            "--infer 'vllm:tp=4': vLLM's Qwen3-Next linear attention keeps whole key heads on a rank "
+            "(layers/mamba/gdn/qwen_gdn_linear_attn.py: num_k_heads / tp_size): linear_num_key_heads (2) must "
+            "divide by tp (4)");
+  json bad = c;
+  bad["layer_types"] = json::array({"linear_attention", "full_attention"});
+  EXPECT_EQ(ErrorOf([&] { Gen(bad, "hf", "hf"); }),
+            "config.json: /layer_types: expected a list of 4 layer types, got [\"linear_attention\",\"full_attention\"]");
+  bad["layer_types"] = json::array({"linear_attention", "full_attention", "sliding_attention", "full_attention"});
+  EXPECT_EQ(ErrorOf([&] { Gen(bad, "hf", "hf"); }),
+            "config.json: /layer_types/2: expected \"linear_attention\" or \"full_attention\", got \"sliding_attention\"");
+  bad = c;
+  bad["linear_num_value_heads"] = 3;
+  EXPECT_EQ(ErrorOf([&] { Gen(bad, "hf", "hf"); }),
+            "config.json: /linear_num_value_heads: must be a multiple of linear_num_key_heads (2), got 3");
+}
+
+TEST(Init, Llama4) {
+  const json c = Tiny("llama4");
+  const Result r = Gen(c, "megatron:tp=2,pp=2,ep=2,etp=1", "hf");
+  const json m = File(r, "model.json");
+  std::map<std::string, json> range;
+  for (const json& t : m["tensors"]) range[t["name"]] = t.value("range", json());
+  const std::string p = "language_model.model.layers.{layer}.feed_forward.";
+  EXPECT_EQ(range.at(p + "gate_proj.weight"), json({{"layer", json::array({json::array({0, 1}), json::array({2, 3})})}}));
+  EXPECT_EQ(range.at(p + "experts.{expert}.gate_proj.weight"),
+            json({{"layer", json::array({json::array({1, 2}), json::array({3, 4})})}}));
+  EXPECT_EQ(range.count("language_model.lm_head.weight"), 1u);
+  CompileAndValidate(r);
+  // moe_layers overrides the step (Llama4TextConfig.__post_init__).
+  json listed = c;
+  listed["text_config"]["moe_layers"] = json::array({0, 1, 2, 3});
+  const json all = File(Gen(listed, "hf", "hf"), "model.json");
+  for (const json& t : all["tensors"])
+    if (t["name"] == p + "router.weight") EXPECT_FALSE(t.contains("range"));
+  EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "vllm:tp=2"); }).rfind(
+                "--infer 'vllm:tp=2': vLLM's Llama 4 loader reorders the q and k rows inside every head at load", 0),
+            0u);
+  json bad = c;
+  bad.erase("text_config");
+  EXPECT_EQ(ErrorOf([&] { Gen(bad, "hf", "hf"); }),
+            "config.json: /text_config: missing; a llama4 config.json holds the language model's fields there");
+  bad = c;
+  bad["text_config"].erase("intermediate_size_mlp");
+  EXPECT_EQ(ErrorOf([&] { Gen(bad, "hf", "hf"); }),
+            "config.json: /text_config/intermediate_size_mlp: missing; a llama4_text config.json has it");
+}
+
 }  // namespace reshard::init

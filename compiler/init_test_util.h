@@ -30,6 +30,10 @@ inline nlohmann::json Tiny(const std::string& type) {
               {"moe_intermediate_size", 32}, {"attention_bias", true}, {"use_qk_norm", true},
               {"num_nextn_predict_layers", 1}});
   if (type == "gpt_oss") c.update({{"num_local_experts", 8}, {"intermediate_size", 32}});
+  if (type == "qwen3_next")  // layers 0, 2 linear attention, 1, 3 full; 2 key heads of 16, 4 value heads of 16
+    c.update({{"num_experts", 8}, {"moe_intermediate_size", 32}, {"shared_expert_intermediate_size", 48},
+              {"full_attention_interval", 2}, {"linear_num_key_heads", 2}, {"linear_num_value_heads", 4},
+              {"linear_key_head_dim", 16}, {"linear_value_head_dim", 16}, {"linear_conv_kernel_dim", 4}});
   if (type == "llama4" || type == "llama4_text")  // MoE layers 1 and 3 (interleave step 2), dense 0 and 2
     c.update({{"num_local_experts", 8}, {"intermediate_size", 32}, {"intermediate_size_mlp", 128},
               {"interleave_moe_layer_step", 2}});
@@ -44,7 +48,7 @@ inline nlohmann::json Tiny(const std::string& type) {
 /// Whether `type`'s table has experts.
 inline bool Moe(const std::string& type) {
   return type == "qwen3_moe" || type == "mixtral" || type == "deepseek_v3" || type == "kimi_k2" ||
-         type == "glm4_moe" || type == "gpt_oss" || type == "llama4" || type == "llama4_text";
+         type == "glm4_moe" || type == "gpt_oss" || type == "llama4" || type == "llama4_text" || type == "qwen3_next";
 }
 
 inline Result Gen(const nlohmann::json& config, const std::string& train, const std::string& infer) {

@@ -811,10 +811,16 @@ LayoutSpec ParseLayout(const json& root, const std::string& file, const ModelSpe
         b.fuse_dim = static_cast<int>(r.Int(bj["concat"], path + "/concat", 0));
       } else if (bj.contains("interleave")) {
         const json& il = r.Object(bj["interleave"], path + "/interleave");
-        r.Keys(il, path + "/interleave", {"dim", "groups"});
+        r.Keys(il, path + "/interleave", {"dim", "groups", "parts"});
         b.fuse = Fuse::interleave;
         b.fuse_dim = static_cast<int>(r.Int(r.Get(il, path + "/interleave", "dim"), path + "/interleave/dim", 0));
         b.groups = r.Int(r.Get(il, path + "/interleave", "groups"), path + "/interleave/groups", 1);
+        if (il.contains("parts")) {
+          b.interleaved_parts = r.Int(il["parts"], path + "/interleave/parts", 2);
+          if (b.interleaved_parts > static_cast<int64_t>(b.parts.size()))
+            r.Fail(path + "/interleave/parts", "the rule has " + std::to_string(b.parts.size()) + " parts, not " +
+                                                   std::to_string(b.interleaved_parts));
+        }
       }
       if (b.parts.size() > 1 && b.fuse == Fuse::none)
         r.Fail(path, "a buffer of " + std::to_string(b.parts.size()) + " parts needs \"concat\" or \"interleave\"");

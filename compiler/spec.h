@@ -112,6 +112,10 @@ struct BufferRule {
   Fuse fuse = Fuse::none;
   int fuse_dim = 0;
   int64_t groups = 0;
+  /// `"interleave": {..., "parts": N}`: only the first N parts interleave,
+  /// the rest follow them concatenated (vLLM's gated-attention qkv_proj: each
+  /// head's query and gate rows, then k, then v). 0: all parts interleave.
+  int64_t interleaved_parts = 0;
   std::optional<std::vector<int64_t>> shape;  // padded physical trailing dims
   std::optional<Dtype> dtype;
   std::optional<QuantSpec> quant;

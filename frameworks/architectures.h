@@ -30,6 +30,16 @@ enum class Role {
   expert_gate_bias, expert_up_bias,            // the experts' biases (gpt-oss): cut with their rows
   expert_down_bias,                            // added after the row-parallel reduction: never cut
   shared_gate, shared_up, shared_down,         // shared experts (one fused MLP)
+  shared_expert_gate,                          // the shared expert's sigmoid gate [1, H] (Qwen3-Next): whole
+  q_gate,                                      // gated attention's output gate rows (Qwen3-Next q_proj: [q_h; gate_h])
+  // Gated DeltaNet linear attention (Qwen3-Next), the checkpoint's fused
+  // tensors split into what the frameworks cut separately:
+  lin_q, lin_k, lin_v, lin_z,                  // in_proj_qkvz (per key head [q; k; v; z]), rows by heads
+  lin_b, lin_a,                                // in_proj_ba (per key head [b; a]), rows by value heads
+  conv_q, conv_k, conv_v,                      // conv1d [q; k; v] channels, [C, 1, K]
+  lin_dt_bias, lin_a_log,                      // per value head
+  lin_norm,                                    // the gated RMSNorm of one value head: whole
+  lin_out,                                     // out_proj, cols by value heads
 };
 
 /// Which layers a per-layer tensor exists in: none (outside the layers), all,

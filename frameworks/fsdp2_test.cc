@@ -250,8 +250,9 @@ TEST(Fsdp2, MixtralAndDeepseekNames) {
 // Every architecture, FSDP2 on either side, 1-D, HSDP and (GQA models) TP.
 TEST(Fsdp2, EveryArchitectureCompilesAndValidates) {
   for (const std::string& type : SupportedModelTypes()) {
-    // transposed experts: refused (Init.GptOssRefusals, Init.Llama4)
-    if (type == "gpt_oss" || type == "llama4" || type == "llama4_text") continue;
+    // transposed experts: refused (Init.GptOssRefusals, Init.Llama4); qwen3_next's fused
+    // linear-attention parameters: not described yet (Init.Qwen3NextRefusals)
+    if (type == "gpt_oss" || type == "llama4" || type == "llama4_text" || type == "qwen3_next") continue;
     SCOPED_TRACE(type);
     const json c = Tiny(type);
     const bool moe = fixtures::Moe(type);

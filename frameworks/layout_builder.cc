@@ -115,9 +115,11 @@ Cut CutOf(Role r) {
     case Role::embed: case Role::lm_head: return Cut::vocab;
     case Role::q: case Role::k: case Role::v: case Role::q_bias: case Role::k_bias: case Role::v_bias:
     case Role::mla_q: case Role::mla_q_b: case Role::mla_kv_b: case Role::gate: case Role::up:
-    case Role::shared_gate: case Role::shared_up: case Role::sinks:
+    case Role::shared_gate: case Role::shared_up: case Role::sinks: case Role::q_gate:
+    case Role::lin_q: case Role::lin_k: case Role::lin_v: case Role::lin_z: case Role::lin_b: case Role::lin_a:
+    case Role::conv_q: case Role::conv_k: case Role::conv_v: case Role::lin_dt_bias: case Role::lin_a_log:
       return Cut::column;
-    case Role::o: case Role::down: case Role::shared_down: return Cut::row;
+    case Role::o: case Role::down: case Role::shared_down: case Role::lin_out: return Cut::row;
     case Role::expert_gate: case Role::expert_up: case Role::expert_gate_bias: case Role::expert_up_bias:
       return Cut::expert_column;
     case Role::expert_down: return Cut::expert_row;
@@ -128,7 +130,7 @@ Cut CutOf(Role r) {
 
 bool IsNorm(Role r) {
   return r == Role::input_norm || r == Role::post_norm || r == Role::final_norm || r == Role::q_norm ||
-         r == Role::k_norm || r == Role::mla_q_a_norm || r == Role::mla_kv_a_norm;
+         r == Role::k_norm || r == Role::mla_q_a_norm || r == Role::mla_kv_a_norm || r == Role::lin_norm;
 }
 
 bool IsExpert(Role r) {

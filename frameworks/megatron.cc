@@ -123,6 +123,21 @@ Cut MegatronCut(Role r, bool te) {
 }
 
 ordered_json MakeMegatron(const Arch& a, const std::string& model, Settings& s, std::vector<std::string>& notes) {
+  // Qwen3-Next's norms are zero-centered in HF and vLLM (Qwen3NextRMSNorm:
+  // x * (1 + w)); Megatron-Bridge runs Megatron with
+  // layernorm_zero_centered_gamma under Transformer Engine, where the same w
+  // maps 1:1, except the linear-attention out_norm (HF's plain RMSNormGated),
+  // which Megatron holds as w - 1 (Megatron-Bridge qwen3_next_bridge.py,
+  // RMSNorm2ZeroCenteredRMSNormMapping); the local spec has no zero-centered
+  // RMSNorm at all (transformer/torch_norm.py WrappedTorchNorm asserts). A
+  // refit moves bytes and adds no constant: refused rather than written wrong.
+  if (a.model_type == "qwen3_next")
+    Fail(s, "Megatron-Bridge holds Qwen3-Next's linear-attention out_norm as HF's weight - 1 "
+            "(layernorm_zero_centered_gamma under Transformer Engine: qwen3_next_bridge.py "
+            "RMSNorm2ZeroCenteredRMSNormMapping), and the local spec cannot hold zero-centered norms at all "
+            "(transformer/torch_norm.py); a refit moves bytes and adds no constant, so reshard init does not "
+            "describe Megatron for qwen3_next (names seen on real Megatron-Core 0.19.2 ranks: "
+            "tests/data/archs/megatron-qwen3next-tp2-pp2-ep2)");
   const int64_t tp = s.tp, pp = s.pp, cp = s.cp, ep = s.ep;
   const bool etp_default = s.etp == 0;
   if (s.etp == 0) s.etp = tp;  // Megatron: expert_tensor_parallel_size defaults to tensor_model_parallel_size

@@ -76,7 +76,16 @@ using nlohmann::ordered_json;
 // The vLLM fused buffer name of a role, from the HF name (vLLM's stacked_params_mapping).
 std::string VllmFusedName(const Arch& a, const ArchTensor& t) {
   switch (t.role) {
-    case Role::q: case Role::k: case Role::v: return Rename(Find(a, Role::q)->name, "q_proj.weight", "qkv_proj.weight");
+    case Role::q: case Role::q_gate: case Role::k: case Role::v:
+      if (Find(a, Role::q_gate))  // Qwen3-Next's gated attention: the spec splits q_proj into query and gate
+        return Rename(Find(a, Role::q)->name, "q_proj.query.weight", "qkv_proj.weight");
+      return Rename(Find(a, Role::q)->name, "q_proj.weight", "qkv_proj.weight");
+    // Gated DeltaNet (Qwen3-Next): the checkpoint's fused tensors, as vLLM keeps them.
+    case Role::lin_q: case Role::lin_k: case Role::lin_v: case Role::lin_z:
+      return Rename(Find(a, Role::lin_q)->name, "in_proj_qkvz.q.weight", "in_proj_qkvz.weight");
+    case Role::lin_b: case Role::lin_a: return Rename(Find(a, Role::lin_b)->name, "in_proj_ba.b.weight", "in_proj_ba.weight");
+    case Role::conv_q: case Role::conv_k: case Role::conv_v:
+      return Rename(Find(a, Role::conv_q)->name, "conv1d.q.weight", "conv1d.weight");
     case Role::q_bias: case Role::k_bias: case Role::v_bias:
       return Rename(Find(a, Role::q_bias)->name, "q_proj.bias", "qkv_proj.bias");
     case Role::gate: case Role::up: return Rename(Find(a, Role::gate)->name, "gate_proj.weight", "gate_up_proj.weight");
@@ -144,6 +153,28 @@ ordered_json MakeVllm(const Arch& a, const std::string& model, Settings& s, Note
               "GptOssModel.load_weights): num_local_experts (" + S(a.experts) + ") must divide by dp x tp (" +
                   S(dp * tp) + ")");
   }
+  // Llama 4: Llama4ForCausalLM.load_weights (models/llama4.py
+  // permute_qk_weight_for_rotary) reorders the q and k rows inside every head
+  // (interleaved RoPE pairs to NeoX halves: row j <- 2j, d/2 + j <- 2j + 1) on
+  // every layer before the TP cut; Megatron (rotary_interleaved) and HF keep
+  // the pairs. A layout moves rows as blocks of parts and cannot express that
+  // permutation inside qkv_proj together with k and v (seen on real vLLM 0.33
+  // ranks: tests/data/archs/vllm-llama4-*).
+  if (a.model_type == "llama4")
+    Fail(s, "vLLM's Llama 4 loader reorders the q and k rows inside every head at load (models/llama4.py "
+            "Llama4ForCausalLM.load_weights, permute_qk_weight_for_rotary: RoPE pairs (2j, 2j + 1) become rows j "
+            "and d/2 + j), which a reshard layout cannot express inside the fused qkv_proj; reshard init does not "
+            "describe vLLM for llama4 yet (train into hf or megatron layouts)");
+  if (a.model_type == "qwen3_next") {
+    const ArchTensor* lq = Find(a, Role::lin_q);
+    const int64_t nk = lq->shape[0] / lq->head_dim;
+    if (nk % tp != 0)
+      Fail(s, "vLLM's Qwen3-Next linear attention keeps whole key heads on a rank (layers/mamba/gdn/"
+              "qwen_gdn_linear_attn.py: num_k_heads / tp_size): linear_num_key_heads (" + S(nk) +
+                  ") must divide by tp (" + S(tp) + ")");
+    if (!s.quant.empty() && s.quant != "none")
+      Fail(s, "reshard init describes Qwen3-Next engines in BF16 only; quant=" + s.quant + " is not described yet");
+  }
   const bool kv_replicated = HeadsOverTp(a, s, "vLLM", notes);
   // vLLM pipeline stages (distributed/utils.py get_pp_indices): num_layers /
   // pp each, the remainder one more on the stages before the last, from the
@@ -174,7 +205,11 @@ ordered_json MakeVllm(const Arch& a, const std::string& model, Settings& s, Note
   // (tests/vllm, case vllm-mla-fp8-tp2-dp2-ep).
   // GLM-4.5's Glm4MoeMLP (models/glm4_moe.py) has no disable_tp: its shared
   // experts stay TP-cut (seen on real vLLM ranks: tests/data/archs).
-  const bool shared_whole = ep && tp > 1 && dp > 1 && a.model_type == "deepseek_v3";
+  // Qwen3-Next's and Llama 4's shared experts likewise (Qwen2MoeMLP and
+  // LlamaMLP built with disable_tp=is_sequence_parallel: models/qwen2_moe.py,
+  // models/llama4.py Llama4MoE; seen on real ranks: tests/data/archs).
+  const bool shared_whole = ep && tp > 1 && dp > 1 &&
+                            (a.model_type == "deepseek_v3" || a.model_type == "qwen3_next" || a.model_type == "llama4");
   auto is_shared = [](Role r) { return r == Role::shared_gate || r == Role::shared_up || r == Role::shared_down; };
   if (shared_whole && Find(a, Role::shared_gate))
     notes.push_back(s.option + ": EP with TP " + S(tp) + " and DP " + S(dp) +
@@ -363,7 +398,27 @@ ordered_json MakeVllm(const Arch& a, const std::string& model, Settings& s, Note
     if (!done.insert(buf).second) continue;
     ordered_json rule = {{"name", buf}};
     if (buf != t.name) {  // fused by vLLM: [q; k; v], [gate; up], [q_a; kv_a]
-      if (t.role == Role::q || t.role == Role::q_bias) {
+      if (t.role == Role::q && Find(a, Role::q_gate)) {
+        // Qwen3-Next: qkv_proj holds the rank's heads each as [query; gate]
+        // (Qwen3NextAttention: QKVParallelLinear of heads x 2, q_proj rows as
+        // the checkpoint has them), then k, then v.
+        rule["parts"] = {t.name, Find(a, Role::q_gate)->name, Find(a, Role::k)->name, Find(a, Role::v)->name};
+        rule["interleave"] = {{"dim", 0}, {"groups", a.heads}, {"parts", 2}};
+      } else if (t.role == Role::lin_q) {
+        // in_proj_qkvz as the checkpoint holds it, per key head [q; k; v; z],
+        // cut into whole key heads (QwenGatedDeltaNetAttention.create_qkvz_proj:
+        // one output size, gqa_interleaved_layout).
+        rule["parts"] = {t.name, Find(a, Role::lin_k)->name, Find(a, Role::lin_v)->name, Find(a, Role::lin_z)->name};
+        rule["interleave"] = {{"dim", 0}, {"groups", t.shape[0] / t.head_dim}};
+      } else if (t.role == Role::lin_b) {
+        const ArchTensor* lq = Find(a, Role::lin_q);
+        rule["parts"] = {t.name, Find(a, Role::lin_a)->name};
+        rule["interleave"] = {{"dim", 0}, {"groups", lq->shape[0] / lq->head_dim}};
+      } else if (t.role == Role::conv_q) {
+        // conv1d: each of q, k, v cut over TP (mamba_v2_sharded_weight_loader).
+        rule["parts"] = {t.name, Find(a, Role::conv_k)->name, Find(a, Role::conv_v)->name};
+        rule["concat"] = 0;
+      } else if (t.role == Role::q || t.role == Role::q_bias) {
         const bool bias = t.role == Role::q_bias;
         rule["parts"] = {t.name, Find(a, bias ? Role::k_bias : Role::k)->name, Find(a, bias ? Role::v_bias : Role::v)->name};
         rule["concat"] = 0;
@@ -399,6 +454,9 @@ ordered_json MakeVllm(const Arch& a, const std::string& model, Settings& s, Note
     if (c == Cut::expert_whole && down_bias_flat) rule["shape"] = {t.shape[0]};
     // GLM-4.5's router: a GateLinear built with params_dtype=torch.float32.
     if (t.role == Role::router && a.model_type == "glm4_moe") rule["dtype"] = "fp32";
+    // Qwen3-Next's A_log: an fp32 Parameter whatever the model dtype
+    // (QwenGatedDeltaNetAttention: torch.empty(nv / tp, dtype=torch.float32)).
+    if (t.role == Role::lin_a_log) rule["dtype"] = "fp32";
     // Buffers vLLM keeps under their HF names need no rule (default_buffers).
     if (buf == t.name && !quantized && !rule.contains("shape") && !rule.contains("dtype")) continue;
     b.Buffer(rule);

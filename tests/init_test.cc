@@ -133,6 +133,9 @@ TEST(InitArchs, RealRanksHaveZeroDifferences) {
       {"vllm-gptoss-tp2-dp2-ep", "--infer", "vllm:tp=2,dp=2,ep"},
       {"megatron-glm4moe-tp2-pp2-ep2", "--train", "megatron:tp=2,pp=2,ep=2,etp=1,spec=local"},
       {"megatron-gptoss-tp2-pp2-ep2", "--train", "megatron:tp=2,pp=2,ep=2,etp=1,spec=local"},
+      {"vllm-qwen3next-tp2", "--infer", "vllm:tp=2"},
+      {"vllm-qwen3next-tp2-dp2-ep", "--infer", "vllm:tp=2,dp=2,ep"},
+      {"megatron-llama4-tp2-pp2-ep2", "--train", "megatron:tp=2,pp=2,ep=2,etp=1,spec=local"},
   };
   for (const auto& [name, side, setting] : cases) {
     SCOPED_TRACE(name);
@@ -188,6 +191,50 @@ TEST(InitArchs, TinyConfigsRunExactIntoVllmAndHf) {
       EXPECT_EQ(j["wrong"], 0) << r.out;
       EXPECT_GT(j["checked"].get<int64_t>(), 0) << r.out;
     }
+  }
+}
+
+// Qwen3-Next (hybrid linear/full attention, the checkpoint's fused tensors
+// split in the model spec) and Llama 4 (MoE layers between dense ones): init,
+// compile, validate and `run --local` every element, into and out of the
+// layouts init describes for them.
+TEST(InitArchs, HybridAndInterleavedMoeRunExact) {
+  TempDir dir;
+  WriteText(dir.File("next.json"), R"({"model_type": "qwen3_next", "hidden_size": 64, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "num_experts": 8,
+    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48, "full_attention_interval": 2,
+    "linear_num_key_heads": 4, "linear_num_value_heads": 8, "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4, "vocab_size": 500})");
+  WriteText(dir.File("llama4.json"), R"({"model_type": "llama4", "text_config": {"hidden_size": 64,
+    "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+    "intermediate_size": 32, "intermediate_size_mlp": 96, "num_local_experts": 8, "interleave_moe_layer_step": 2,
+    "vocab_size": 500}})");
+  const std::vector<std::tuple<std::string, std::string, std::string>> runs = {
+      {"next", "hf", "vllm:tp=2"},
+      {"next", "hf:tp=2", "vllm:tp=2,dp=2,ep"},
+      {"next", "hf", "vllm:tp=4,dp=2"},  // KV heads replicated, experts' intermediate dim over DP x TP
+      {"next", "vllm:tp=2", "hf"},
+      {"llama4", "megatron:tp=2,pp=2,ep=2,etp=1", "hf"},
+      {"llama4", "hf:tp=2", "megatron:tp=2,pp=2,ep=4,etp=1,grouped-gemm"},
+  };
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const auto& [model, train, infer] = runs[i];
+    SCOPED_TRACE(model + ": " + train + " -> " + infer);
+    const std::string d = dir.File(model + "-" + std::to_string(i));
+    Result r = Reshard(dir, {"init", "-q", "--hf-config", dir.File(model + ".json"), "--train", train, "--infer", infer,
+                             "-o", d});
+    ASSERT_EQ(r.code, 0) << r.err;
+    r = Reshard(dir, {"compile", "-q", "--model", d + "/model.json", "--from", d + "/train.json", "--to",
+                      d + "/infer.json", "--cluster", "dgx-h100", "-o", d + "/p.rsplan"});
+    ASSERT_EQ(r.code, 0) << r.err;
+    r = Reshard(dir, {"validate", d + "/p.rsplan"});
+    EXPECT_EQ(r.code, 0) << r.out << r.err;
+    r = Reshard(dir, {"run", d + "/p.rsplan", "--local", "--timeout", "60", "--json"});
+    ASSERT_EQ(r.code, 0) << r.out << r.err;
+    const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << r.out;
+    EXPECT_EQ(j["wrong"], 0) << r.out;
+    EXPECT_GT(j["checked"].get<int64_t>(), 0) << r.out;
   }
 }
 

@@ -18,6 +18,38 @@ InitArchs.RealRanksHaveZeroDifferences (tests/init_test.cc) runs `reshard init
   softmax_type "learnable" (core_attention.softmax_offset: the sinks),
   window_size / window_attn_skip_freq, glu_linear_offset 1 and
   activation_func_clamp_value 7 (no parameters of their own).
+- Qwen3-Next (qwen3_next): experimental_attention_variant "gated_delta_net"
+  with linear_attention_freq from the config's layer_types (GatedDeltaNet:
+  in_proj, conv1d, A_log, dt_bias, out_norm, out_proj), attention_output_gate
+  (linear_qkv holds each query group's queries, then their gates, then k, v),
+  qk_layernorm, rotary_percent 0.25, every layer MoE with a shared expert and
+  its gate (moe_shared_expert_gate: shared_experts.gate_weight [1, H]).
+- Llama 4 (llama4, the text model of Llama4ForConditionalGeneration):
+  moe_layer_freq from text_config.moe_layers (interleave_moe_layer_step 2:
+  dense layers 0, 2, MoE layers 1, 3, as Llama4TextConfig counts them),
+  ffn_hidden_size intermediate_size_mlp for the dense layers,
+  moe_ffn_hidden_size and the shared expert intermediate_size, sigmoid top-1
+  router applied on the input, qk_l2_norm (L2Norm: no parameters) on the RoPE
+  layers only, no_rope_freq from no_rope_layers (1 = NoPE there, 0 here),
+  rotary_interleaved.
+
+Megatron-Core 0.19.2 builds Qwen3-Next only through
+get_transformer_block_with_experimental_attention_variant_spec, which asserts
+transformer_impl "transformer_engine" and takes TE modules
+(experimental_attention_variant_module_specs.py, _get_backend_spec_provider);
+get_gpt_decoder_layer_specs refuses the variant. So the local layers are put
+together here from Megatron's own local modules, exactly as that function
+lays them out, the TE-only pieces replaced as the local GPT spec replaces
+them: GatedDeltaNet(in_proj ColumnParallelLinear, out_norm WrappedTorchNorm,
+out_proj RowParallelLinear) with an unfused input_layernorm (the TE spec fuses
+it into in_proj.layer_norm_weight), and the attention and MoE of
+get_gpt_layer_local_spec. GatedDeltaNet's constructor refuses to run without
+the flash-linear-attention package (`if not HAVE_FLA: raise ImportError`,
+ssm/gated_delta_net/common.py _GDNBase.__init__), which it only needs in
+forward (its kernels): the flag is set for the construction. WrappedTorchNorm
+refuses layernorm_zero_centered_gamma (torch_norm.py), which Megatron-Bridge
+sets for Qwen3-Next: it changes no name, shape or dtype (TE's norms then
+compute with 1 + weight), so these ranks are built without it.
 
 Megatron creates the router's expert_bias and the sinks on
 torch.cuda.current_device(): on a CPU that is answered with "cpu". The
@@ -57,6 +89,34 @@ GPT_OSS = {
     "tie_word_embeddings": False, "hidden_act": "silu", "torch_dtype": "bfloat16",
 }
 
+QWEN3_NEXT = {
+    "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "hidden_size": 64,
+    "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+    "intermediate_size": 96, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48,
+    "num_experts": 8, "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [],
+    "norm_topk_prob": True, "layer_types": ["linear_attention", "full_attention"] * 2, "full_attention_interval": 2,
+    "linear_conv_kernel_dim": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4, "partial_rotary_factor": 0.25, "attention_bias": False, "vocab_size": 250,
+    "rms_norm_eps": 1e-6, "rope_theta": 10000000, "max_position_embeddings": 128, "tie_word_embeddings": False,
+    "hidden_act": "silu", "torch_dtype": "bfloat16",
+}
+
+# As the release's config.json: Llama4ForConditionalGeneration, the text model under text_config (its
+# tensors language_model.model.*, language_model.lm_head.weight); the vision tower is no part of a
+# Megatron GPTModel.
+LLAMA4 = {
+    "architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4", "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "text_config": {
+        "model_type": "llama4_text", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 32, "intermediate_size_mlp": 96,
+        "num_local_experts": 8, "num_experts_per_tok": 1, "interleave_moe_layer_step": 2, "moe_layers": [1, 3],
+        "use_qk_norm": True, "no_rope_layers": [1, 1, 1, 0], "attention_chunk_size": 8192, "attention_bias": False,
+        "vocab_size": 250, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 128,
+        "tie_word_embeddings": False, "hidden_act": "silu", "torch_dtype": "bfloat16",
+    },
+}
+
 # name: HF config, Megatron settings, `reshard init --train` describing the ranks.
 CASES = {
     "megatron-glm4moe-tp2-pp2-ep2": dict(hf=GLM, world=4, tp=2, pp=2, ep=2, etp=1,
@@ -65,8 +125,19 @@ CASES = {
     # supported when ETP==1"), and so does reshard init.
     "megatron-gptoss-tp2-pp2-ep2": dict(hf=GPT_OSS, world=4, tp=2, pp=2, ep=2, etp=1,
                                         train="megatron:tp=2,pp=2,ep=2,etp=1,spec=local"),
+    # Both layer kinds (linear_attention, full_attention) on both PP stages.
+    "megatron-qwen3next-tp2-pp2-ep2": dict(hf=QWEN3_NEXT, world=4, tp=2, pp=2, ep=2, etp=1,
+                                           train="megatron:tp=2,pp=2,ep=2,etp=1,spec=local"),
+    # A dense layer then a MoE layer on each PP stage; layer 3 (stage 1's second) NoPE.
+    "megatron-llama4-tp2-pp2-ep2": dict(hf=LLAMA4, world=4, tp=2, pp=2, ep=2, etp=1,
+                                        train="megatron:tp=2,pp=2,ep=2,etp=1,spec=local"),
 }
 VOCAB_DIVISIBLE = 128  # Megatron-LM's make_vocab_size_divisible_by default
+
+
+def text_config(hf):
+    """The language model's config: Llama4ForConditionalGeneration's text_config, or the config."""
+    return hf.get("text_config", hf)
 
 
 def config(case):
@@ -74,7 +145,7 @@ def config(case):
     import torch.nn.functional as F
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    hf = case["hf"]
+    hf = text_config(case["hf"])
     kw = dict(
         num_layers=hf["num_hidden_layers"], hidden_size=hf["hidden_size"],
         num_attention_heads=hf["num_attention_heads"], num_query_groups=hf["num_key_value_heads"],
@@ -92,6 +163,34 @@ def config(case):
                   moe_layer_freq=[0] * k + [1] * (hf["num_hidden_layers"] - k),
                   moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,
                   moe_router_pre_softmax=True, moe_router_dtype="fp32")
+    elif hf["model_type"] == "qwen3_next":  # Megatron-Bridge's Qwen3-Next bridge (provider_bridge)
+        n = hf["num_hidden_layers"]
+        kw.update(ffn_hidden_size=hf["intermediate_size"], activation_func=F.silu, add_bias_linear=False,
+                  add_qkv_bias=hf["attention_bias"], qk_layernorm=True, attention_output_gate=True,
+                  num_moe_experts=hf["num_experts"], moe_ffn_hidden_size=hf["moe_intermediate_size"],
+                  moe_shared_expert_intermediate_size=hf["shared_expert_intermediate_size"],
+                  moe_shared_expert_gate=True,
+                  moe_layer_freq=[int(i not in hf["mlp_only_layers"] and (i + 1) % hf["decoder_sparse_step"] == 0)
+                                  for i in range(n)],
+                  moe_router_pre_softmax=False, moe_router_dtype="fp32",
+                  experimental_attention_variant="gated_delta_net",
+                  linear_attention_freq=[int(t == "linear_attention") for t in hf["layer_types"]],
+                  linear_conv_kernel_dim=hf["linear_conv_kernel_dim"],
+                  linear_key_head_dim=hf["linear_key_head_dim"], linear_value_head_dim=hf["linear_value_head_dim"],
+                  linear_num_key_heads=hf["linear_num_key_heads"],
+                  linear_num_value_heads=hf["linear_num_value_heads"],
+                  # Megatron-Bridge: True (TE norms); the local spec's WrappedTorchNorm refuses it (see above).
+                  layernorm_zero_centered_gamma=False)
+    elif hf["model_type"] == "llama4_text":  # Megatron-Bridge's Llama4ModelProvider (llama_provider.py)
+        n = hf["num_hidden_layers"]
+        kw.update(ffn_hidden_size=hf["intermediate_size_mlp"], activation_func=F.silu, add_bias_linear=False,
+                  add_qkv_bias=hf["attention_bias"], num_moe_experts=hf["num_local_experts"],
+                  moe_ffn_hidden_size=hf["intermediate_size"],
+                  moe_shared_expert_intermediate_size=hf["intermediate_size"],
+                  moe_layer_freq=[int(i in hf["moe_layers"]) for i in range(n)],
+                  moe_router_score_function="sigmoid", moe_router_pre_softmax=False, moe_apply_probs_on_input=True,
+                  qk_l2_norm=hf["use_qk_norm"], no_rope_freq=[1 - r for r in hf["no_rope_layers"]],
+                  rotary_interleaved=True)
     else:  # Megatron-Bridge's GPT-OSS provider
         from megatron.core.activations import quick_gelu
         kw.update(ffn_hidden_size=hf["intermediate_size"], activation_func=quick_gelu, add_bias_linear=True,
@@ -104,7 +203,66 @@ def config(case):
 
 def padded_vocab(case):
     multiple = VOCAB_DIVISIBLE * case["tp"]
-    return -(-case["hf"]["vocab_size"] // multiple) * multiple
+    return -(-text_config(case["hf"])["vocab_size"] // multiple) * multiple
+
+
+def _local_block(cfg, layer_specs):
+    """This PP stage's slice of per-layer specs, as get_gpt_decoder_block_spec slices them."""
+    from megatron.core.models.backends import LocalSpecProvider
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    offset = get_transformer_layer_offset(cfg)
+    local = layer_specs[offset:offset + get_num_layers_to_build(cfg)]
+    return TransformerBlockSubmodules(layer_specs=local, layer_norm=LocalSpecProvider().layer_norm(rms_norm=True))
+
+
+def hybrid_block_spec(cfg):
+    """Qwen3-Next's layers as get_transformer_layer_with_experimental_attention_variant_spec lays them
+    out (attention pattern from linear_attention_freq, MLP pattern from moe_layer_freq), with the local
+    modules: see the docstring."""
+    import copy
+
+    from megatron.core.models.backends import LocalSpecProvider
+    from megatron.core.models.gpt.experimental_attention_variant_module_specs import (
+        get_linear_attention_pattern, get_moe_layer_pattern)
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.ssm.gated_delta_net import GatedDeltaNet, GatedDeltaNetSubmodules
+    from megatron.core.transformer.spec_utils import ModuleSpec
+
+    local = LocalSpecProvider()
+    gdn = ModuleSpec(module=GatedDeltaNet, submodules=GatedDeltaNetSubmodules(
+        in_proj=local.column_parallel_linear(), out_norm=local.layer_norm(rms_norm=True),
+        out_proj=local.row_parallel_linear()))
+    layers = []
+    for linear, moe in zip(get_linear_attention_pattern(cfg), get_moe_layer_pattern(cfg)):
+        spec = copy.deepcopy(get_gpt_layer_local_spec(
+            num_experts=cfg.num_moe_experts if moe else None, moe_grouped_gemm=cfg.moe_grouped_gemm,
+            qk_layernorm=cfg.qk_layernorm, normalization="RMSNorm"))
+        if linear:
+            spec.submodules.self_attention = gdn
+            spec.submodules.sharded_state_dict_keys_map = {"input_layernorm.": "self_attention.in_proj.layer_norm_"}
+        layers.append(spec)
+    return _local_block(cfg, layers)
+
+
+def llama4_block_spec(cfg):
+    """get_gpt_decoder_block_spec with L2Norm on q and k (qk_l2_norm) on the RoPE layers only, as
+    Llama4TextAttention (qk_norm only where use_rope) and Megatron-Bridge's get_llama4_layer_spec."""
+    import copy
+
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_layer_specs
+    from megatron.core.transformer.identity_op import IdentityOp
+
+    layers = []
+    for spec, nope in zip(get_gpt_decoder_layer_specs(cfg, False, "RMSNorm", qk_l2_norm=cfg.qk_l2_norm),
+                          cfg.no_rope_freq):
+        spec = copy.deepcopy(spec)
+        if nope:
+            spec.submodules.self_attention.submodules.q_layernorm = IdentityOp
+            spec.submodules.self_attention.submodules.k_layernorm = IdentityOp
+        layers.append(spec)
+    return _local_block(cfg, layers)
 
 
 def build(case):
@@ -112,22 +270,38 @@ def build(case):
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+    from megatron.core.ssm.gated_delta_net import common as gdn_common
+    from megatron.core.ssm.gated_delta_net import gdn as gdn_module
     from megatron.core.transformer.module import Float16Module
 
     cfg = config(case)
-    spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False, normalization="RMSNorm")
-    current_device = torch.cuda.current_device
-    torch.cuda.current_device = lambda: "cpu"  # expert_bias, softmax_offset: created "on the GPU"
+    hf = text_config(case["hf"])
+    if cfg.experimental_attention_variant == "gated_delta_net":
+        spec = hybrid_block_spec(cfg)
+    elif cfg.qk_l2_norm:
+        spec = llama4_block_spec(cfg)
+    else:
+        spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False, normalization="RMSNorm")
+    saved = torch.cuda.current_device, gdn_common.HAVE_FLA, gdn_module.chunk_gated_delta_rule
+    # expert_bias, softmax_offset, GatedDeltaNet's conv1d / dt_bias / A_log: created "on the GPU".
+    torch.cuda.current_device = lambda: "cpu"
+    # GatedDeltaNet needs FLA's kernels in forward only; it keeps chunk_gated_delta_rule as
+    # self.gated_delta_rule and asserts it is set: a stand-in that says why, if ever called.
+    gdn_common.HAVE_FLA, gdn_module.chunk_gated_delta_rule = True, _no_fla_kernel
     try:
         model = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=padded_vocab(case),
-                         max_sequence_length=case["hf"]["max_position_embeddings"],
+                         max_sequence_length=hf["max_position_embeddings"],
                          pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
                          share_embeddings_and_output_weights=False, position_embedding_type="rope",
-                         rotary_percent=case["hf"].get("partial_rotary_factor", 1.0),
-                         rotary_base=int(case["hf"]["rope_theta"]))
+                         rotary_percent=hf.get("partial_rotary_factor", 1.0),
+                         rotary_base=int(hf["rope_theta"]))
     finally:
-        torch.cuda.current_device = current_device
+        torch.cuda.current_device, gdn_common.HAVE_FLA, gdn_module.chunk_gated_delta_rule = saved
     return Float16Module(cfg, model)
+
+
+def _no_fla_kernel(*args, **kwargs):
+    raise ImportError("flash-linear-attention is not installed: these ranks are built for their state dict only")
 
 
 def _dump_rank(rank, name, tmp):
