@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Refits into real vLLM 0.33 CPU ranks of the architectures issue 31 added
-(glm4_moe, gpt_oss), bit for bit: one BF16 HF rank (plan rank 0: the model
-spec's tensors) refits twice, with other values each round, into vLLM ranks
-built from a checkpoint of a third set of values, through the plan `reshard
+(glm4_moe, gpt_oss) and of Qwen3-Next (qwen3_next), bit for bit: one BF16
+HF rank (plan rank 0: the model spec's tensors, or the checkpoint's where
+the `hf` layout fuses them) refits twice, with other values each round, into
+vLLM ranks built from a checkpoint of a third set of values, through the plan `reshard
 init --train hf --infer vllm:...` + `reshard compile` make; after each round
 every parameter and buffer of every vLLM rank must equal a fresh vLLM model
 loaded from that round's checkpoint (tests/vllm/rank_refit.py, unchanged:
@@ -10,9 +11,20 @@ WorkerRefit binds the model once, runs the plan, then the engine's
 post-processing). So the values land where vLLM's own loaders put them: GLM-4.5's
 fp32 router and split shared experts, gpt-oss's alternating gate/up rows in
 w13_weight and w13_bias, its sinks, and w2_bias real on the MoE's first rank
-and zero on the others.
+and zero on the others; Qwen3-Next's checkpoint tensors as the released model
+fuses them (record_vllm.qwen3_next_tensors: self_attn.q_proj per head
+[query; gate], linear_attn.in_proj_qkvz per key head [q; k; v; z], in_proj_ba
+per key head [b; a], conv1d [q; k; v] channels, and the MTP layer mtp.*,
+which vLLM skips): the HF rank binds those fused tensors, as the `hf` layout's
+buffer rules name them, and the plan cuts them into vLLM's qkv_proj,
+in_proj_qkvz, in_proj_ba and conv1d per TP rank (2 key heads each at TP2).
 
-    build/venv/bin/python tests/archs/refit_vllm.py [CASE ...]
+    build/vllm-venv/bin/python tests/archs/refit_vllm.py [CASE ...]
+
+Qwen3-Next's vLLM ranks run this script's --rank mode: tests/vllm/rank_refit.py
+after record_vllm.without_missing_cpu_conv_pack() (this CUDA wheel's CPU
+conv1d weight prepack has no op behind it; without it the weight stays
+[C/TP, 1, K], as a GPU rank holds it), in the refit engine and the fresh one.
 
 gpt-oss's w2_bias on the MoE's other ranks is all padding in the layout: the
 plan writes nothing there, and the zeros vLLM loaded must still equal a fresh
@@ -48,6 +60,10 @@ CASES = {
                            infer="vllm:tp=2,dp=2"),
     "gptoss-tp2-dp2-ep": dict(config="vllm-gptoss-tp2-dp2-ep", vllm=dict(tp=2, pp=1, dp=2, ep=True),
                               infer="vllm:tp=2,dp=2,ep"),
+    # record_vllm.QWEN3_NEXT: 4 linear key heads, so 2 per TP rank.
+    "qwen3next-tp2": dict(config="vllm-qwen3next-tp2", vllm=dict(tp=2, pp=1, dp=1, ep=False), infer="vllm:tp=2"),
+    "qwen3next-tp2-dp2-ep": dict(config="vllm-qwen3next-tp2-dp2-ep", vllm=dict(tp=2, pp=1, dp=2, ep=True),
+                                 infer="vllm:tp=2,dp=2,ep"),
 }
 
 
@@ -67,6 +83,29 @@ def hf_buffers(config, tensors):
     return out
 
 
+def checkpoint_values(config, seed):
+    """Random values of the checkpoint record_vllm builds for the config (CHECKPOINT_TENSORS: Qwen3-Next's
+    fused tensors and its MTP layer), each seeded by its name and `seed`, as refit_live.hf_values."""
+    import hashlib
+
+    import torch
+    out = {}
+    for n, shape in record_vllm.CHECKPOINT_TENSORS[config["model_type"]](config):
+        key = int.from_bytes(hashlib.sha256(f"{n}/{seed}".encode()).digest()[:8], "little") & ((1 << 63) - 1)
+        x = torch.randn(shape, generator=torch.Generator().manual_seed(key))
+        out[n] = (1.0 + 0.1 * x if "norm" in n else 0.5 * x).to(torch.bfloat16)
+    return out
+
+
+def values(config, model, seed):
+    """(the HF checkpoint's tensors, what the `hf` layout's rank binds) of one seed's values."""
+    if config["model_type"] in record_vllm.CHECKPOINT_TENSORS:
+        ckpt = checkpoint_values(config, seed)
+        return ckpt, {n: t for n, t in ckpt.items() if not n.startswith("mtp.")}  # the main model's
+    tensors = refit_live.hf_values(model, seed)
+    return checkpoint_form(config, tensors), hf_buffers(config, tensors)
+
+
 def source(plan_path, store, model, work, config, vllm_python, errors):
     """Plan rank 0: new values each round, bound in place (TrainerRefit), the checkpoint of the same values."""
     try:
@@ -74,18 +113,19 @@ def source(plan_path, store, model, work, config, vllm_python, errors):
         plan = reshard.Plan.open(plan_path)
         session = reshard.Session(plan, 0, reshard.GlooTransport(0, plan.num_ranks, store=store,
                                                                  timeout_s=refit_live.TIMEOUT_S))
-        tensors = refit_live.hf_values(model, 0)
-        bound = hf_buffers(config, tensors)
+        _, bound = values(config, model, 0)
+        names = {b.name for b in session.buffers}
+        if names != set(bound):
+            raise ValueError(f"the HF rank binds {sorted(set(bound) - names)[:4]} the plan's rank 0 lacks, and "
+                             f"lacks {sorted(names - set(bound))[:4]}")
         refit = reshard.TrainerRefit(session, bound)
         for k in range(ROUNDS):
-            new = refit_live.hf_values(model, 100 + k)
-            for n, t in tensors.items():
-                t.copy_(new[n])
-            for n, t in hf_buffers(config, tensors).items():
+            ckpt, new = values(config, model, 100 + k)
+            for n, t in new.items():
                 bound[n].copy_(t)  # in place: the bound memory
             d = os.path.join(work, f"round{k}")
             os.makedirs(d, exist_ok=True)
-            refit_live.write_checkpoint(vllm_python, d, "model", config, checkpoint_form(config, tensors))
+            refit_live.write_checkpoint(vllm_python, d, "model", config, ckpt)
             refit.run()
         for _ in range(2):  # rank_refit.py's timed runs (timed_runs=1: one bare, one WorkerRefit.run)
             refit.run()
@@ -109,8 +149,7 @@ def run_case(name, build, vllm_python, work):
     store = os.path.join(work, "store")
     os.makedirs(store)
     # The vLLM ranks' first weights: other values, so that a refit that wrote nothing would fail.
-    initial = refit_live.write_checkpoint(vllm_python, work, "initial", config,
-                                          checkpoint_form(config, refit_live.hf_values(model, 7)))
+    initial = refit_live.write_checkpoint(vllm_python, work, "initial", config, values(config, model, 7)[0])
     errors = []
     t = threading.Thread(target=source, daemon=True, args=(plan, store, model, work, config, vllm_python, errors))
     t.start()
@@ -118,8 +157,11 @@ def run_case(name, build, vllm_python, work):
     args = {"initial": initial, "settings": c["vllm"], "plan": plan, "store": store, "first": 1, "rounds": ROUNDS,
             "work": work, "timeout_s": refit_live.TIMEOUT_S, "timed_runs": 1, "via": "WorkerRefit"}
     t0 = time.time()
+    # Qwen3-Next's GDN conv1d needs the CPU workaround (rank_main); the others run rank_refit.py as is.
+    rank = ([os.path.abspath(__file__), "--rank"] if config["model_type"] == "qwen3_next"
+            else [os.path.join(ROOT, "tests", "vllm", "rank_refit.py")])
     try:
-        launch.run(world, [os.path.join(ROOT, "tests", "vllm", "rank_refit.py"), json.dumps(args)],
+        launch.run(world, rank + [json.dumps(args)],
                    timeout_s=refit_live.TIMEOUT_S, python=vllm_python, label=f"{name}-vllm", log_dir=work,
                    abort=lambda: f"the source: {errors[0]!r}" if errors else None)
     except RuntimeError as e:
@@ -148,6 +190,18 @@ def run_case(name, build, vllm_python, work):
           + f" ({time.time() - t0:.0f} s)", flush=True)
 
 
+def rank_main(argv):
+    """One vLLM rank (launched by run_case): tests/vllm/rank_refit.py after
+    record_vllm.without_missing_cpu_conv_pack(), as record_vllm.rank_main does for rank_dump.py."""
+    import engine  # noqa: F401  (tests/vllm: sets the CPU environment before vLLM is imported)
+    import rank_refit
+
+    removed = record_vllm.without_missing_cpu_conv_pack()
+    print(f"rank_main: removed {removed}", flush=True)
+    sys.argv = [os.path.join(ROOT, "tests", "vllm", "rank_refit.py")] + argv
+    rank_refit.main()
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
@@ -162,4 +216,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--rank"]:
+        rank_main(sys.argv[2:])
+        sys.exit(0)
     sys.exit(main())
