@@ -506,23 +506,33 @@ void Expander::ExpandRule(const BufferRule& rule, const std::vector<int>& parts)
       e_.scales.push_back(st);
     }
   }
-  // Interleaved parts [0, nil); the rest (a "parts" count) follow concatenated.
-  const size_t nil = rule.fuse != Fuse::interleave ? 0
-                     : rule.interleaved_parts > 0  ? static_cast<size_t>(rule.interleaved_parts)
-                                                   : parts.size();
-  std::vector<int64_t> gs(parts.size(), 0);
+  // The fused dim of an interleave: `rule.groups` outer groups; in each, the
+  // blocks of consecutive parts one after another, each block interleaving
+  // its parts in its own groups. Per part: its block and its rows per outer
+  // group (l) and per inner group (q), from the whole tensor.
+  const size_t np = parts.size();
+  std::vector<size_t> block_of(np, 0);
+  std::vector<int64_t> outer_rows(np, 0), inner_rows(np, 0);
+  std::vector<std::pair<int64_t, int64_t>> blocks = rule.blocks;
   if (rule.fuse == Fuse::interleave) {
-    for (size_t j = 0; j < nil; ++j) {
+    if (blocks.empty()) blocks.emplace_back(static_cast<int64_t>(np), 1);
+    for (size_t b = 0, j = 0; b < blocks.size(); ++b)
+      for (int64_t k = 0; k < blocks[b].first; ++k, ++j) block_of[j] = b;
+    for (size_t j = 0; j < np; ++j) {
       const TensorSpec& tj = model_.tensors[parts[j]];
-      if (tj.shape[rule.fuse_dim] % rule.groups != 0)
+      const int64_t len = tj.shape[rule.fuse_dim], g = blocks[block_of[j]].second;
+      if (len % rule.groups != 0)
         Fail(rule.path + "/interleave", "dim " + std::to_string(rule.fuse_dim) + " of " + Quote(tj.name) + " (size " +
-                                            std::to_string(tj.shape[rule.fuse_dim]) + ") is not " +
-                                            std::to_string(rule.groups) + " equal groups");
-      gs[j] = tj.shape[rule.fuse_dim] / rule.groups;
+                                            std::to_string(len) + ") is not " + std::to_string(rule.groups) +
+                                            " equal groups");
+      outer_rows[j] = len / rule.groups;
+      if (outer_rows[j] % g != 0)
+        Fail(rule.path + "/interleave/blocks/" + std::to_string(block_of[j]),
+             "a group of " + Quote(tj.name) + " (" + std::to_string(outer_rows[j]) + " rows) is not " +
+                 std::to_string(g) + " equal groups");
+      inner_rows[j] = outer_rows[j] / g;
     }
   }
-  int64_t G = 0;
-  for (int64_t g : gs) G += g;
   const int shard_axis = ShardAxis(rule, parts);
   const Mesh& part_mesh = layout_.meshes[layout_.placements[placement_[parts[0]]].mesh];
   const std::vector<std::pair<int, int64_t>> at = RuleAt(rule, part_mesh);
@@ -585,14 +595,58 @@ void Expander::ExpandRule(const BufferRule& rule, const std::vector<int>& parts)
                               " and " + std::to_string(e) + " on dim " + std::to_string(s) + ", which is not fused");
         }
       }
-      if (rule.fuse == Fuse::interleave && j < nil) {
-        for (const Piece& p : hj[ns + rule.fuse_dim])
-          if (p.lo % gs[j] != 0 || p.size() % gs[j] != 0)
-            Fail(rule.path + "/interleave",
-                 "rank " + std::to_string(r) + " holds rows " + std::to_string(p.lo) + ":" + std::to_string(p.hi) + " of " +
-                     Quote(model_.tensors[parts[j]].name) + ", not whole groups of " + std::to_string(gs[j]));
-        if (extent(hj[ns + rule.fuse_dim]) / gs[j] != extent(h0[ns + rule.fuse_dim]) / gs[0])
+    }
+    // This rank's interleave: each part's share is whole outer groups, or a
+    // piece of one (a TP cut of one group: vLLM's heads); inside, whole inner
+    // groups wherever a block has several parts.
+    struct Local {
+      int64_t outer = 0, inner = 0;  // rows of the part per outer / inner group here
+      int64_t pos = 0;               // offset of its first row in an inner group of its block
+    };
+    std::vector<Local> loc(np);
+    std::vector<int64_t> block_off(blocks.size(), 0), block_group(blocks.size(), 0);
+    int64_t outer_size = 0;
+    if (rule.fuse == Fuse::interleave) {
+      int64_t outer_groups = -1;
+      std::vector<int64_t> inner_groups(blocks.size(), -1);
+      for (size_t j = 0; j < np; ++j) {
+        const std::string who = "rank " + std::to_string(r) + " holds ";
+        const int64_t e = extent((*hs[j])[ns + rule.fuse_dim]);
+        if (e == 0) {  // a zero-size share (an empty chunk): no rows to place
+          loc[j] = {0, 1, block_group[block_of[j]]};
+          continue;
+        }
+        const int64_t o = e >= outer_rows[j] ? e / outer_rows[j] : 1;
+        if (e >= outer_rows[j] && e % outer_rows[j] != 0)
+          Fail(rule.path + "/interleave", who + std::to_string(e) + " rows of " + Quote(model_.tensors[parts[j]].name) +
+                                              ", not whole groups of " + std::to_string(outer_rows[j]));
+        if (outer_groups >= 0 && o != outer_groups)
           Fail(rule.path + "/interleave", "on rank " + std::to_string(r) + ", parts hold different numbers of groups");
+        outer_groups = o;
+        loc[j].outer = e / o;
+        const size_t b = block_of[j];
+        const bool alone = blocks[b].first == 1;  // a block of one part keeps its rows together
+        loc[j].inner = alone ? loc[j].outer : inner_rows[j];
+        for (const Piece& p : (*hs[j])[ns + rule.fuse_dim])
+          if (!alone && (p.lo % loc[j].inner != 0 || p.size() % loc[j].inner != 0))
+            Fail(rule.path + "/interleave",
+                 who + "rows " + std::to_string(p.lo) + ":" + std::to_string(p.hi) + " of " +
+                     Quote(model_.tensors[parts[j]].name) + ", not whole groups of " + std::to_string(loc[j].inner));
+        if (loc[j].outer % loc[j].inner != 0)
+          Fail(rule.path + "/interleave", who + std::to_string(loc[j].outer) + " rows of a group of " +
+                                              Quote(model_.tensors[parts[j]].name) + ", not whole groups of " +
+                                              std::to_string(loc[j].inner));
+        const int64_t g = loc[j].outer / loc[j].inner;
+        if (inner_groups[b] >= 0 && g != inner_groups[b])
+          Fail(rule.path + "/interleave", "on rank " + std::to_string(r) + ", the parts of block " + std::to_string(b) +
+                                              " hold different numbers of groups");
+        inner_groups[b] = g;
+        loc[j].pos = block_group[b];
+        block_group[b] += loc[j].inner;
+      }
+      for (size_t b = 0; b < blocks.size(); ++b) {
+        block_off[b] = outer_size;
+        outer_size += block_group[b] * std::max<int64_t>(inner_groups[b], 0);
       }
     }
     // Sharded as a whole: this rank holds rows [cut_lo, cut_lo + content) of
@@ -717,29 +771,39 @@ void Expander::ExpandRule(const BufferRule& rule, const std::vector<int>& parts)
     std::vector<std::vector<std::vector<Seg>>> part_segs;
     for (size_t j = 0; j < parts.size(); ++j) {
       const Holding& hj = *hs[j];
-      // Concatenated parts (all of a concat; those after the interleaved ones)
-      // start after the parts before them.
-      const bool concatenated = rule.fuse == Fuse::concat || (rule.fuse == Fuse::interleave && j >= nil);
       int64_t concat_off = 0;
-      if (concatenated)
+      if (rule.fuse == Fuse::concat)
         for (size_t i = 0; i < j; ++i) concat_off += extent((*hs[i])[ns + rule.fuse_dim]);
-      int64_t group_off = 0;
-      for (size_t i = 0; i < j; ++i) group_off += gs[i];
       std::vector<std::vector<Seg>> segs(nd);
       for (int d = 0; d < nd; ++d) {
-        bool il = rule.fuse == Fuse::interleave && j < nil && d == ns + rule.fuse_dim;
+        const bool il = rule.fuse == Fuse::interleave && d == ns + rule.fuse_dim;
         for (const Piece& p : hj[d]) {
-          if (il && gs[j] == 1) {
-            // Groups of one row (gpt-oss's alternating gate/up rows): one strided segment.
-            segs[d].push_back({p.lo, p.hi, p.local * G + group_off, G});
-          } else if (il) {
-            for (int64_t g = p.lo; g < p.hi; g += gs[j]) {
-              int64_t u = p.local + (g - p.lo);
-              segs[d].push_back({g, g + gs[j], (u / gs[j]) * G + group_off});
-            }
-          } else {
-            int64_t pos = p.local + ((concatenated && d == ns + rule.fuse_dim) ? concat_off : 0);
+          if (!il) {
+            int64_t pos = p.local + ((rule.fuse == Fuse::concat && d == ns + rule.fuse_dim) ? concat_off : 0);
             segs[d].push_back({p.lo, p.hi, pos});
+            continue;
+          }
+          // Row u of the share: outer group u / l, inner group (u % l) / q,
+          // row (u % l) % q of it; runs of rows that stay contiguous (or, for
+          // groups of one row, evenly strided) make one segment each.
+          const Local& lj = loc[j];
+          const size_t b = block_of[j];
+          const int64_t l = lj.outer, q = lj.inner, step_in = block_group[b];
+          for (int64_t c = p.lo; c < p.hi;) {
+            const int64_t u = p.local + (c - p.lo), o = u / l, v = u % l, w = v % q;
+            const int64_t pos = o * outer_size + block_off[b] + (v / q) * step_in + lj.pos + w;
+            int64_t n;
+            if (q == 1 && l == 1) {  // one row per outer group (gpt-oss's alternating rows)
+              n = p.hi - c;
+              segs[d].push_back({c, c + n, pos, outer_size});
+            } else if (q == 1) {  // one row per inner group: strided within the outer group
+              n = std::min(p.hi - c, l - v);
+              segs[d].push_back({c, c + n, pos, step_in});
+            } else {
+              n = std::min(p.hi - c, q - w);
+              segs[d].push_back({c, c + n, pos});
+            }
+            c += n;
           }
         }
       }

@@ -40,14 +40,13 @@ TEST(Init, EveryArchitectureCompilesAndValidates) {
     const json c = Tiny(type);
     const bool moe = fixtures::Moe(type);
     const std::string ep = moe ? ",ep=2,etp=1" : "";
-    // Refused, each with its reason (Init.Qwen3NextRefusals, Init.Llama4): Megatron for
-    // qwen3_next (zero-centered norms), vLLM for llama4 (q/k rows permuted in every head).
-    const bool megatron = type != "qwen3_next", vllm = type != "llama4" && type != "llama4_text";
+    // Refused with its reason (Init.Qwen3NextRefusals): Megatron for qwen3_next (zero-centered norms).
+    const bool megatron = type != "qwen3_next";
     const std::string src = megatron ? "megatron:tp=2,pp=2" + ep : "hf:tp=2";
-    if (vllm) CompileAndValidate(Gen(c, src, "vllm:tp=2,dp=2"));
+    CompileAndValidate(Gen(c, src, "vllm:tp=2,dp=2"));
     CompileAndValidate(Gen(c, megatron ? "megatron:tp=2,pp=2" + ep + ",spec=local" : "hf:tp=2", "hf"));
     if (megatron) CompileAndValidate(Gen(c, "hf:tp=2", "megatron:tp=2,pp=2,vpp=2" + ep + (moe ? ",grouped-gemm" : "")));
-    if (moe && vllm) CompileAndValidate(Gen(c, megatron ? "megatron:pp=2,ep=4,etp=1" : "hf", "vllm:tp=2,dp=2,ep,engines=2"));
+    if (moe) CompileAndValidate(Gen(c, megatron ? "megatron:pp=2,ep=4,etp=1" : "hf", "vllm:tp=2,dp=2,ep,engines=2"));
   }
 }
 
@@ -771,7 +770,7 @@ TEST(Init, Qwen3NextLayersAndFusedParts) {
   EXPECT_EQ(RuleOrNull(h, "model.layers.{layer}.self_attn.q_proj.weight")["interleave"], json({{"dim", 0}, {"groups", 4}}));
   const json v = File(r, "infer.json");
   EXPECT_EQ(RuleOrNull(v, "model.layers.{layer}.self_attn.qkv_proj.weight")["interleave"],
-            json({{"dim", 0}, {"groups", 4}, {"parts", 2}}));
+            json::parse(R"({"dim": 0, "blocks": [{"parts": 2, "groups": 4}, {"parts": 1}, {"parts": 1}]})"));
   EXPECT_EQ(RuleOrNull(v, "model.layers.{layer}.linear_attn.A_log")["dtype"], "fp32");
   CompileAndValidate(r);
 }
@@ -820,9 +819,18 @@ TEST(Init, Llama4) {
   const json all = File(Gen(listed, "hf", "hf"), "model.json");
   for (const json& t : all["tensors"])
     if (t["name"] == p + "router.weight") EXPECT_FALSE(t.contains("range"));
-  EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "vllm:tp=2"); }).rfind(
-                "--infer 'vllm:tp=2': vLLM's Llama 4 loader reorders the q and k rows inside every head at load", 0),
-            0u);
+  // q_proj / k_proj: each head's even and odd rows; hf alternates them, vLLM
+  // puts each head's even rows first, Megatron alternates them per query group.
+  const json v = File(Gen(c, "megatron:tp=2,pp=2,ep=2,etp=1", "vllm:tp=2"), "infer.json");
+  EXPECT_EQ(RuleOrNull(v, "language_model.model.layers.{layer}.self_attn.qkv_proj.weight")["interleave"],
+            json::parse(R"({"dim": 0, "blocks": [{"parts": 2, "groups": 4}, {"parts": 2, "groups": 2}, {"parts": 1}]})"));
+  const json t = File(Gen(c, "megatron:tp=2,pp=2,ep=2,etp=1", "vllm:tp=2"), "train.json");
+  EXPECT_EQ(RuleOrNull(t, "decoder.layers.{layer.local}.self_attention.linear_qkv.weight")["interleave"],
+            json::parse(R"({"dim": 0, "groups": 2, "blocks": [{"parts": 2, "groups": 16}, {"parts": 2, "groups": 8},
+                            {"parts": 1}]})"));
+  const json h = File(Gen(c, "hf", "hf"), "train.json");
+  EXPECT_EQ(RuleOrNull(h, "language_model.model.layers.{layer}.self_attn.q_proj.weight")["interleave"],
+            json({{"dim", 0}, {"groups", 32}}));
   json bad = c;
   bad.erase("text_config");
   EXPECT_EQ(ErrorOf([&] { Gen(bad, "hf", "hf"); }),

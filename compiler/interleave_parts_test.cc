@@ -1,5 +1,6 @@
-// A fused buffer whose first parts interleave and whose others follow them
-// concatenated ("interleave": {"dim", "groups", "parts": N}): vLLM's gated
+// A fused buffer of blocks ("interleave": {"dim", "groups", "blocks": [{"parts",
+// "groups"}, ...]}): in each outer group, runs of parts one after another,
+// each run interleaving its parts in its own groups. vLLM's gated
 // attention (Qwen3-Next) holds qkv_proj as, per rank, each of its heads'
 // query rows then that head's gate rows, then its k rows, then its v rows;
 // Megatron holds the same four tensors interleaved per query group.
@@ -31,7 +32,7 @@ json Vllm() {
     "format": "reshard.layout/1", "name": "vllm", "model": "gated", "ranks": 2,
     "meshes": {"m": [["tp", 2]]}, "placements": [{"match": "*", "mesh": "m", "tp": {"shard": 0}}],
     "buffers": [{"name": "qkv_proj", "parts": ["query", "gate", "k", "v"],
-                 "interleave": {"dim": 0, "groups": 4, "parts": 2}}]})");
+                 "interleave": {"dim": 0, "blocks": [{"parts": 2, "groups": 4}, {"parts": 1}, {"parts": 1}]}}]})");
 }
 
 // Megatron TP1: per KV group [its 2 heads' queries; their gates; k; v].
@@ -81,20 +82,62 @@ TEST(InterleaveParts, CompilesAndValidatesIntoMegatronsGroups) {
   }
 }
 
-TEST(InterleaveParts, CountMustBeWithinTheParts) {
+// Megatron's Llama 4 linear_qkv: per query group, the group's q rows then k
+// then v, with q and k in HF's interleaved-RoPE row order while the model
+// spec holds each head's rows as vLLM does (first halves, second halves):
+// blocks of one-row groups inside outer groups.
+TEST(InterleaveParts, OneRowGroupsInsideOuterGroups) {
+  json model = json::parse(R"({
+    "format": "reshard.model/1", "name": "rope", "dtype": "bf16", "dims": {},
+    "tensors": [
+      {"name": "q_first", "shape": [4, 3]}, {"name": "q_second", "shape": [4, 3]},
+      {"name": "k_first", "shape": [2, 3]}, {"name": "k_second", "shape": [2, 3]},
+      {"name": "v", "shape": [4, 3]}
+    ]})");
+  // 2 groups: per group 2 q rows of each half (one head of 4), 1 of each k half, 2 v rows.
+  json l = json::parse(R"({
+    "format": "reshard.layout/1", "name": "m", "model": "rope", "ranks": 2,
+    "meshes": {"m": [["tp", 2]]}, "placements": [{"match": "*", "mesh": "m", "tp": {"shard": 0}}],
+    "buffers": [{"name": "qkv", "parts": ["q_first", "q_second", "k_first", "k_second", "v"],
+                 "interleave": {"dim": 0, "groups": 2, "blocks": [{"parts": 2, "groups": 2}, {"parts": 2}, {"parts": 1}]}}]})");
+  ModelSpec m = ParseModel(model, "model.json");
+  Expansion e = Expand(m, ParseLayout(l, "m.json", m));
+  using M = std::map<int64_t, int64_t>;
+  // Rank 1 holds group 1: [q_first 2, q_second 2, q_first 3, q_second 3, k_first 1, k_second 1, v 2, v 3].
+  EXPECT_EQ(Rows(m, e, 1, "q_first"), (M{{2, 0}, {3, 2}}));
+  EXPECT_EQ(Rows(m, e, 1, "q_second"), (M{{2, 1}, {3, 3}}));
+  EXPECT_EQ(Rows(m, e, 1, "k_first"), (M{{1, 4}}));
+  EXPECT_EQ(Rows(m, e, 1, "k_second"), (M{{1, 5}}));
+  EXPECT_EQ(Rows(m, e, 1, "v"), (M{{2, 6}, {3, 7}}));
+  // Whole on one rank: both groups, each [q..., k..., v...].
+  l["ranks"] = 1;
+  l["meshes"]["m"] = json::array({json::array({"tp", 1})});
+  l["placements"][0].erase("tp");
+  Expansion one = Expand(m, ParseLayout(l, "m.json", m));
+  EXPECT_EQ(Rows(m, one, 0, "q_first"), (M{{0, 0}, {1, 2}, {2, 8}, {3, 10}}));
+  EXPECT_EQ(Rows(m, one, 0, "v"), (M{{0, 6}, {1, 7}, {2, 14}, {3, 15}}));
+  std::vector<uint8_t> plan = testing::CompileJson(model, l, json::parse(R"({
+    "format": "reshard.layout/1", "name": "hf", "model": "rope", "ranks": 1,
+    "meshes": {"m": [["r", 1]]}, "placements": [{"match": "*", "mesh": "m"}]})"), testing::TinyCluster());
+  EXPECT_TRUE(testing::ValidateBytes(plan).ok());
+}
+
+TEST(InterleaveParts, BlocksMustTakeEveryPartAndWholeGroups) {
+  auto error = [](const json& l) {
+    return testing::ErrorOf([&] {
+      ModelSpec m = ParseModel(Model(), "model.json");
+      Expand(m, ParseLayout(l, "infer.json", m));
+    });
+  };
   json l = Vllm();
-  l["buffers"][0]["interleave"]["parts"] = 5;
-  EXPECT_EQ(testing::ErrorOf([&] {
-              ModelSpec m = ParseModel(Model(), "model.json");
-              ParseLayout(l, "infer.json", m);
-            }),
-            "infer.json: /buffers/0/interleave/parts: the rule has 4 parts, not 5");
-  l["buffers"][0]["interleave"]["parts"] = 1;
-  EXPECT_NE(testing::ErrorOf([&] {
-              ModelSpec m = ParseModel(Model(), "model.json");
-              ParseLayout(l, "infer.json", m);
-            }).find("/buffers/0/interleave/parts"),
-            std::string::npos);
+  l["buffers"][0]["interleave"]["blocks"][0]["parts"] = 3;
+  EXPECT_EQ(error(l), "infer.json: /buffers/0/interleave/blocks: the blocks take 5 parts, the rule has 4");
+  l = Vllm();
+  l["buffers"][0]["interleave"]["blocks"][0]["groups"] = 3;
+  EXPECT_EQ(error(l), "infer.json: /buffers/0/interleave/blocks/0: a group of 'query' (8 rows) is not 3 equal groups");
+  l = Vllm();
+  l["buffers"][0]["interleave"]["blocks"] = json::array();
+  EXPECT_EQ(error(l), "infer.json: /buffers/0/interleave/blocks: list at least one block");
 }
 
 }  // namespace

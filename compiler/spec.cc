@@ -811,15 +811,28 @@ LayoutSpec ParseLayout(const json& root, const std::string& file, const ModelSpe
         b.fuse_dim = static_cast<int>(r.Int(bj["concat"], path + "/concat", 0));
       } else if (bj.contains("interleave")) {
         const json& il = r.Object(bj["interleave"], path + "/interleave");
-        r.Keys(il, path + "/interleave", {"dim", "groups", "parts"});
+        const std::string ip = path + "/interleave";
+        r.Keys(il, ip, {"dim", "groups", "blocks"});
         b.fuse = Fuse::interleave;
-        b.fuse_dim = static_cast<int>(r.Int(r.Get(il, path + "/interleave", "dim"), path + "/interleave/dim", 0));
-        b.groups = r.Int(r.Get(il, path + "/interleave", "groups"), path + "/interleave/groups", 1);
-        if (il.contains("parts")) {
-          b.interleaved_parts = r.Int(il["parts"], path + "/interleave/parts", 2);
-          if (b.interleaved_parts > static_cast<int64_t>(b.parts.size()))
-            r.Fail(path + "/interleave/parts", "the rule has " + std::to_string(b.parts.size()) + " parts, not " +
-                                                   std::to_string(b.interleaved_parts));
+        b.fuse_dim = static_cast<int>(r.Int(r.Get(il, ip, "dim"), ip + "/dim", 0));
+        // "groups" may be left out with "blocks" (one outer group).
+        b.groups = il.contains("blocks") && !il.contains("groups") ? 1 : r.Int(r.Get(il, ip, "groups"), ip + "/groups", 1);
+        if (il.contains("blocks")) {
+          const json& blocks = r.Array(il["blocks"], ip + "/blocks");
+          if (blocks.empty()) r.Fail(ip + "/blocks", "list at least one block");
+          int64_t total = 0;
+          for (size_t k = 0; k < blocks.size(); ++k) {
+            const std::string bp = ip + "/blocks/" + std::to_string(k);
+            const json& bj2 = r.Object(blocks[k], bp);
+            r.Keys(bj2, bp, {"parts", "groups"});
+            const int64_t n = r.Int(r.Get(bj2, bp, "parts"), bp + "/parts", 1);
+            const int64_t g = bj2.contains("groups") ? r.Int(bj2["groups"], bp + "/groups", 1) : 1;
+            total += n;
+            b.blocks.emplace_back(n, g);
+          }
+          if (total != static_cast<int64_t>(b.parts.size()))
+            r.Fail(ip + "/blocks", "the blocks take " + std::to_string(total) + " parts, the rule has " +
+                                       std::to_string(b.parts.size()));
         }
       }
       if (b.parts.size() > 1 && b.fuse == Fuse::none)

@@ -112,10 +112,13 @@ struct BufferRule {
   Fuse fuse = Fuse::none;
   int fuse_dim = 0;
   int64_t groups = 0;
-  /// `"interleave": {..., "parts": N}`: only the first N parts interleave,
-  /// the rest follow them concatenated (vLLM's gated-attention qkv_proj: each
-  /// head's query and gate rows, then k, then v). 0: all parts interleave.
-  int64_t interleaved_parts = 0;
+  /// `"interleave": {..., "blocks": [{"parts": N, "groups": g}, ...]}`: within
+  /// each of the `groups` outer groups, consecutive runs of parts (blocks)
+  /// follow one another, each block interleaving its parts in g groups
+  /// (vLLM's gated qkv_proj: [heads' query and gate; k; v]; Megatron's Llama 4
+  /// linear_qkv per query group: [q's RoPE pairs; k's; v]). Empty: one block
+  /// of all parts, g = 1 (plain interleave). Pairs (parts, groups).
+  std::vector<std::pair<int64_t, int64_t>> blocks;
   std::optional<std::vector<int64_t>> shape;  // padded physical trailing dims
   std::optional<Dtype> dtype;
   std::optional<QuantSpec> quant;

@@ -32,6 +32,7 @@ enum class Role {
   shared_gate, shared_up, shared_down,         // shared experts (one fused MLP)
   shared_expert_gate,                          // the shared expert's sigmoid gate [1, H] (Qwen3-Next): whole
   q_gate,                                      // gated attention's output gate rows (Qwen3-Next q_proj: [q_h; gate_h])
+  q_odd, k_odd,                                // Llama 4: each head's odd rows (RoPE pairs (2j, 2j + 1)); q, k the even ones
   // Gated DeltaNet linear attention (Qwen3-Next), the checkpoint's fused
   // tensors split into what the frameworks cut separately:
   lin_q, lin_k, lin_v, lin_z,                  // in_proj_qkvz (per key head [q; k; v; z]), rows by heads

@@ -13,8 +13,9 @@ namespace reshard {
 enum class EngineTensorKind {
   runtime_buffer,     // made by the engine at build time (attention / KV-cache scales)
   derived_at_load,    // computed from checkpoint tensors by the engine's post-processing
+  outside_spec,       // part of the engine's model that init's model spec leaves out (Llama 4's vision encoder)
 };
-const char* EngineTensorKindString(EngineTensorKind k);  // "runtime buffer", "derived at load"
+const char* EngineTensorKindString(EngineTensorKind k);  // "runtime buffer", "derived at load", "outside the model spec"
 
 struct EngineTensor {
   EngineTensorKind kind;

@@ -28,7 +28,7 @@ ordered_json MakeHf(const Arch& a, const std::string& model, Settings& s, Notes&
     if (c == Cut::replicate || c == Cut::vocab || c == Cut::expert_whole) continue;
     const int dim = (c == Cut::row || c == Cut::expert_row) ? 1 : 0;
     const bool replicated_kv = kv_replicated && (t.role == Role::k || t.role == Role::v || t.role == Role::k_bias ||
-                                                 t.role == Role::v_bias);
+                                                 t.role == Role::v_bias || t.role == Role::k_odd);
     const int64_t per = replicated_kv ? t.shape[dim] / a.kv_heads : t.shape[dim] / tp;
     if (!replicated_kv && t.shape[dim] % tp != 0)
       Fail(s, "a plain HF TP split splits it evenly over TP; " + t.name + " dim " + S(dim) + " is " + S(t.shape[dim]));
@@ -77,6 +77,16 @@ ordered_json MakeHf(const Arch& a, const std::string& model, Settings& s, Notes&
       b.Buffer({{"name", Rename(t.name, "q_proj.query.weight", "q_proj.weight")},
                 {"parts", {t.name, Find(a, Role::q_gate)->name}},
                 {"interleave", {{"dim", 0}, {"groups", a.heads}}}});
+      continue;
+    }
+    // Llama 4: q_proj / k_proj from each head's even and odd rows, alternating.
+    if (t.role == Role::q_odd || t.role == Role::k_odd) continue;
+    if ((t.role == Role::q || t.role == Role::k) && Find(a, Role::q_odd)) {
+      const bool q = t.role == Role::q;
+      b.Buffer({{"name", Rename(t.name, q ? "q_proj.even.weight" : "k_proj.even.weight",
+                                q ? "q_proj.weight" : "k_proj.weight")},
+                {"parts", {t.name, Find(a, q ? Role::q_odd : Role::k_odd)->name}},
+                {"interleave", {{"dim", 0}, {"groups", t.shape[0]}}}});
       continue;
     }
     if (t.role == Role::lin_q || t.role == Role::lin_b) {

@@ -115,7 +115,7 @@ Cut CutOf(Role r) {
     case Role::embed: case Role::lm_head: return Cut::vocab;
     case Role::q: case Role::k: case Role::v: case Role::q_bias: case Role::k_bias: case Role::v_bias:
     case Role::mla_q: case Role::mla_q_b: case Role::mla_kv_b: case Role::gate: case Role::up:
-    case Role::shared_gate: case Role::shared_up: case Role::sinks: case Role::q_gate:
+    case Role::shared_gate: case Role::shared_up: case Role::sinks: case Role::q_gate: case Role::q_odd: case Role::k_odd:
     case Role::lin_q: case Role::lin_k: case Role::lin_v: case Role::lin_z: case Role::lin_b: case Role::lin_a:
     case Role::conv_q: case Role::conv_k: case Role::conv_v: case Role::lin_dt_bias: case Role::lin_a_log:
       return Cut::column;
@@ -217,7 +217,8 @@ ordered_json Shard(int64_t dim) { return {{"shard", dim}}; }
 void AddTpAxis(const ArchTensor& t, bool kv_replicated, int64_t kv_heads, const VocabSplit& vocab,
                std::vector<std::pair<std::string, ordered_json>>& axes) {
   const Cut c = CutOf(t.role);
-  const bool kv = t.role == Role::k || t.role == Role::v || t.role == Role::k_bias || t.role == Role::v_bias;
+  const bool kv = t.role == Role::k || t.role == Role::v || t.role == Role::k_bias || t.role == Role::v_bias ||
+                  t.role == Role::k_odd;
   if (c == Cut::column) {
     ordered_json ax = Shard(0);
     if (kv && kv_replicated) ax["parts"] = kv_heads;

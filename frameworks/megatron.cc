@@ -73,7 +73,8 @@ struct MegatronNames {
       case Role::final_norm: return Chunk(S(vpp - 1)) + "decoder.final_layernorm.weight";
       case Role::input_norm:
         return L + (te && !a.mla ? "self_attention.linear_qkv.layer_norm_weight" : "input_layernorm.weight");
-      case Role::q: case Role::k: case Role::v: return L + "self_attention.linear_qkv.weight";
+      case Role::q: case Role::k: case Role::v: case Role::q_odd: case Role::k_odd:
+        return L + "self_attention.linear_qkv.weight";
       case Role::q_bias: case Role::k_bias: case Role::v_bias: return L + "self_attention.linear_qkv.bias";
       case Role::o: return L + "self_attention.linear_proj.weight";
       case Role::o_bias: return L + "self_attention.linear_proj.bias";
@@ -250,7 +251,7 @@ ordered_json MakeMegatron(const Arch& a, const std::string& model, Settings& s, 
     if (t.role == Role::embed) axes.push_back({"pp", {{"at", tied_copy ? ordered_json{0, -1} : ordered_json(0)}}});
     if (t.role == Role::lm_head || t.role == Role::final_norm) axes.push_back({"pp", {{"at", -1}}});
     const bool qkv = t.role == Role::q || t.role == Role::k || t.role == Role::v || t.role == Role::q_bias ||
-                     t.role == Role::k_bias || t.role == Role::v_bias;
+                     t.role == Role::k_bias || t.role == Role::v_bias || t.role == Role::q_odd || t.role == Role::k_odd;
     if (IsExpert(t.role)) {
       axes.push_back({"ep", {{"shard", "expert"}}});
       if (c != Cut::expert_whole) axes.push_back({"etp", Shard(c == Cut::expert_row ? 1 : 0)});
@@ -272,6 +273,19 @@ ordered_json MakeMegatron(const Arch& a, const std::string& model, Settings& s, 
       const Role r2 = bias ? Role::v_bias : Role::v;
       rule["parts"] = {Find(a, r0)->name, Find(a, r1)->name, Find(a, r2)->name};
       rule["interleave"] = {{"dim", 0}, {"groups", a.kv_heads}};
+      if (Find(a, Role::q_odd)) {
+        // Llama 4: Megatron-Bridge runs it with rotary_interleaved, so q and k
+        // keep HF's RoPE pairs: per query group, its heads' q rows alternating
+        // even / odd, the k rows likewise, then v.
+        rule["parts"] = {Find(a, Role::q)->name, Find(a, Role::q_odd)->name, Find(a, Role::k)->name,
+                         Find(a, Role::k_odd)->name, Find(a, Role::v)->name};
+        const int64_t half = a.head_dim / 2;
+        rule["interleave"] = {{"dim", 0},
+                              {"groups", a.kv_heads},
+                              {"blocks", ordered_json::array({{{"parts", 2}, {"groups", a.heads / a.kv_heads * half}},
+                                                              {{"parts", 2}, {"groups", half}},
+                                                              {{"parts", 1}}})}};
+      }
       if (fused_shard) rule["shard"] = "tp";
     } else if (t.role == Role::gate || t.role == Role::expert_gate || t.role == Role::shared_gate ||
                t.role == Role::expert_gate_bias) {

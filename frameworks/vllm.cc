@@ -76,9 +76,11 @@ using nlohmann::ordered_json;
 // The vLLM fused buffer name of a role, from the HF name (vLLM's stacked_params_mapping).
 std::string VllmFusedName(const Arch& a, const ArchTensor& t) {
   switch (t.role) {
-    case Role::q: case Role::q_gate: case Role::k: case Role::v:
+    case Role::q: case Role::q_gate: case Role::k: case Role::v: case Role::q_odd: case Role::k_odd:
       if (Find(a, Role::q_gate))  // Qwen3-Next's gated attention: the spec splits q_proj into query and gate
         return Rename(Find(a, Role::q)->name, "q_proj.query.weight", "qkv_proj.weight");
+      if (Find(a, Role::q_odd))  // Llama 4: each head's even and odd rows
+        return Rename(Find(a, Role::q)->name, "q_proj.even.weight", "qkv_proj.weight");
       return Rename(Find(a, Role::q)->name, "q_proj.weight", "qkv_proj.weight");
     // Gated DeltaNet (Qwen3-Next): the checkpoint's fused tensors, as vLLM keeps them.
     case Role::lin_q: case Role::lin_k: case Role::lin_v: case Role::lin_z:
@@ -153,18 +155,6 @@ ordered_json MakeVllm(const Arch& a, const std::string& model, Settings& s, Note
               "GptOssModel.load_weights): num_local_experts (" + S(a.experts) + ") must divide by dp x tp (" +
                   S(dp * tp) + ")");
   }
-  // Llama 4: Llama4ForCausalLM.load_weights (models/llama4.py
-  // permute_qk_weight_for_rotary) reorders the q and k rows inside every head
-  // (interleaved RoPE pairs to NeoX halves: row j <- 2j, d/2 + j <- 2j + 1) on
-  // every layer before the TP cut; Megatron (rotary_interleaved) and HF keep
-  // the pairs. A layout moves rows as blocks of parts and cannot express that
-  // permutation inside qkv_proj together with k and v (seen on real vLLM 0.33
-  // ranks: tests/data/archs/vllm-llama4-*).
-  if (a.model_type == "llama4")
-    Fail(s, "vLLM's Llama 4 loader reorders the q and k rows inside every head at load (models/llama4.py "
-            "Llama4ForCausalLM.load_weights, permute_qk_weight_for_rotary: RoPE pairs (2j, 2j + 1) become rows j "
-            "and d/2 + j), which a reshard layout cannot express inside the fused qkv_proj; reshard init does not "
-            "describe vLLM for llama4 yet (train into hf or megatron layouts)");
   if (a.model_type == "qwen3_next") {
     const ArchTensor* lq = Find(a, Role::lin_q);
     const int64_t nk = lq->shape[0] / lq->head_dim;
@@ -224,7 +214,7 @@ ordered_json MakeVllm(const Arch& a, const std::string& model, Settings& s, Note
     const int64_t n = expert ? moe_width : tp;
     const int dim = (c == Cut::row || c == Cut::expert_row) ? 1 : 0;
     const bool replicated_kv = kv_replicated && (t.role == Role::k || t.role == Role::v || t.role == Role::k_bias ||
-                                                 t.role == Role::v_bias);
+                                                 t.role == Role::v_bias || t.role == Role::k_odd);
     const int64_t per = replicated_kv ? t.shape[dim] / a.kv_heads : t.shape[dim] / n;
     if (!replicated_kv && t.shape[dim] % n != 0)
       Fail(s, std::string("vLLM") + (expert && n != tp ? " shards each expert's intermediate dim over DP x TP (" + S(n) +
@@ -398,12 +388,26 @@ ordered_json MakeVllm(const Arch& a, const std::string& model, Settings& s, Note
     if (!done.insert(buf).second) continue;
     ordered_json rule = {{"name", buf}};
     if (buf != t.name) {  // fused by vLLM: [q; k; v], [gate; up], [q_a; kv_a]
-      if (t.role == Role::q && Find(a, Role::q_gate)) {
+      if (t.role == Role::q && Find(a, Role::q_odd)) {
+        // Llama 4: Llama4ForCausalLM.load_weights (models/llama4.py
+        // permute_qk_weight_for_rotary) regroups each head's q and k rows
+        // from RoPE pairs (2j, 2j + 1) to [even rows; odd rows] on every
+        // layer, before the TP cut; v is kept (seen on real vLLM 0.33 ranks:
+        // tests/data/archs/vllm-llama4-*).
+        rule["parts"] = {t.name, Find(a, Role::q_odd)->name, Find(a, Role::k)->name, Find(a, Role::k_odd)->name,
+                         Find(a, Role::v)->name};
+        rule["interleave"] = {{"dim", 0},
+                              {"blocks", ordered_json::array({{{"parts", 2}, {"groups", a.heads}},
+                                                              {{"parts", 2}, {"groups", a.kv_heads}},
+                                                              {{"parts", 1}}})}};
+      } else if (t.role == Role::q && Find(a, Role::q_gate)) {
         // Qwen3-Next: qkv_proj holds the rank's heads each as [query; gate]
         // (Qwen3NextAttention: QKVParallelLinear of heads x 2, q_proj rows as
         // the checkpoint has them), then k, then v.
         rule["parts"] = {t.name, Find(a, Role::q_gate)->name, Find(a, Role::k)->name, Find(a, Role::v)->name};
-        rule["interleave"] = {{"dim", 0}, {"groups", a.heads}, {"parts", 2}};
+        rule["interleave"] = {{"dim", 0},
+                              {"blocks", ordered_json::array({{{"parts", 2}, {"groups", a.heads}}, {{"parts", 1}},
+                                                              {{"parts", 1}}})}};
       } else if (t.role == Role::lin_q) {
         // in_proj_qkvz as the checkpoint holds it, per key head [q; k; v; z],
         // cut into whole key heads (QwenGatedDeltaNetAttention.create_qkvz_proj:

@@ -17,7 +17,12 @@ bool EndsWith(const std::string& s, const std::string& tail) {
 }  // namespace
 
 const char* EngineTensorKindString(EngineTensorKind k) {
-  return k == EngineTensorKind::runtime_buffer ? "runtime buffer" : "derived at load";
+  switch (k) {
+    case EngineTensorKind::runtime_buffer: return "runtime buffer";
+    case EngineTensorKind::derived_at_load: return "derived at load";
+    case EngineTensorKind::outside_spec: return "outside the model spec";
+  }
+  return "";
 }
 
 std::optional<EngineTensor> VllmEngineTensor(const std::string& name) {
@@ -45,6 +50,14 @@ std::optional<EngineTensor> VllmEngineTensor(const std::string& name) {
                         "MLA's absorbed projection (layers/attention/mla_attention.py "
                         "MLAAttention.process_weights_after_loading): reshard.vllm recomputes it after a refit"};
   }
+  // Llama 4 (models/mllama4.py Llama4ForConditionalGeneration): the vision
+  // encoder and the projector, which reshard init's model spec leaves out (a
+  // text refit leaves them as loaded).
+  for (const char* p : {"vision_model.", "multi_modal_projector."})
+    if (name.rfind(p, 0) == 0)
+      return EngineTensor{EngineTensorKind::outside_spec, "vLLM 0.33", "",
+                          "Llama 4's vision encoder / projector (models/mllama4.py): not in the model spec reshard "
+                          "init writes; a refit leaves it as loaded"};
   return std::nullopt;
 }
 

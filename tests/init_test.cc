@@ -136,6 +136,8 @@ TEST(InitArchs, RealRanksHaveZeroDifferences) {
       {"vllm-qwen3next-tp2", "--infer", "vllm:tp=2"},
       {"vllm-qwen3next-tp2-dp2-ep", "--infer", "vllm:tp=2,dp=2,ep"},
       {"megatron-llama4-tp2-pp2-ep2", "--train", "megatron:tp=2,pp=2,ep=2,etp=1,spec=local"},
+      {"vllm-llama4-tp2", "--infer", "vllm:tp=2"},
+      {"vllm-llama4-tp2-dp2-ep", "--infer", "vllm:tp=2,dp=2,ep"},
   };
   for (const auto& [name, side, setting] : cases) {
     SCOPED_TRACE(name);
@@ -215,6 +217,9 @@ TEST(InitArchs, HybridAndInterleavedMoeRunExact) {
       {"next", "hf", "vllm:tp=4,dp=2"},  // KV heads replicated, experts' intermediate dim over DP x TP
       {"next", "vllm:tp=2", "hf"},
       {"llama4", "megatron:tp=2,pp=2,ep=2,etp=1", "hf"},
+      {"llama4", "megatron:tp=2,pp=2,ep=2,etp=1", "vllm:tp=2"},
+      {"llama4", "hf", "vllm:tp=4,dp=2,ep"},  // KV heads replicated over TP 4
+      {"llama4", "vllm:tp=2", "megatron:tp=2,ep=4,etp=1,spec=local"},
       {"llama4", "hf:tp=2", "megatron:tp=2,pp=2,ep=4,etp=1,grouped-gemm"},
   };
   for (size_t i = 0; i < runs.size(); ++i) {

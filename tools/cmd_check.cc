@@ -92,8 +92,8 @@ void AddCheckCommand(CLI::App& app, int& exit_code) {
       const std::string engine =
           rep.engine.empty() ? ""
                              : "; " + std::to_string(rep.engine.size()) +
-                                   " more dumped tensors are the engine's own (runtime buffers, derived at load), "
-                                   "not in the checkpoint and not written by a refit";
+                                   " more dumped tensors are the engine's own (runtime buffers, derived at load, "
+                                   "outside the model spec), not written by a refit";
       if (rep.ok())
         std::printf("%s: matches the dump: %s, same names, dtypes and shapes%s%s\n", o->layout.c_str(), what.c_str(),
                     views.c_str(), engine.c_str());

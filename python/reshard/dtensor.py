@@ -168,6 +168,8 @@ class _Rule:
             self.fuse_dim = int(j["concat"])
         elif "interleave" in j:
             self.fuse, self.fuse_dim = "interleave", int(j["interleave"]["dim"])
+            if "blocks" in j["interleave"]:
+                self.usable = False  # blocks of parts: not a layout a module's parameters are matched by
         else:
             self.fuse, self.fuse_dim = None, -1
         self.range: Dict[str, List[Tuple[int, int]]] = {d: _intervals(v) for d, v in j.get("range", {}).items()}
