@@ -58,9 +58,9 @@ OSS=megatron:tp=2,pp=4,ep=8,etp=1,grouped-gemm
 row "gpt-oss-120b BF16" $S/gpt-oss-120b/config.json $OSS vllm:tp=4,engines=8,quant=none
 row "gpt-oss-120b BF16" $S/gpt-oss-120b/config.json $OSS vllm:tp=2,dp=4,ep,engines=4,quant=none
 # Qwen3-Next and Llama 4 (tools/bench/configs: the releases' config fields). Megatron is
-# refused for qwen3_next and vLLM for llama4 (reshard init says why): their rows use hf:tp=N,
-# plain tensor-parallel shards under the checkpoint's names, on the other side.
+# refused for qwen3_next (reshard init says why): its rows train under hf:tp=8, plain
+# tensor-parallel shards under the checkpoint's names.
 row "Qwen3-Next-80B-A3B" $C/qwen3-next-80b-a3b.json hf:tp=8 vllm:tp=4,engines=4
 row "Qwen3-Next-80B-A3B" $C/qwen3-next-80b-a3b.json hf:tp=8 vllm:tp=2,dp=4,ep,engines=2
-row "Llama-4-Scout" $C/llama-4-scout.json megatron:tp=4,pp=2,ep=8,etp=1,grouped-gemm hf:tp=8
-row "Llama-4-Maverick" $C/llama-4-maverick.json megatron:tp=4,pp=4,ep=16,etp=1,grouped-gemm hf:tp=8
+row "Llama-4-Scout" $C/llama-4-scout.json megatron:tp=4,pp=2,ep=8,etp=1,grouped-gemm vllm:tp=4,engines=8
+row "Llama-4-Maverick" $C/llama-4-maverick.json megatron:tp=4,pp=4,ep=16,etp=1,grouped-gemm vllm:tp=8,dp=2,ep,engines=2
