@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Refits into real vLLM 0.33 CPU ranks of the architectures issue 31 added
-(glm4_moe, gpt_oss) and of Qwen3-Next (qwen3_next), bit for bit: one BF16
+(glm4_moe, gpt_oss), of Qwen3-Next (qwen3_next) and of Llama 4 (llama4), bit for bit: one BF16
 HF rank (plan rank 0: the model spec's tensors, or the checkpoint's where
 the `hf` layout fuses them) refits twice, with other values each round, into
 vLLM ranks built from a checkpoint of a third set of values, through the plan `reshard
@@ -18,8 +18,25 @@ per key head [b; a], conv1d [q; k; v] channels, and the MTP layer mtp.*,
 which vLLM skips): the HF rank binds those fused tensors, as the `hf` layout's
 buffer rules name them, and the plan cuts them into vLLM's qkv_proj,
 in_proj_qkvz, in_proj_ba and conv1d per TP rank (2 key heads each at TP2).
+Llama 4 (record_vllm.LLAMA4, record_vllm.llama4_tensors): the checkpoint as
+released (language_model.* with fused, transposed experts, a vision tower and
+projector); the HF rank binds what the `hf` layout names: the checkpoint's
+q_proj / k_proj (each head's RoPE pairs in alternate rows, which the plan
+cuts into the model spec's even and odd rows and vLLM's qkv_proj regroups per
+head as [even; odd], as its loader's permute_qk_weight_for_rotary does) and
+the experts per expert as [out, in] (gate_proj[e] = gate_up_proj[e][:, :I].T,
+up_proj[e] = gate_up_proj[e][:, I:].T, down_proj[e] = down_proj[e].T). The
+vision tower and projector are not in the model spec and a refit leaves them
+as loaded: every round's checkpoint keeps the initial checkpoint's vision
+weights (llama4_values), so a fresh load must equal the refit engine there
+too, which also shows the refit wrote nothing into them.
 
     build/vllm-venv/bin/python tests/archs/refit_vllm.py [CASE ...]
+    PYTHONPATH=/tmp/vllm-tv build/vllm-venv/bin/python tests/archs/refit_vllm.py llama4-tp2 llama4-tp2-dp2-ep
+
+(llama4: vLLM's mllama4.py needs torchvision==0.29.0, which the vLLM venv
+leaves out: `pip install --no-deps --target /tmp/vllm-tv torchvision==0.29.0`,
+record_vllm.check_imports.)
 
 Qwen3-Next's vLLM ranks run this script's --rank mode: tests/vllm/rank_refit.py
 after record_vllm.without_missing_cpu_conv_pack() (this CUDA wheel's CPU
@@ -50,6 +67,7 @@ import record_vllm  # noqa: E402  (this folder: gpt-oss's checkpoint form)
 
 DATA = os.path.join(ROOT, "tests", "data", "archs")
 ROUNDS = 2
+INITIAL_SEED = 7  # the vLLM ranks' first weights (run_case); the rounds use 100 + k
 
 # name: the tests/data/archs case whose config it uses, vLLM's settings, `reshard init --infer`.
 CASES = {
@@ -64,6 +82,10 @@ CASES = {
     "qwen3next-tp2": dict(config="vllm-qwen3next-tp2", vllm=dict(tp=2, pp=1, dp=1, ep=False), infer="vllm:tp=2"),
     "qwen3next-tp2-dp2-ep": dict(config="vllm-qwen3next-tp2-dp2-ep", vllm=dict(tp=2, pp=1, dp=2, ep=True),
                                  infer="vllm:tp=2,dp=2,ep"),
+    # record_vllm.LLAMA4: 4 query heads, 2 KV heads (one per TP rank), 8 experts (4 per EP rank at DP2 EP).
+    "llama4-tp2": dict(config="vllm-llama4-tp2", vllm=dict(tp=2, pp=1, dp=1, ep=False), infer="vllm:tp=2"),
+    "llama4-tp2-dp2-ep": dict(config="vllm-llama4-tp2-dp2-ep", vllm=dict(tp=2, pp=1, dp=2, ep=True),
+                              infer="vllm:tp=2,dp=2,ep"),
 }
 
 
@@ -83,22 +105,49 @@ def hf_buffers(config, tensors):
     return out
 
 
-def checkpoint_values(config, seed):
+def checkpoint_values(config, seed, initial=lambda name: False):
     """Random values of the checkpoint record_vllm builds for the config (CHECKPOINT_TENSORS: Qwen3-Next's
-    fused tensors and its MTP layer), each seeded by its name and `seed`, as refit_live.hf_values."""
+    fused tensors and its MTP layer; Llama 4's), each seeded by its name and `seed`, as refit_live.hf_values;
+    by INITIAL_SEED instead where initial(name)."""
     import hashlib
 
     import torch
     out = {}
     for n, shape in record_vllm.CHECKPOINT_TENSORS[config["model_type"]](config):
-        key = int.from_bytes(hashlib.sha256(f"{n}/{seed}".encode()).digest()[:8], "little") & ((1 << 63) - 1)
+        s = INITIAL_SEED if initial(n) else seed
+        key = int.from_bytes(hashlib.sha256(f"{n}/{s}".encode()).digest()[:8], "little") & ((1 << 63) - 1)
         x = torch.randn(shape, generator=torch.Generator().manual_seed(key))
         out[n] = (1.0 + 0.1 * x if "norm" in n else 0.5 * x).to(torch.bfloat16)
     return out
 
 
+def llama4_values(config, seed):
+    """Llama 4: (the checkpoint as released, with the initial checkpoint's vision tower and projector, which
+    no refit writes; what the `hf` layout binds: language_model.*, the experts per expert as [out, in])."""
+    ckpt = checkpoint_values(config, seed, initial=lambda n: not n.startswith("language_model."))
+    I = config["text_config"]["intermediate_size"]
+    bound = {}
+    for n, t in ckpt.items():
+        if not n.startswith("language_model."):
+            continue  # the vision tower and projector: not in the model spec
+        if n.endswith(".experts.gate_up_proj"):  # [E, H, 2I]: gate in columns 0..I, up in I..2I
+            p = n[:-len("gate_up_proj")]
+            for e in range(t.shape[0]):
+                bound[f"{p}{e}.gate_proj.weight"] = t[e, :, :I].t().contiguous()
+                bound[f"{p}{e}.up_proj.weight"] = t[e, :, I:].t().contiguous()
+        elif n.endswith(".experts.down_proj"):  # [E, I, H]
+            p = n[:-len("down_proj")]
+            for e in range(t.shape[0]):
+                bound[f"{p}{e}.down_proj.weight"] = t[e].t().contiguous()
+        else:
+            bound[n] = t  # q_proj / k_proj as the checkpoint holds them: the layout's fused buffers
+    return ckpt, bound
+
+
 def values(config, model, seed):
     """(the HF checkpoint's tensors, what the `hf` layout's rank binds) of one seed's values."""
+    if config["model_type"] == "llama4":
+        return llama4_values(config, seed)
     if config["model_type"] in record_vllm.CHECKPOINT_TENSORS:
         ckpt = checkpoint_values(config, seed)
         return ckpt, {n: t for n, t in ckpt.items() if not n.startswith("mtp.")}  # the main model's
@@ -139,6 +188,7 @@ def run_case(name, build, vllm_python, work):
     config_path = os.path.join(DATA, c["config"], "config.json")
     with open(config_path) as f:
         config = json.load(f)
+    record_vllm.check_imports(config)  # llama4: torchvision
     specs = os.path.join(work, "specs")
     subprocess.run([reshard_bin, "init", "-q", "--hf-config", config_path, "--train", "hf", "--infer", c["infer"],
                     "-o", specs], check=True)
@@ -149,7 +199,8 @@ def run_case(name, build, vllm_python, work):
     store = os.path.join(work, "store")
     os.makedirs(store)
     # The vLLM ranks' first weights: other values, so that a refit that wrote nothing would fail.
-    initial = refit_live.write_checkpoint(vllm_python, work, "initial", config, values(config, model, 7)[0])
+    initial = refit_live.write_checkpoint(vllm_python, work, "initial", config,
+                                          values(config, model, INITIAL_SEED)[0])
     errors = []
     t = threading.Thread(target=source, daemon=True, args=(plan, store, model, work, config, vllm_python, errors))
     t.start()
