@@ -100,13 +100,18 @@ PlanIR Router::Run() {
     RankProgram& p = ir_.ranks[ir_.dst_global[j]];
     p.dst_rank = static_cast<int>(j);
     p.dst_buffer_base = static_cast<uint32_t>(p.buffers.size());
-    std::unordered_map<std::string, int> names;
-    for (auto& b : p.buffers) names.emplace(b.name, 0);
+    // Colocated: a name both sides' frameworks use on this GPU (HF names on
+    // an FSDP2 trainer and in vLLM) becomes "train:NAME" and "infer:NAME" in
+    // the plan; a side binds its module with side= (Python) or the prefixed
+    // names. Other names stay as the frameworks write them.
+    std::unordered_map<std::string, size_t> names;
+    for (size_t k = 0; k < p.buffers.size(); ++k) names.emplace(p.buffers[k].name, k);
     for (const auto& b : dst_.ranks[j].buffers) {
-      if (names.count(b.name))
-        throw Error("buffer '" + b.name + "' is bound on global rank " + std::to_string(ir_.dst_global[j]) +
-                    " by both layouts; colocated ranks need distinct buffer names");
       p.buffers.push_back(b);
+      if (auto it = names.find(b.name); it != names.end()) {
+        p.buffers[it->second].name = "train:" + b.name;
+        p.buffers.back().name = "infer:" + b.name;
+      }
     }
     for (Fragment f : dst_.ranks[j].fragments) {
       f.buffer += p.dst_buffer_base;

@@ -27,9 +27,14 @@ void Router::AddPieces(int t, const Cell& cell, const Box& piece, const Fragment
                        const std::vector<Hop>& hops, uint32_t salt, std::vector<DPiece>& pieces) {
   const TensorSpec& ts = model_.tensors[t];
   const uint64_t esize = DtypeBytes(ts.dtype);
-  int k = PickReplica(cell.replicas, salt);
+  const uint32_t b = DstGlobal(df.rank);
+  // Colocated: a replica on the receiver's own GPU is copied there, never sent.
+  int k = -1;
+  for (size_t i = 0; i < cell.replicas.size() && k < 0; ++i)
+    if (SrcGlobal(cell.replicas[i].rank) == b) k = static_cast<int>(i);
+  if (k < 0) k = PickReplica(cell.replicas, salt);
   FragmentRef sf = cell.replicas[k];
-  uint32_t a = SrcGlobal(sf.rank), b = DstGlobal(df.rank);
+  const uint32_t a = SrcGlobal(sf.rank);
   const bool relayed = !hops.empty();
   const uint32_t hop_begin = static_cast<uint32_t>(hop_pool_.size());
   hop_pool_.insert(hop_pool_.end(), hops.begin(), hops.end());
@@ -120,13 +125,18 @@ void Router::Direct() {
         has_replica[d] = true;
       }
       auto local = [&](uint32_t d) { return d < has_replica.size() && has_replica[d]; };
+      auto self_held = [&](const FragmentRef& df) {
+        for (const FragmentRef& rep : cell.replicas)
+          if (SrcGlobal(rep.rank) == DstGlobal(df.rank)) return true;
+        return false;
+      };
       for (auto [i, j] : groups) {
         const Box& box = list[i].second;
         // Needers by domain; those in a domain holding a replica take it straight from one.
         std::map<uint32_t, std::vector<size_t>> by_domain;
         for (size_t k = i; k < j; ++k) {
           uint32_t d = ir_.domain[DstGlobal(list[k].first.rank)];
-          if (!exchange || local(d)) {
+          if (!exchange || local(d) || self_held(list[k].first)) {
             AddPieces(t, cell, box, list[k].first, {}, list[k].first.rank, pieces);
           } else {
             by_domain[d].push_back(k);

@@ -103,6 +103,13 @@ void Session::bind(const std::string& name, void* ptr, fb::Dtype dtype, std::vec
     }
   }
   if (index == nbuf) {
+    // Colocated plans write a name both sides use on one GPU as train:NAME and infer:NAME.
+    bool both = false;
+    for (uint32_t b = 0; b < nbuf && !both; ++b) both = program_.buffers()->Get(b)->name()->str() == "train:" + name;
+    if (both)
+      throw Error(at + "buffer '" + name + "' is on this GPU for both sides (colocated): bind 'train:" + name +
+                  "' (the training side's) or 'infer:" + name + "' (the inference side's); Python: "
+                  "bind_module(module, side=\"train\") or side=\"infer\"");
     std::string msg = at + "the plan has no buffer '" + name + "' for this rank";
     if (!best.empty() && best_distance <= std::max<size_t>(3, name.size() / 4)) msg += " (did you mean '" + best + "'?)";
     throw Error(msg);

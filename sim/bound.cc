@@ -10,6 +10,7 @@
 namespace reshard::sim {
 
 const char* LowerBound::binding() const {
+  if (local_s > ingress_s && local_s > egress_s && local_s > nvlink_s) return "a GPU's local copy of what it holds";
   if (ingress_s >= egress_s && ingress_s >= nvlink_s) return "destination NVLink domain ingress over NICs";
   if (egress_s >= nvlink_s) return "source egress over NICs";
   return "per-GPU ingress over NIC and NVLink";
@@ -23,6 +24,8 @@ constexpr int kDims = 6;
 struct Piece {
   uint32_t domain, rank;
   Box box;
+  uint32_t buffer = 0;   // where it sits: a held and a needed piece at one place are one memory
+  uint64_t offset = 0;
 };
 
 // The sources and needs of one tensor on a grid of cells cut at every box edge:
@@ -113,7 +116,7 @@ LowerBound ComputeLowerBound(const Plan& plan, const ClusterSpec& cluster) {
       if (f->tensor() >= ntensors) continue;  // program(g) has checked it; defensive
       std::vector<int64_t> lo(f->lo()->begin(), f->lo()->begin() + std::min<int>(f->ndim(), kDims));
       std::vector<int64_t> hi(f->hi()->begin(), f->hi()->begin() + std::min<int>(f->ndim(), kDims));
-      Piece p{g / gpd, g, Box::FromVectors(lo, hi)};
+      Piece p{g / gpd, g, Box::FromVectors(lo, hi), f->buffer(), f->offset()};
       (f->role() == 0 ? held : needed)[f->tensor()].push_back(p);
       // What a destination stores is the least that must reach it: FP8 weights
       // need one byte per element (their scales are tensors of their own).
@@ -122,7 +125,7 @@ LowerBound ComputeLowerBound(const Plan& plan, const ClusterSpec& cluster) {
     }
   }
 
-  std::vector<uint64_t> in(ndomains, 0), only(ndomains, 0), gpu_need(n, 0);
+  std::vector<uint64_t> in(ndomains, 0), only(ndomains, 0), gpu_need(n, 0), gpu_own(n, 0);
   std::vector<bool> source_domain(ndomains, false);
   uint64_t egress = 0;
   for (uint32_t t = 0; t < ntensors; ++t) {
@@ -152,10 +155,16 @@ LowerBound ComputeLowerBound(const Plan& plan, const ClusterSpec& cluster) {
     // What each GPU needs and does not hold itself (a rank's own pieces of a
     // tensor never overlap each other).
     for (const Piece& p : needed[t]) {
-      uint64_t v = p.box.volume();
-      for (const Piece& h : held[t])
-        if (h.rank == p.rank) v -= std::min<uint64_t>(v, p.box.intersect(h.box).volume());
+      uint64_t v = p.box.volume(), same = 0;
+      for (const Piece& h : held[t]) {
+        if (h.rank != p.rank) continue;
+        const uint64_t both = p.box.intersect(h.box).volume();
+        v -= std::min<uint64_t>(v, both);
+        if (h.buffer == p.buffer && h.offset == p.offset) same += both;  // the very memory: nothing to copy
+      }
       gpu_need[p.rank] += v * esize;
+      // Colocated: what it holds in other memory is copied through its own HBM.
+      gpu_own[p.rank] += (p.box.volume() - v - std::min(same, p.box.volume() - v)) * esize;
     }
   }
 
@@ -176,12 +185,16 @@ LowerBound ComputeLowerBound(const Plan& plan, const ClusterSpec& cluster) {
     lb.needed_bytes += dom_need;
     lb.nvlink_s = std::max(lb.nvlink_s, dom_need / (gpus_in(d) * (m.nic_Bps + m.nvlink_Bps)));
   }
+  for (uint32_t g = 0; g < n; ++g) {
+    const double secs = m.hbm_Bps > 0 ? 2.0 * static_cast<double>(gpu_own[g]) / m.hbm_Bps : 0;  // read, write
+    if (secs > lb.local_s) lb.local_s = secs, lb.local_rank = g, lb.local_bytes = gpu_own[g];
+  }
   lb.egress_bytes = egress;
   if (source_gpus) lb.egress_s = std::max(lb.egress_s, egress / (source_gpus * m.nic_Bps));
   bool net = false;
   for (uint64_t b : in) net |= b > 0;
   lb.latency_s = net ? m.nic_latency_s : (lb.needed_bytes ? m.nvlink_latency_s : 0);
-  lb.seconds = std::max({lb.ingress_s, lb.egress_s, lb.nvlink_s}) + lb.latency_s;
+  lb.seconds = std::max({lb.ingress_s, lb.egress_s, lb.nvlink_s, lb.local_s}) + lb.latency_s;
   return lb;
 }
 

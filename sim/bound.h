@@ -13,7 +13,7 @@
 namespace reshard::sim {
 
 struct LowerBound {
-  double seconds = 0;  // max(ingress, egress, nvlink) + one latency
+  double seconds = 0;  // max(ingress, egress, nvlink, local) + one latency
   /// (a) a destination NVLink domain must take in, over its own NICs, every
   /// byte its GPUs need that no GPU of the domain holds.
   double ingress_s = 0;
@@ -28,8 +28,14 @@ struct LowerBound {
   /// over its NIC and NVLink port together (per GPU and per domain).
   double nvlink_s = 0;
   uint64_t needed_bytes = 0;  // sum over destination GPUs of what they need and do not hold
+  /// (d) colocated: a GPU copies what it needs and already holds (its
+  /// training buffers into its inference buffers) through its own HBM, each
+  /// byte read once and written once; the busiest GPU.
+  double local_s = 0;
+  uint32_t local_rank = 0;
+  uint64_t local_bytes = 0;   // that GPU's bytes
   double latency_s = 0;
-  const char* binding() const;  // which of (a) (b) (c) sets the bound
+  const char* binding() const;  // which of (a) (b) (c) (d) sets the bound
 };
 
 LowerBound ComputeLowerBound(const Plan& plan, const ClusterSpec& cluster);

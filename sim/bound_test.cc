@@ -97,10 +97,26 @@ TEST(BoundTest, AnFp8DestinationNeedsOneBytePerElement) {
 }
 
 TEST(BoundTest, ARankHoldingWhatItNeedsNeedsNothing) {
-  // Colocated: rank 0 holds and needs rows 0..1000.
+  // Colocated: rank 0 holds and needs rows 0..1000, in the same memory.
   auto lb = Bound(Layout(1, {{{0, 1000}}}, {{{0, 1000}}}), 8);
   EXPECT_EQ(lb.needed_bytes, 0u);
+  EXPECT_EQ(lb.local_bytes, 0u);
   EXPECT_DOUBLE_EQ(lb.seconds, 0);
+}
+
+TEST(BoundTest, ARankCopiesWhatItHoldsInOtherMemoryThroughItsHbm) {
+  // Colocated: rank 0's training buffer holds rows 0..1000, its inference
+  // buffer (another buffer) needs them: nothing crosses a link, but every
+  // byte is read once and written once in its HBM (3350 GB/s by default).
+  PlanSpec spec = Layout(1, {{{0, 1000}}}, {{{0, 1000}}});
+  spec.programs[0].buffers.push_back({"w_infer", fb::Dtype::fp32, {1000, 1000}});
+  spec.programs[0].fragments[1] = testing::MakeFragment(0, 1, 0, {0, 0}, {1000, 1000}, {1000, 1}, 1);
+  auto lb = Bound(spec, 8);
+  EXPECT_EQ(lb.needed_bytes, 0u);
+  EXPECT_EQ(lb.local_bytes, 4000000u);
+  EXPECT_DOUBLE_EQ(lb.local_s, 2 * 4e6 / 3350e9);
+  EXPECT_DOUBLE_EQ(lb.seconds, lb.local_s);  // no link: no latency
+  EXPECT_STREQ(lb.binding(), "a GPU's local copy of what it holds");
 }
 
 }  // namespace

@@ -109,6 +109,9 @@ void AddSimulateCommand(CLI::App& app, int& exit_code) {
             {"egress_bytes", lb.egress_bytes},
             {"nvlink_seconds", lb.nvlink_s},
             {"needed_bytes", lb.needed_bytes},
+            {"local_seconds", lb.local_s},
+            {"local_rank", lb.local_rank},
+            {"local_bytes", lb.local_bytes},
             {"latency_seconds", lb.latency_s}}},
           {"bytes", {{"net", w.net_bytes}, {"nvlink", w.nvlink_bytes}, {"hbm_local", w.local_bytes},
                      {"hbm_unpack", w.unpack_bytes}}},
@@ -131,6 +134,9 @@ void AddSimulateCommand(CLI::App& app, int& exit_code) {
                   Seconds(lb.egress_s).c_str(), Bytes(lb.egress_bytes).c_str());
       std::printf("                      (c) GPU ingress    %s: GPUs need %s they do not hold\n",
                   Seconds(lb.nvlink_s).c_str(), Bytes(lb.needed_bytes).c_str());
+      if (lb.local_bytes > 0)
+        std::printf("                      (d) local copy     %s: GPU %u copies %s it holds itself through its HBM\n",
+                    Seconds(lb.local_s).c_str(), lb.local_rank, Bytes(lb.local_bytes).c_str());
       std::printf("  plan / bound      %.2fx\n", ratio);
       std::printf("  traffic           net %s, nvlink %s; HBM pack/copy %s, unpack %s (busiest rank %s)\n",
                   Bytes(w.net_bytes).c_str(), Bytes(w.nvlink_bytes).c_str(), Bytes(w.local_bytes).c_str(),

@@ -198,6 +198,10 @@ class Session:
         return i
 
     def _unknown(self, name: str) -> str:
+        if "train:" + name in self._index:  # colocated: both sides use the name on this GPU
+            return (f"rank {self.rank}: buffer '{name}' is on this GPU for both sides (colocated): bind "
+                    f"'train:{name}' (the training side's) or 'infer:{name}' (the inference side's); "
+                    "bind_module(module, side=\"train\") or side=\"infer\"")
         msg = f"rank {self.rank}: the plan has no buffer '{name}' for this rank"
         close = difflib.get_close_matches(name, self._index.keys(), n=1, cutoff=0.8)
         return msg + (f" (did you mean '{close[0]}'?)" if close else "")
@@ -291,8 +295,15 @@ class Session:
             raise BindError(f"rank {self.rank}: buffer '{name}' is bound with {problem}")
         self._bind_checked(i, info, code, origin)
 
-    def bind_module(self, module: Any, prefix: str = "", *, missing_ok: bool = False) -> List[str]:
+    def bind_module(self, module: Any, prefix: str = "", *, missing_ok: bool = False,
+                    side: Optional[str] = None) -> List[str]:
         """Binds every plan buffer to the module's tensor of the same name.
+
+        `side` ("train" or "infer") binds only that side's buffers, for a GPU
+        that holds both (a colocated cluster): the training module with
+        side="train", the inference engine's with side="infer". A name both
+        sides use on the GPU is "train:NAME" / "infer:NAME" in the plan, and
+        binds the module tensor NAME of that side.
 
         `module` is a ``torch.nn.Module`` (its parameters and persistent
         buffers, tied ones under each of their names) or a mapping of names to
@@ -331,6 +342,17 @@ class Session:
         origins: Dict[int, Any] = {}
         unused: List[str] = []
         index = self._index
+        mine = range(len(self._buffers))  # the buffers this call binds
+        if side is not None:
+            if side not in ("train", "infer"):
+                raise ValueError(f"side: expected 'train' or 'infer', got {side!r}")
+            src = side == "train"
+            mine = [i for i, b in enumerate(self._buffers) if (b.is_source if src else b.is_destination)]
+            tag = side + ":"
+            index = {}
+            for i in mine:
+                nm = self._buffers[i].name
+                index[nm[len(tag):] if nm.startswith(tag) else nm] = i
         for n, t, o in tensors:
             i = index.get(prefix + n)
             if i is None:
@@ -353,9 +375,10 @@ class Session:
                 problems.append(f"'{b.name}': {problem}")
             else:
                 checked.append((i, info, code, origins[i]))
-        if not missing_ok and len(found) < len(buffers):
+        if not missing_ok and len(found) < len(mine):
             names = [prefix + n for n, _, _ in tensors]
-            for i, b in enumerate(buffers):
+            for i in mine:
+                b = buffers[i]
                 if i not in found:
                     close = difflib.get_close_matches(b.name, names, n=1, cutoff=0.8) if len(names) < 5000 else []
                     hint = f" (closest: '{close[0]}')" if close else ""
@@ -363,7 +386,7 @@ class Session:
         if problems:
             shown = problems[:20]
             more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
-            raise BindError(f"rank {self.rank}: bind_module: {len(problems)} of {len(buffers)} plan buffers cannot "
+            raise BindError(f"rank {self.rank}: bind_module: {len(problems)} of {len(mine)} plan buffers cannot "
                             "be bound, nothing was bound:\n  " + "\n  ".join(shown) + more)
         for i, info, code, t in checked:
             self._bind_checked(i, info, code, t)

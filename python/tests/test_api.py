@@ -634,3 +634,49 @@ def test_bind_module_looks_through_wrappers(dense):
     with pytest.raises(reshard.BindError, match=f"'{name}': no tensor of that name in the module "
                                                 f"\\(closest: 'module.{name}'\\)"):
         s.bind_module(w)
+
+
+def test_colocated_sides_bind_their_own_modules(tmp_path):
+    """A colocated cluster whose two sides use the same names on a GPU (HF
+    names on both: an FSDP2-like trainer, every tensor cut on dim 0 over 2
+    ranks, and an engine holding every tensor whole): the plan calls them
+    train:NAME and infer:NAME, each side binds its own module with side=,
+    and the refit is exact."""
+    model = json.loads((SAMPLES / "tiny-dense" / "model.json").read_text())
+    names = [t["name"] for t in model["tensors"]]
+    train = {"format": "reshard.layout/1", "name": "fsdp", "model": model["name"], "ranks": 2,
+             "meshes": {"m": [["dp", 2]]}, "placements": [{"match": n, "dp": {"shard": 0}} for n in names]}
+    infer = {"format": "reshard.layout/1", "name": "whole", "model": model["name"], "ranks": 2,
+             "meshes": {"m": [["dp", 2]]}, "placements": [{"match": "*"}]}
+    cluster = json.loads(CLUSTER.read_text())
+    cluster.update(name="colocated", placement="colocated")
+    for n, obj in (("train", train), ("infer", infer), ("cluster", cluster)):
+        (tmp_path / f"{n}.json").write_text(json.dumps(obj))
+    plan_path = tmp_path / "p.rsplan"
+    reshard.compile(SAMPLES / "tiny-dense" / "model.json", tmp_path / "train.json", tmp_path / "infer.json",
+                    tmp_path / "cluster.json", plan_path, staging_mb=2)
+    plan = reshard.Plan.open(plan_path)
+    (tmp_path / "store").mkdir()
+    sessions = make_sessions(plan, mesh(2, tmp_path / "store"))
+    for s in sessions:
+        assert {b.name for b in s.buffers if b.is_source} >= {"train:model.norm.weight", "train:lm_head.weight"}
+        assert "infer:model.norm.weight" in {b.name for b in s.buffers if b.is_destination}
+        # The plain name says which to bind.
+        with pytest.raises(reshard.BindError, match="buffer 'model.norm.weight' is on this GPU for both sides "
+                                                    r"\(colocated\): bind 'train:model.norm.weight'"):
+            s.bind("model.norm.weight", torch.zeros(64, dtype=torch.bfloat16))
+        trainer = {b.name.split(":", 1)[1]: torch.zeros(b.shape, dtype=torch.bfloat16) for b in s.buffers if b.is_source}
+        engine = {b.name.split(":", 1)[1]: torch.zeros(b.shape, dtype=torch.bfloat16)
+                  for b in s.buffers if b.is_destination}
+        assert s.bind_module(trainer, side="train") == []
+        assert len(s.missing()) == sum(b.is_destination for b in s.buffers)  # only the training side so far
+        assert s.bind_module(engine, side="infer") == []
+        assert s.missing() == []
+        rt.poison_destinations(s)
+        rt.fill_sources(s)
+    run_threads([s.run for s in sessions])
+    for s in sessions:
+        c = rt.check_destinations(s)
+        assert c.wrong == 0 and c.checked > 0, c.first
+    with pytest.raises(ValueError, match="side: expected 'train' or 'infer'"):
+        sessions[0].bind_module({}, side="both")
