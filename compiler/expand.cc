@@ -982,9 +982,13 @@ Expansion Expander::Run() {
   }
   // A tensor no rank holds is a layout mistake on either side. (A tensor held
   // only in part is reported by routing, where a destination needs the rest.)
-  for (int ti = 0; ti < nt; ++ti)
-    if (e_.by_tensor[ti].empty())
+  // (A family of several intervals is one family: held if any piece is.)
+  for (int ti = 0; ti < nt; ++ti) {
+    bool held = false;
+    for (int pi : index.at(model_.tensors[ti].name)) held = held || !e_.by_tensor[pi].empty();
+    if (!held)
       Fail(layout_.placements[placement_[ti]].path, "tensor " + Quote(model_.tensors[ti].name) + " lives on no rank");
+  }
   return std::move(e_);
 }
 

@@ -108,9 +108,10 @@ TEST(Property, GeneratorCoversEveryPlacementKind) {
       if (all.find(k) != std::string::npos) ++seen[k];
     if (s.cluster.contains("placement")) ++seen["colocated"];
     if (s.model.dump().find("range") != std::string::npos) ++seen["range"];
+    if (s.model.dump().find("\"range\":{\"layer\":[[") != std::string::npos) ++seen["intervals"];
   }
   for (const char* k : {"\"sizes\"", "\"blocks\"", "\"parts\"", "\"cyclic\"", "\"assign\"", "\"at\"", "\"interleave\"",
-                        "\"concat\"", "\"shape\"", ".local}", "colocated", "range"})
+                        "\"concat\"", "\"shape\"", ".local}", "colocated", "range", "intervals"})
     EXPECT_GE(seen[k], 10) << k << " appears in only " << seen[k] << " of " << kCases << " random cases";
 }
 

@@ -243,6 +243,7 @@ RandomSpecs MakeRandomSpecs(uint64_t seed) {
   for (auto& [k, v] : dims) r.model["dims"][k] = v;
   r.model["tensors"] = json::array();
   bool ranged_group = false;
+  json range_group;
   for (size_t i = 0; i < fams.size(); ++i) {
     const Family& f = fams[i];
     json t = {{"name", f.name}, {"shape", f.shape}};
@@ -251,7 +252,13 @@ RandomSpecs MakeRandomSpecs(uint64_t seed) {
     bool ranged = second ? ranged_group
                          : (!f.stack.empty() && f.stack[0] == "layer" && dims["layer"] > 2 && rng.Chance(25));
     ranged_group = ranged;
-    if (ranged) t["range"] = {{"layer", {1, dims["layer"]}}};
+    // One interval, or two apart (a hybrid model's layers of one kind); a
+    // fused pair's parts exist for the same layers.
+    if (ranged && !second)
+      range_group = dims["layer"] > 3 && rng.Chance(50)
+                        ? json::array({json::array({0, 1}), json::array({2, dims["layer"]})})
+                        : json::array({1, dims["layer"]});
+    if (ranged) t["range"] = {{"layer", range_group}};
     r.model["tensors"].push_back(t);
   }
   bool colocated = rng.Chance(20);

@@ -153,6 +153,25 @@ TEST(InitArchs, RealRanksHaveZeroDifferences) {
   }
 }
 
+// init, compile, validate and `run --local` (every destination element
+// checked) of `config` from `train` into `infer`, in folder `d`.
+void RunExact(const TempDir& dir, const std::string& config, const std::string& train, const std::string& infer,
+              const std::string& d) {
+  Result r = Reshard(dir, {"init", "-q", "--hf-config", config, "--train", train, "--infer", infer, "-o", d});
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = Reshard(dir, {"compile", "-q", "--model", d + "/model.json", "--from", d + "/train.json", "--to",
+                    d + "/infer.json", "--cluster", "dgx-h100", "-o", d + "/p.rsplan"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = Reshard(dir, {"validate", d + "/p.rsplan"});
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  r = Reshard(dir, {"run", d + "/p.rsplan", "--local", "--timeout", "60", "--json"});
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j["wrong"], 0) << r.out;
+  EXPECT_GT(j["checked"].get<int64_t>(), 0) << r.out;
+}
+
 // Tiny GLM-4.5 and gpt-oss configs: init, compile, validate and `run --local`
 // (every destination element checked) from Megatron into vLLM layouts (TP and
 // DP without EP, with EP) and into hf, and from hf into vLLM.
@@ -178,20 +197,7 @@ TEST(InitArchs, TinyConfigsRunExactIntoVllmAndHf) {
       const auto& [train, infer] = sides[i];
       SCOPED_TRACE(model + ": " + train + " -> " + infer);
       const std::string d = dir.File(model + "-" + std::to_string(i));
-      Result r = Reshard(dir, {"init", "-q", "--hf-config", dir.File(model + ".json"), "--train", train, "--infer",
-                               infer, "-o", d});
-      ASSERT_EQ(r.code, 0) << r.err;
-      r = Reshard(dir, {"compile", "-q", "--model", d + "/model.json", "--from", d + "/train.json", "--to",
-                        d + "/infer.json", "--cluster", "dgx-h100", "-o", d + "/p.rsplan"});
-      ASSERT_EQ(r.code, 0) << r.err;
-      r = Reshard(dir, {"validate", d + "/p.rsplan"});
-      EXPECT_EQ(r.code, 0) << r.out << r.err;
-      r = Reshard(dir, {"run", d + "/p.rsplan", "--local", "--timeout", "60", "--json"});
-      ASSERT_EQ(r.code, 0) << r.out << r.err;
-      const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
-      ASSERT_FALSE(j.is_discarded()) << r.out;
-      EXPECT_EQ(j["wrong"], 0) << r.out;
-      EXPECT_GT(j["checked"].get<int64_t>(), 0) << r.out;
+      RunExact(dir, dir.File(model + ".json"), train, infer, d);
     }
   }
 }
@@ -226,20 +232,7 @@ TEST(InitArchs, HybridAndInterleavedMoeRunExact) {
     const auto& [model, train, infer] = runs[i];
     SCOPED_TRACE(model + ": " + train + " -> " + infer);
     const std::string d = dir.File(model + "-" + std::to_string(i));
-    Result r = Reshard(dir, {"init", "-q", "--hf-config", dir.File(model + ".json"), "--train", train, "--infer", infer,
-                             "-o", d});
-    ASSERT_EQ(r.code, 0) << r.err;
-    r = Reshard(dir, {"compile", "-q", "--model", d + "/model.json", "--from", d + "/train.json", "--to",
-                      d + "/infer.json", "--cluster", "dgx-h100", "-o", d + "/p.rsplan"});
-    ASSERT_EQ(r.code, 0) << r.err;
-    r = Reshard(dir, {"validate", d + "/p.rsplan"});
-    EXPECT_EQ(r.code, 0) << r.out << r.err;
-    r = Reshard(dir, {"run", d + "/p.rsplan", "--local", "--timeout", "60", "--json"});
-    ASSERT_EQ(r.code, 0) << r.out << r.err;
-    const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
-    ASSERT_FALSE(j.is_discarded()) << r.out;
-    EXPECT_EQ(j["wrong"], 0) << r.out;
-    EXPECT_GT(j["checked"].get<int64_t>(), 0) << r.out;
+    RunExact(dir, dir.File(model + ".json"), train, infer, d);
   }
 }
 
