@@ -781,9 +781,9 @@ TEST(Init, Qwen3NextRefusals) {
                                                                   "Qwen3-Next's linear-attention out_norm as HF's "
                                                                   "weight - 1", 0),
             0u);
-  EXPECT_EQ(ErrorOf([&] { Gen(c, "fsdp2:dp_shard=2", "hf"); }).rfind(
-                "--train 'fsdp2:dp_shard=2': reshard init does not describe FSDP2 for qwen3_next yet", 0),
-            0u);
+  EXPECT_EQ(ErrorOf([&] { Gen(c, "fsdp2:dp_shard=2,tp=2", "hf"); }),
+            "--train 'fsdp2:dp_shard=2,tp=2': NeMo RL's TP plan has no rule for Qwen3-Next's linear attention "
+            "(in_proj_qkvz, conv1d, ...) nor its gated q_proj; use tp=1");
   EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "vllm:tp=4"); }),
             "--infer 'vllm:tp=4': vLLM's Qwen3-Next linear attention keeps whole key heads on a rank "
             "(layers/mamba/gdn/qwen_gdn_linear_attn.py: num_k_heads / tp_size): linear_num_key_heads (2) must "

@@ -123,12 +123,15 @@ ordered_json MakeFsdp2(const Arch& a, const std::string& model, Settings& s, Not
             "], [in, out] per expert: the transpose of the [out, in] experts vLLM and Megatron hold, and a layout "
             "cannot transpose; reshard init does not describe FSDP2 for " + a.model_type);
   }
-  // transformers 5 holds Qwen3-Next's in_proj_qkvz, in_proj_ba, conv1d and
-  // gated q_proj fused, and FSDP2 chunks those fused parameters as a whole.
-  if (a.model_type == "qwen3_next")
-    Fail(s, "reshard init does not describe FSDP2 for qwen3_next yet: fully_shard chunks its fused in_proj_qkvz, "
-            "in_proj_ba, conv1d and gated q_proj as whole parameters, which this side does not write (write the "
-            "layout by hand: docs/specs.md, buffer rules with \"shard\": {\"axis\": \"dp_shard\", \"split\": \"chunk\"})");
+  // transformers 5 holds Qwen3-Next's gated q_proj, in_proj_qkvz, in_proj_ba
+  // and conv1d as the checkpoint fuses them (modeling_qwen3_next.py), and
+  // fully_shard chunks each fused parameter as a whole: their buffer rules
+  // below cut the fused buffer ("shard": dp_shard). NeMo RL's TP plan has no
+  // rule for the linear attention.
+  const bool fused_parts = Find(a, Role::q_gate) != nullptr;
+  if (fused_parts && s.tp > 1)
+    Fail(s, "NeMo RL's TP plan has no rule for Qwen3-Next's linear attention (in_proj_qkvz, conv1d, ...) nor its "
+            "gated q_proj; use tp=1");
   const int64_t rep = s.dp_replicate, shard = s.dp_shard, tp = s.tp;
   const bool moe = a.experts > 0, fp32 = s.master == "fp32";
   if (s.experts_dim != 0 && !moe) Fail(s, "the model has no experts; leave out experts-dim");
@@ -200,7 +203,12 @@ ordered_json MakeFsdp2(const Arch& a, const std::string& model, Settings& s, Not
       for (int64_t i = 0; i < tp; ++i) pieces.push_back(ChunkSize(t.shape[0], tp, i));
     }
     const int64_t copies = rep * (td == 0 ? 1 : tp);
-    if (t.role == Role::router_bias) {
+    // Qwen3-Next's split parts: whole here, their fused buffer is chunked (below).
+    const bool part = t.role == Role::q_gate || t.role == Role::lin_q || t.role == Role::lin_k ||
+                      t.role == Role::lin_v || t.role == Role::lin_z || t.role == Role::lin_b ||
+                      t.role == Role::lin_a || t.role == Role::conv_q || t.role == Role::conv_k ||
+                      t.role == Role::conv_v || (t.role == Role::q && fused_parts);
+    if (t.role == Role::router_bias || part) {
       // A module buffer (nn.Buffer): fully_shard leaves it whole on every rank.
     } else if (IsExpert(t.role)) {
       if (s.experts_dim == 0) {
@@ -224,7 +232,39 @@ ordered_json MakeFsdp2(const Arch& a, const std::string& model, Settings& s, Not
         if (cuts) extra["split_heads"] = true;
       }
     }
+    if (part && shard > 1) extra["split_heads"] = true;  // chunks of the fused rows cut where they fall
     b.Place(t, "fsdp", axes, extra);
+    // Qwen3-Next: the fused parameters, each chunked as a whole over dp_shard.
+    if (part) {
+      const ArchTensor* lq = Find(a, Role::lin_q);
+      const int64_t nk = lq->shape[0] / lq->head_dim;
+      ordered_json rule;
+      if (t.role == Role::q)
+        rule = {{"name", Rename(t.name, "q_proj.query.weight", "q_proj.weight")},
+                {"parts", {t.name, Find(a, Role::q_gate)->name}},
+                {"interleave", {{"dim", 0}, {"groups", a.heads}}}};
+      else if (t.role == Role::lin_q)
+        rule = {{"name", Rename(t.name, "in_proj_qkvz.q.weight", "in_proj_qkvz.weight")},
+                {"parts", {t.name, Find(a, Role::lin_k)->name, Find(a, Role::lin_v)->name, Find(a, Role::lin_z)->name}},
+                {"interleave", {{"dim", 0}, {"groups", nk}}}};
+      else if (t.role == Role::lin_b)
+        rule = {{"name", Rename(t.name, "in_proj_ba.b.weight", "in_proj_ba.weight")},
+                {"parts", {t.name, Find(a, Role::lin_a)->name}},
+                {"interleave", {{"dim", 0}, {"groups", nk}}}};
+      else if (t.role == Role::conv_q)
+        rule = {{"name", Rename(t.name, "conv1d.q.weight", "conv1d.weight")},
+                {"parts", {t.name, Find(a, Role::conv_k)->name, Find(a, Role::conv_v)->name}},
+                {"concat", 0}};
+      if (rule.is_null()) continue;  // the other parts are in their first part's rule
+      int64_t rows = 0;
+      for (const auto& n : rule["parts"])
+        for (const auto& u : a.tensors)
+          if (u.name == n.get<std::string>()) rows += u.shape[0];
+      note_cut(rule["name"].get<std::string>(), "rows", {rows}, rep);
+      if (shard > 1) rule["shard"] = {{"axis", "dp_shard"}, {"split", "chunk"}};
+      b.Buffer(rule);
+      continue;
+    }
     // Buffers: HF names (default_buffers) but the fused experts and Mixtral's renamed block.
     if (t.role == Role::expert_gate) {
       ordered_json rule = {{"name", FusedExpertName(t)}, {"parts", {t.name, Find(a, Role::expert_up)->name}},

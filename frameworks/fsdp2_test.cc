@@ -250,18 +250,35 @@ TEST(Fsdp2, MixtralAndDeepseekNames) {
 // Every architecture, FSDP2 on either side, 1-D, HSDP and (GQA models) TP.
 TEST(Fsdp2, EveryArchitectureCompilesAndValidates) {
   for (const std::string& type : SupportedModelTypes()) {
-    // transposed experts: refused (Init.GptOssRefusals, Init.Llama4); qwen3_next's fused
-    // linear-attention parameters: not described yet (Init.Qwen3NextRefusals)
-    if (type == "gpt_oss" || type == "llama4" || type == "llama4_text" || type == "qwen3_next") continue;
+    // transposed experts: refused (Init.GptOssRefusals, Init.Llama4)
+    if (type == "gpt_oss" || type == "llama4" || type == "llama4_text") continue;
     SCOPED_TRACE(type);
     const json c = Tiny(type);
     const bool moe = fixtures::Moe(type);
     const bool mla = type == "deepseek_v3" || type == "kimi_k2";
     CompileAndValidate(Gen(c, "fsdp2:dp_shard=4", moe ? "vllm:tp=2,ep" : "vllm:tp=2"));
-    CompileAndValidate(Gen(c, "megatron:tp=2,pp=2" + std::string(moe ? ",ep=2,etp=1" : ""),
-                           "fsdp2:dp_replicate=2,dp_shard=3,master=bf16"));
-    if (!mla) CompileAndValidate(Gen(c, "fsdp2:dp_shard=3,tp=2", "hf:tp=2"));
+    CompileAndValidate(Gen(c, type == "qwen3_next" ? "hf:tp=2" : "megatron:tp=2,pp=2" + std::string(moe ? ",ep=2,etp=1" : ""),
+                           "fsdp2:dp_replicate=2,dp_shard=3,master=bf16"));  // Megatron: refused for qwen3_next
+    if (!mla && type != "qwen3_next") CompileAndValidate(Gen(c, "fsdp2:dp_shard=3,tp=2", "hf:tp=2"));  // no TP plan
   }
+}
+
+// Qwen3-Next: the checkpoint-fused parameters transformers holds whole
+// (q_proj per head [query; gate], in_proj_qkvz, in_proj_ba, conv1d) are
+// chunked over dp_shard as whole buffers; their parts are whole on dp_shard.
+TEST(Fsdp2, Qwen3NextFusedParametersAreChunkedWhole) {
+  const Result r = Gen(Tiny("qwen3_next"), "fsdp2:dp_shard=3", "vllm:tp=2");
+  const json t = File(r, "train.json");
+  const json* qkvz = Rule(t, "model.layers.{layer}.linear_attn.in_proj_qkvz.weight");
+  ASSERT_NE(qkvz, nullptr);
+  EXPECT_EQ((*qkvz)["interleave"], json({{"dim", 0}, {"groups", 2}}));
+  EXPECT_EQ((*qkvz)["shard"], json({{"axis", "dp_shard"}, {"split", "chunk"}}));
+  ASSERT_NE(Rule(t, "model.layers.{layer}.self_attn.q_proj.weight"), nullptr);
+  ASSERT_NE(Rule(t, "model.layers.{layer}.linear_attn.conv1d.weight"), nullptr);
+  const json* p = Place(t, "model.layers.{layer}.linear_attn.in_proj_qkvz.v.weight");
+  ASSERT_NE(p, nullptr);
+  EXPECT_FALSE(p->contains("dp_shard"));  // whole: the rule cuts the fused buffer
+  CompileAndValidate(r);
 }
 
 TEST(Fsdp2, BadSettingsNameTheOption) {
