@@ -79,7 +79,7 @@ ordered_json ModelJson(const Arch& a, const std::string& name) {
     if (t.fp32) e["dtype"] = "fp32";
     if (t.layers != Layers::none && t.layers != Layers::all)
       if (ordered_json r = LayerRange(a, LayerRuns(a, t.layers)); !r.is_null()) e["range"] = {{"layer", r}};
-    if (t.head_dim > 0) e["heads"] = {{"dim", t.role == Role::o ? 1 : 0}, {"size", t.head_dim}};
+    if (t.head_dim > 0) e["heads"] = {{"dim", t.role == Role::o || t.role == Role::lin_out ? 1 : 0}, {"size", t.head_dim}};
     tensors.push_back(e);
   }
   m["tensors"] = tensors;

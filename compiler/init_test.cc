@@ -762,6 +762,13 @@ TEST(Init, Qwen3NextLayersAndFusedParts) {
   EXPECT_EQ(range.at("model.layers.{layer}.linear_attn.A_log"), json({{"layer", linear}}));
   EXPECT_EQ(range.at("model.layers.{layer}.self_attn.q_proj.gate.weight"), json({{"layer", full}}));
   EXPECT_TRUE(range.at("model.layers.{layer}.input_layernorm.weight").is_null());
+  // out_proj [H, value heads x d]: its heads are columns (dim 1), as o_proj's.
+  for (const json& t : m["tensors"])
+    if (t["name"] == "model.layers.{layer}.linear_attn.out_proj.weight")
+      EXPECT_EQ(t["heads"], json({{"dim", 1}, {"size", 16}}));
+  json odd = Tiny("qwen3_next");
+  odd["hidden_size"] = 60;  // not a multiple of the value head dim: fine
+  CompileAndValidate(Gen(odd, "fsdp2:dp_shard=4", "vllm:tp=2"));
   // hf: the checkpoint's fused tensors; vLLM: qkv_proj heads [query; gate], then k, v; A_log in fp32.
   const json h = File(r, "train.json");
   EXPECT_EQ(RuleOrNull(h, "model.layers.{layer}.linear_attn.in_proj_qkvz.weight")["interleave"],

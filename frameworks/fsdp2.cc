@@ -224,7 +224,7 @@ ordered_json MakeFsdp2(const Arch& a, const std::string& model, Settings& s, Not
       if (td >= 0 && shard > 1) extra["order"] = {"tp", "dp_shard"};
       // FSDP2 chunks rows without regard to heads: say the cut is intended
       // where a chunk boundary falls inside a head (TP cuts whole heads).
-      if (t.head_dim > 0 && t.role != Role::o && shard > 1) {
+      if (t.head_dim > 0 && t.role != Role::o && t.role != Role::lin_out && shard > 1) {
         bool cuts = false;
         for (int64_t len : pieces)
           for (int64_t p = 1, at = 0; p < shard; ++p)

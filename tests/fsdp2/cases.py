@@ -1,6 +1,6 @@
 """The FSDP2 cases of tests/fsdp2/run.py: tiny Hugging Face transformers
-models (a dense Qwen3 and a Qwen3-MoE with fused experts) sharded by real
-FSDP2 / DTensor over 4 CPU processes.
+models (a dense Qwen3, a Qwen3-MoE with fused experts and a Qwen3-Next)
+sharded by real FSDP2 / DTensor over 4 CPU processes.
 
 Sizes are chosen so torch.chunk cuts unevenly (vocabulary 250 -> 63, 63, 63,
 61 rows; hidden 30 -> 8, 8, 8, 6; intermediate 46 -> 12, 12, 12, 10) and so
@@ -34,7 +34,27 @@ MOE = {
 # up would give), down_proj's H = 32 rows 8 per rank.
 MOE_EVEN = dict(MOE, hidden_size=32, moe_intermediate_size=14)
 
-CONFIGS = {"dense": DENSE, "moe": MOE, "moe-even": MOE_EVEN}
+# Qwen3-Next: a Gated DeltaNet layer then a gated full-attention layer, both
+# MoE with a shared expert and shared_expert_gate. transformers 5 holds the
+# checkpoint's fused q_proj [2 x 4 heads x 8, H] (per head [query; gate]),
+# in_proj_qkvz [96, H] (per key head [q; k; v; z]), in_proj_ba [8, H] and
+# conv1d [64, 1, 4] ([q; k; v] channels) as single parameters, which
+# fully_shard chunks as a whole. Uneven here: the vocabulary, the router and
+# the experts (3 over 4), shared_expert gate/up (10 rows -> 3, 3, 3, 1) and
+# shared_expert_gate (1 row: 3 ranks empty), the norms (hidden 30 -> 8, 8, 8,
+# 6). moe_intermediate_size 14: vLLM TP2 (no EP) cuts every expert's
+# intermediate rows.
+NEXT = {
+    "model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"],
+    "vocab_size": 250, "hidden_size": 30, "num_hidden_layers": 2, "layer_types": ["linear_attention", "full_attention"],
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "partial_rotary_factor": 0.25,
+    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
+    "linear_conv_kernel_dim": 4, "num_experts": 3, "num_experts_per_tok": 2, "moe_intermediate_size": 14,
+    "shared_expert_intermediate_size": 10, "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
+    "tie_word_embeddings": False, "rms_norm_eps": 1e-6, "max_position_embeddings": 64,
+}
+
+CONFIGS = {"dense": DENSE, "moe": MOE, "moe-even": MOE_EVEN, "next": NEXT}
 
 # Each case: the model, how it is sharded (mesh: "fsdp" 1-D over 4, "hsdp"
 # dp_replicate 2 x dp_shard 2, "tp" dp_shard 2 x tp 2), the parameters'
@@ -64,6 +84,10 @@ CASES = [
     dict(name="fsdp4-ac", model="dense", mesh="fsdp", dtype="fp32", ac=True,
          train="fsdp2:dp_shard=4,master=fp32", vllm="vllm:tp=2", layout="fsdp4-fp32.json",
          what="1-D FSDP2 with activation checkpointing (checkpoint_wrapper: _checkpoint_wrapped_module. names)"),
+    dict(name="fsdp4-next", model="next", mesh="fsdp", dtype="fp32",
+         train="fsdp2:dp_shard=4,master=fp32", vllm="vllm:tp=2", layout="fsdp4-next.json",
+         what="Qwen3-Next (Gated DeltaNet + gated attention, MoE + shared expert): fused q_proj, in_proj_qkvz, "
+              "in_proj_ba, conv1d chunked whole over 4 ranks, fp32 masters; vLLM TP2 (A_log fp32)"),
 ]
 
 BY_NAME = {c["name"]: c for c in CASES}

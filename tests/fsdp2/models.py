@@ -152,19 +152,51 @@ def vllm_rank(cfg, hf, tp, r, ep=False):
     (MergedColumnParallelLinear), o_proj / down_proj column shards
     (RowParallelLinear), the vocabulary padded to a multiple of 64 and split
     evenly (VocabParallelEmbedding / ParallelLMHead; real rows only), and the
-    experts under expert parallelism stacked as FusedMoE's w13_weight
-    [E_local, 2I, H] ([gate; up] per expert) and w2_weight [E_local, H, I],
-    the first ranks holding one expert more (linear placement)."""
+    experts stacked as FusedMoE's w13_weight [E_local, 2I, H] ([gate; up] per
+    expert) and w2_weight [E_local, H, I]: under expert parallelism whole
+    experts, the first ranks holding one expert more (linear placement),
+    otherwise every expert with its intermediate rows cut (w13: [rows(gate);
+    rows(up)], w2: cols(down)).
+
+    Qwen3-Next (recorded from real vLLM 0.33 TP2 ranks): q_proj is per head
+    [query; gate], so rows(q_proj) hold whole heads; in_proj_qkvz and
+    in_proj_ba are contiguous row blocks of the checkpoint's fused tensors;
+    conv1d [q; k; v] channels cut per part (rows of each); dt_bias (bf16) and
+    A_log (fp32: the bf16 values widened) cut by value heads; out_proj
+    columns; norm, router and shared_expert_gate whole; the shared expert a
+    dense MLP (gate_up_proj = [rows(gate); rows(up)], down_proj columns)."""
     heads, kv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     assert kv % tp == 0 and heads % tp == 0
     out = {}
 
     def rows(t, n, i):
+        assert t.shape[0] % n == 0, (t.shape, n)
         per = t.shape[0] // n
         return t[i * per:(i + 1) * per]
 
+    def cols(t):
+        assert t.shape[-1] % tp == 0, (t.shape, tp)
+        per = t.shape[-1] // tp
+        return t[..., r * per:(r + 1) * per].contiguous()
+
     for name, t in hf.items():
-        if name.endswith("self_attn.q_proj.weight"):
+        if name.endswith(("linear_attn.in_proj_qkvz.weight", "linear_attn.in_proj_ba.weight", "linear_attn.dt_bias")):
+            out[name] = rows(t, tp, r)
+        elif name.endswith("linear_attn.A_log"):
+            out[name] = rows(t, tp, r).float()  # vLLM allocates A_log in fp32
+        elif name.endswith("linear_attn.conv1d.weight"):
+            kd = cfg["linear_num_key_heads"] * cfg["linear_key_head_dim"]
+            out[name] = torch.cat([rows(t[:kd], tp, r), rows(t[kd:2 * kd], tp, r), rows(t[2 * kd:], tp, r)])
+        elif name.endswith("linear_attn.out_proj.weight"):
+            out[name] = cols(t)
+        elif name.endswith("mlp.shared_expert.gate_proj.weight"):
+            stem = name[:-len("gate_proj.weight")]
+            out[stem + "gate_up_proj.weight"] = torch.cat([rows(t, tp, r), rows(hf[stem + "up_proj.weight"], tp, r)])
+        elif name.endswith("mlp.shared_expert.down_proj.weight"):
+            out[name] = cols(t)
+        elif name.endswith("mlp.shared_expert.up_proj.weight"):
+            continue
+        elif name.endswith("self_attn.q_proj.weight"):
             stem = name[:-len("q_proj.weight")]
             out[stem + "qkv_proj.weight"] = torch.cat([rows(t, tp, r), rows(hf[stem + "k_proj.weight"], tp, r),
                                                        rows(hf[stem + "v_proj.weight"], tp, r)])
@@ -182,15 +214,20 @@ def vllm_rank(cfg, hf, tp, r, ep=False):
         else:
             out[name] = t
     if "num_experts" in cfg:
-        assert ep, "the MoE cases refit into vLLM with expert parallelism"
         n = cfg["num_experts"]
-        base, extra = divmod(n, tp)
-        first = r * base + min(r, extra)
-        mine = range(first, first + base + (1 if r < extra else 0))
+        if ep:  # whole experts, linear placement
+            base, extra = divmod(n, tp)
+            first = r * base + min(r, extra)
+            mine = range(first, first + base + (1 if r < extra else 0))
+            cut_rows, cut_cols = (lambda t: t), (lambda t: t)
+        else:  # every expert, its intermediate rows cut over TP
+            mine = range(n)
+            cut_rows, cut_cols = (lambda t: rows(t, tp, r)), cols
         for layer in range(cfg["num_hidden_layers"]):
             s = f"model.layers.{layer}.mlp.experts."
-            w13 = [torch.cat([hf[f"{s}{e}.gate_proj.weight"], hf[f"{s}{e}.up_proj.weight"]]) for e in mine]
-            w2 = [hf[f"{s}{e}.down_proj.weight"] for e in mine]
+            w13 = [torch.cat([cut_rows(hf[f"{s}{e}.gate_proj.weight"]), cut_rows(hf[f"{s}{e}.up_proj.weight"])])
+                   for e in mine]
+            w2 = [cut_cols(hf[f"{s}{e}.down_proj.weight"]) for e in mine]
             out[s + "routed_experts.w13_weight"] = torch.stack(w13)
             out[s + "routed_experts.w2_weight"] = torch.stack(w2)
     return {k: v.contiguous() for k, v in out.items()}

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Real FSDP2 on CPU (Gloo, 4 processes, one launch for every case of
 tests/fsdp2/cases.py): tiny transformers models (Qwen3, Qwen3-MoE with fused
-experts) sharded by torch's fully_shard / DTensor (1-D FSDP with fp32 masters
+experts, Qwen3-Next with its fused q_proj / in_proj_qkvz / in_proj_ba / conv1d)
+sharded by torch's fully_shard / DTensor (1-D FSDP with fp32 masters
 and with bf16, HSDP 2x2, TP2 x FSDP2, experts on dim 0 and on dim 1,
 activation checkpointing), trained one AdamW step, then:
 
@@ -20,8 +21,9 @@ activation checkpointing), trained one AdamW step, then:
   d. each rank's own FSDP2 memory (Session.bind_module(model): the DTensor
      locals, bound in place) is refit through the runtime into one unsharded
      HF rank and into vLLM's TP ranks (fused qkv_proj / gate_up_proj, w13/w2
-     experts), every received tensor equal bit for bit to the truth: the
-     parameter's full_tensor() in bf16, re-fused as vLLM's weight loaders do
+     experts; Qwen3-Next's GDN tensors, A_log in fp32), every received
+     tensor equal bit for bit to the truth: the parameter's full_tensor() in
+     bf16 (widened where vLLM holds fp32), re-fused as vLLM's weight loaders do
      (tests/fsdp2/models.py vllm_rank); the sources stay unchanged.
 
 Any difference fails the run (exit 1) with what differs. Before that, one
@@ -255,6 +257,7 @@ def _preload():
     import torch.distributed.tensor.parallel  # noqa: F401
     import transformers.models.qwen3.modeling_qwen3  # noqa: F401
     import transformers.models.qwen3_moe.modeling_qwen3_moe  # noqa: F401
+    import transformers.models.qwen3_next.modeling_qwen3_next  # noqa: F401
 
 
 def _entry(rank, port, cases, paths):
@@ -264,6 +267,8 @@ def _entry(rank, port, cases, paths):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     import logging
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+    # Qwen3-Next: causal_conv1d / chunk_gated_delta_rule warn of their reference PyTorch paths (no kernels on CPU)
+    logging.getLogger("transformers.integrations.hub_kernels").setLevel(logging.ERROR)
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)

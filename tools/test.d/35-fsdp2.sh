@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Real FSDP2 on CPU (issue 30): tests/fsdp2/run.py builds tiny Hugging Face
-# transformers models (Qwen3, Qwen3-MoE with fused experts) on 4 Gloo
-# processes, one launch for all cases: 1-D FSDP2 with fp32 masters and with
-# bf16, HSDP 2x2, TP2 x FSDP2, fused experts sharded on dim 0 and on dim 1,
-# activation checkpointing; one AdamW step each. For every case `reshard init
+# transformers models (Qwen3, Qwen3-MoE with fused experts, Qwen3-Next) on 4
+# Gloo processes, one launch for all cases: 1-D FSDP2 with fp32 masters and
+# with bf16, HSDP 2x2, TP2 x FSDP2, fused experts sharded on dim 0 and on dim
+# 1, activation checkpointing, Qwen3-Next's fused linear-attention parameters
+# chunked whole; one AdamW step each. For every case `reshard init
 # --train fsdp2:...` writes the specs, reshard.layout_from_module(model) must
 # give the same buffers on every rank, `reshard check` finds zero differences
 # between init's layout and every rank's dump (tools/dump_state_dict.py), and
