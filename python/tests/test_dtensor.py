@@ -186,7 +186,7 @@ def instances(spec):
 
 def full_layout(spec):
     """Every tensor whole on each of the 4 ranks, named "full." + its HF name
-    (colocated with the training ranks: the names must differ from theirs)."""
+    (colocated with the training ranks: distinct names bind without side=)."""
     return {"format": "reshard.layout/1", "name": "full", "model": spec["name"], "ranks": WORLD,
             "meshes": {"r": [["dp", WORLD]]}, "placements": [{"match": t["name"]} for t in spec["tensors"]],
             "buffers": [{"name": "full." + t["name"], "tensor": t["name"]} for t in spec["tensors"]]}
