@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# A recompile after an inference-side change only (issue 32): DeepSeek-V3,
+# Megatron PP16 EP16 -> vLLM TP8 x DP4 with EP, 8 engines, on DGX H100. EPLB
+# moves experts between EP ranks, which a layout says with "assign"; here 8
+# pairs of experts swap ranks (seeded), against the linear placement written
+# by `reshard init` and the same placement written as an explicit "assign".
+# Prints compile medians of REPS runs, plan sizes and `simulate` against the
+# lower bound. Usage: tools/bench/eplb_bench.sh [REPS]   (BUILD=build-dir)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+REPS=${1:-5}
+BIN=${BUILD:-build}/reshard
+d=$(mktemp -d)
+trap 'rm -rf "$d"' EXIT
+
+"$BIN" init -q --hf-config samples/deepseek-v3/config.json \
+  --train megatron:pp=16,ep=16,etp=1,grouped-gemm,pp-layers=3,4,4,4,4,4,4,4,4,4,4,4,4,4,4,2 \
+  --infer vllm:tp=8,dp=4,ep,engines=8,quant=none --cluster dgx-h100 -o "$d"
+python3 - "$d" <<'EOF'
+import json, random, sys
+d = sys.argv[1]
+layout = json.load(open(f"{d}/infer.json"))
+ep = dict(layout["meshes"]["expert"])["ep"]
+experts = 256
+linear = [list(range(r * experts // ep, (r + 1) * experts // ep)) for r in range(ep)]
+moved = [list(r) for r in linear]
+rng = random.Random(1)
+for _ in range(8):  # an EPLB step: 8 pairs of experts change ranks
+    a, b = rng.sample(range(ep), 2)
+    i, j = rng.randrange(len(moved[a])), rng.randrange(len(moved[b]))
+    moved[a][i], moved[b][j] = moved[b][j], moved[a][i]
+for name, assign in (("assign", linear), ("eplb", [sorted(r) for r in moved])):
+    out = json.loads(json.dumps(layout))
+    for p in out["placements"]:
+        for spec in p.values():
+            if isinstance(spec, dict) and spec.get("shard") == "expert":
+                spec["assign"] = assign
+    json.dump(out, open(f"{d}/infer-{name}.json", "w"))
+EOF
+
+echo "| inference layout | compile (median of $REPS) | plan | predicted refit | lower bound | predicted / bound |"
+echo "|---|---|---|---|---|---|"
+for f in infer infer-assign infer-eplb; do
+  ts=()
+  for _ in $(seq "$REPS"); do
+    s=$(date +%s.%N)
+    "$BIN" compile -q --model "$d/model.json" --from "$d/train.json" --to "$d/$f.json" --cluster "$d/cluster.json" \
+      -o "$d/$f.rsplan"
+    e=$(date +%s.%N)
+    ts+=("$(python3 -c "print($e - $s)")")
+  done
+  med=$(printf '%s\n' "${ts[@]}" | sort -g | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}')
+  "$BIN" simulate "$d/$f.rsplan" --cluster "$d/cluster.json" --json |
+    python3 -c "
+import json, sys
+j = json.load(sys.stdin)
+print(f\"| $f | {float('$med'):.2f} s | {$(stat -c %s "$d/$f.rsplan") / 2**20:.1f} MiB | {j['predicted_seconds']:.3f} s | \"
+      f\"{j['lower_bound_seconds']:.3f} s | {j['ratio_to_bound']:.3f}x |\")"
+done
