@@ -763,9 +763,13 @@ TEST(Init, Qwen3NextLayersAndFusedParts) {
   EXPECT_EQ(range.at("model.layers.{layer}.self_attn.q_proj.gate.weight"), json({{"layer", full}}));
   EXPECT_TRUE(range.at("model.layers.{layer}.input_layernorm.weight").is_null());
   // out_proj [H, value heads x d]: its heads are columns (dim 1), as o_proj's.
-  for (const json& t : m["tensors"])
-    if (t["name"] == "model.layers.{layer}.linear_attn.out_proj.weight")
-      EXPECT_EQ(t["heads"], json({{"dim", 1}, {"size", 16}}));
+  int out_proj = 0;
+  for (const json& t : m["tensors"]) {
+    if (t["name"] != "model.layers.{layer}.linear_attn.out_proj.weight") continue;
+    ++out_proj;
+    EXPECT_EQ(t["heads"], json({{"dim", 1}, {"size", 16}}));
+  }
+  EXPECT_EQ(out_proj, 1);
   json odd = Tiny("qwen3_next");
   odd["hidden_size"] = 60;  // not a multiple of the value head dim: fine
   CompileAndValidate(Gen(odd, "fsdp2:dp_shard=4", "vllm:tp=2"));
@@ -824,8 +828,13 @@ TEST(Init, Llama4) {
   json listed = c;
   listed["text_config"]["moe_layers"] = json::array({0, 1, 2, 3});
   const json all = File(Gen(listed, "hf", "hf"), "model.json");
-  for (const json& t : all["tensors"])
-    if (t["name"] == p + "router.weight") EXPECT_FALSE(t.contains("range"));
+  int routers = 0;
+  for (const json& t : all["tensors"]) {
+    if (t["name"] != p + "router.weight") continue;
+    ++routers;
+    EXPECT_FALSE(t.contains("range"));
+  }
+  EXPECT_EQ(routers, 1);
   // q_proj / k_proj: each head's even and odd rows; hf alternates them, vLLM
   // puts each head's even rows first, Megatron alternates them per query group.
   const json v = File(Gen(c, "megatron:tp=2,pp=2,ep=2,etp=1", "vllm:tp=2"), "infer.json");

@@ -89,9 +89,12 @@ TEST(IntervalRanges, StagesHoldTheirLayersUnderLocalNames) {
     EXPECT_EQ(Names(e, r), (V{"decoder.0.in_linear", "decoder.0.mixer.in_proj", "decoder.1.in_full", "decoder.1.qk"}))
         << "rank " << r;
   // The TP halves: in_proj rows 16 per rank; qk = q's 8 rows then k's 4.
-  for (const BufferDesc& b : e.ranks[3].buffers) {
-    if (b.name == "decoder.0.mixer.in_proj") EXPECT_EQ(b.shape, (std::vector<int64_t>{16, 16}));
-    if (b.name == "decoder.1.qk") EXPECT_EQ(b.shape, (std::vector<int64_t>{12, 16}));
+  for (const BufferDesc& b : e.ranks[3].buffers) {  // both present: Names above
+    if (b.name == "decoder.0.mixer.in_proj") {
+      EXPECT_EQ(b.shape, (std::vector<int64_t>{16, 16}));
+    } else if (b.name == "decoder.1.qk") {
+      EXPECT_EQ(b.shape, (std::vector<int64_t>{12, 16}));
+    }
   }
   // Rank 3 (stage 1) holds layer 2 of the linear family: the second piece.
   int found = 0;

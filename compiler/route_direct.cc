@@ -29,9 +29,7 @@ void Router::AddPieces(int t, const Cell& cell, const Box& piece, const Fragment
   const uint64_t esize = DtypeBytes(ts.dtype);
   const uint32_t b = DstGlobal(df.rank);
   // Colocated: a replica on the receiver's own GPU is copied there, never sent.
-  int k = -1;
-  for (size_t i = 0; i < cell.replicas.size() && k < 0; ++i)
-    if (SrcGlobal(cell.replicas[i].rank) == b) k = static_cast<int>(i);
+  int k = ReplicaOn(cell.replicas, b);
   if (k < 0) k = PickReplica(cell.replicas, salt);
   FragmentRef sf = cell.replicas[k];
   const uint32_t a = SrcGlobal(sf.rank);
@@ -125,11 +123,7 @@ void Router::Direct() {
         has_replica[d] = true;
       }
       auto local = [&](uint32_t d) { return d < has_replica.size() && has_replica[d]; };
-      auto self_held = [&](const FragmentRef& df) {
-        for (const FragmentRef& rep : cell.replicas)
-          if (SrcGlobal(rep.rank) == DstGlobal(df.rank)) return true;
-        return false;
-      };
+      auto self_held = [&](const FragmentRef& df) { return ReplicaOn(cell.replicas, DstGlobal(df.rank)) >= 0; };
       for (auto [i, j] : groups) {
         const Box& box = list[i].second;
         // Needers by domain; those in a domain holding a replica take it straight from one.

@@ -165,6 +165,12 @@ class Router {
     r.buffer += ir_.ranks[DstGlobal(f.rank)].dst_buffer_base;
     return r;
   }
+  /// The replica on global rank `g` (colocated: the receiver's own GPU); -1 if none.
+  int ReplicaOn(const std::vector<FragmentRef>& reps, uint32_t g) const {
+    for (size_t i = 0; i < reps.size(); ++i)
+      if (SrcGlobal(reps[i].rank) == g) return static_cast<int>(i);
+    return -1;
+  }
   int PickReplica(const std::vector<FragmentRef>& reps, uint32_t salt) const {
     size_t best = salt % reps.size();
     for (size_t i = 1; i < reps.size(); ++i) {

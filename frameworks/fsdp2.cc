@@ -204,10 +204,7 @@ ordered_json MakeFsdp2(const Arch& a, const std::string& model, Settings& s, Not
     }
     const int64_t copies = rep * (td == 0 ? 1 : tp);
     // Qwen3-Next's split parts: whole here, their fused buffer is chunked (below).
-    const bool part = t.role == Role::q_gate || t.role == Role::lin_q || t.role == Role::lin_k ||
-                      t.role == Role::lin_v || t.role == Role::lin_z || t.role == Role::lin_b ||
-                      t.role == Role::lin_a || t.role == Role::conv_q || t.role == Role::conv_k ||
-                      t.role == Role::conv_v || (t.role == Role::q && fused_parts);
+    const bool part = InCheckpointFusion(a, t);
     if (t.role == Role::router_bias || part) {
       // A module buffer (nn.Buffer): fully_shard leaves it whole on every rank.
     } else if (IsExpert(t.role)) {
@@ -236,25 +233,7 @@ ordered_json MakeFsdp2(const Arch& a, const std::string& model, Settings& s, Not
     b.Place(t, "fsdp", axes, extra);
     // Qwen3-Next: the fused parameters, each chunked as a whole over dp_shard.
     if (part) {
-      const ArchTensor* lq = Find(a, Role::lin_q);
-      const int64_t nk = lq->shape[0] / lq->head_dim;
-      ordered_json rule;
-      if (t.role == Role::q)
-        rule = {{"name", Rename(t.name, "q_proj.query.weight", "q_proj.weight")},
-                {"parts", {t.name, Find(a, Role::q_gate)->name}},
-                {"interleave", {{"dim", 0}, {"groups", a.heads}}}};
-      else if (t.role == Role::lin_q)
-        rule = {{"name", Rename(t.name, "in_proj_qkvz.q.weight", "in_proj_qkvz.weight")},
-                {"parts", {t.name, Find(a, Role::lin_k)->name, Find(a, Role::lin_v)->name, Find(a, Role::lin_z)->name}},
-                {"interleave", {{"dim", 0}, {"groups", nk}}}};
-      else if (t.role == Role::lin_b)
-        rule = {{"name", Rename(t.name, "in_proj_ba.b.weight", "in_proj_ba.weight")},
-                {"parts", {t.name, Find(a, Role::lin_a)->name}},
-                {"interleave", {{"dim", 0}, {"groups", nk}}}};
-      else if (t.role == Role::conv_q)
-        rule = {{"name", Rename(t.name, "conv1d.q.weight", "conv1d.weight")},
-                {"parts", {t.name, Find(a, Role::conv_k)->name, Find(a, Role::conv_v)->name}},
-                {"concat", 0}};
+      ordered_json rule = CheckpointFusion(a, t);
       if (rule.is_null()) continue;  // the other parts are in their first part's rule
       int64_t rows = 0;
       for (const auto& n : rule["parts"])

@@ -69,42 +69,9 @@ ordered_json MakeHf(const Arch& a, const std::string& model, Settings& s, Notes&
       b.Buffer({{"name", experts + ".down_proj_bias"}, {"parts", {t.name}}});
       continue;
     }
-    // Qwen3-Next: the checkpoint's fused tensors from the spec's parts
-    // (frameworks/architectures.cc Qwen3Next): q_proj per head [query; gate],
-    // in_proj_qkvz per key head [q; k; v; z], in_proj_ba per key head [b; a],
-    // conv1d [q; k; v] channels.
-    if (t.role == Role::q && Find(a, Role::q_gate)) {
-      b.Buffer({{"name", Rename(t.name, "q_proj.query.weight", "q_proj.weight")},
-                {"parts", {t.name, Find(a, Role::q_gate)->name}},
-                {"interleave", {{"dim", 0}, {"groups", a.heads}}}});
-      continue;
-    }
-    // Llama 4: q_proj / k_proj from each head's even and odd rows, alternating.
-    if (t.role == Role::q_odd || t.role == Role::k_odd) continue;
-    if ((t.role == Role::q || t.role == Role::k) && Find(a, Role::q_odd)) {
-      const bool q = t.role == Role::q;
-      b.Buffer({{"name", Rename(t.name, q ? "q_proj.even.weight" : "k_proj.even.weight",
-                                q ? "q_proj.weight" : "k_proj.weight")},
-                {"parts", {t.name, Find(a, q ? Role::q_odd : Role::k_odd)->name}},
-                {"interleave", {{"dim", 0}, {"groups", t.shape[0]}}}});
-      continue;
-    }
-    if (t.role == Role::lin_q || t.role == Role::lin_b) {
-      const bool qkvz = t.role == Role::lin_q;
-      const ArchTensor* lq = Find(a, Role::lin_q);
-      ordered_json parts = qkvz ? ordered_json{t.name, Find(a, Role::lin_k)->name, Find(a, Role::lin_v)->name,
-                                               Find(a, Role::lin_z)->name}
-                                : ordered_json{t.name, Find(a, Role::lin_a)->name};
-      b.Buffer({{"name", qkvz ? Rename(t.name, "in_proj_qkvz.q.weight", "in_proj_qkvz.weight")
-                              : Rename(t.name, "in_proj_ba.b.weight", "in_proj_ba.weight")},
-                {"parts", parts},
-                {"interleave", {{"dim", 0}, {"groups", lq->shape[0] / lq->head_dim}}}});
-      continue;
-    }
-    if (t.role == Role::conv_q) {
-      b.Buffer({{"name", Rename(t.name, "conv1d.q.weight", "conv1d.weight")},
-                {"parts", {t.name, Find(a, Role::conv_k)->name, Find(a, Role::conv_v)->name}},
-                {"concat", 0}});
+    // The checkpoint's tensors the spec splits (Qwen3-Next, Llama 4), fused back.
+    if (InCheckpointFusion(a, t)) {
+      if (ordered_json rule = CheckpointFusion(a, t); !rule.is_null()) b.Buffer(rule);
       continue;
     }
     // Buffers keep the HF names (default_buffers); a rule only for quantized storage.

@@ -149,6 +149,66 @@ bool IsQuantized(Role r) {
   }
 }
 
+Role UpOf(Role gate) {
+  switch (gate) {
+    case Role::gate: return Role::up;
+    case Role::shared_gate: return Role::shared_up;
+    case Role::expert_gate: return Role::expert_up;
+    case Role::expert_gate_bias: return Role::expert_up_bias;
+    default: throw Error("internal: no up part for this role");
+  }
+}
+
+bool InCheckpointFusion(const Arch& a, const ArchTensor& t) {
+  switch (t.role) {
+    case Role::q_gate: case Role::q_odd: case Role::k_odd:
+    case Role::lin_q: case Role::lin_k: case Role::lin_v: case Role::lin_z: case Role::lin_b: case Role::lin_a:
+    case Role::conv_q: case Role::conv_k: case Role::conv_v:
+      return true;
+    case Role::q: return Find(a, Role::q_gate) || Find(a, Role::q_odd);
+    case Role::k: return Find(a, Role::k_odd) != nullptr;
+    default: return false;
+  }
+}
+
+nlohmann::ordered_json CheckpointFusion(const Arch& a, const ArchTensor& t) {
+  using nlohmann::ordered_json;
+  auto name = [&](Role r) { return Find(a, r)->name; };
+  auto interleave = [](int64_t groups) { return ordered_json{{"dim", 0}, {"groups", groups}}; };
+  const ArchTensor* lq = Find(a, Role::lin_q);
+  const int64_t key_heads = lq ? lq->shape[0] / lq->head_dim : 0;
+  switch (t.role) {
+    case Role::q:
+      if (Find(a, Role::q_gate))  // Qwen3-Next: per head [query; gate]
+        return {{"name", Rename(t.name, "q_proj.query.weight", "q_proj.weight")},
+                {"parts", {t.name, name(Role::q_gate)}},
+                {"interleave", interleave(a.heads)}};
+      if (Find(a, Role::q_odd))  // Llama 4: each head's RoPE pairs, even row then odd
+        return {{"name", Rename(t.name, "q_proj.even.weight", "q_proj.weight")},
+                {"parts", {t.name, name(Role::q_odd)}},
+                {"interleave", interleave(t.shape[0])}};
+      return nullptr;
+    case Role::k:
+      if (!Find(a, Role::k_odd)) return nullptr;
+      return {{"name", Rename(t.name, "k_proj.even.weight", "k_proj.weight")},
+              {"parts", {t.name, name(Role::k_odd)}},
+              {"interleave", interleave(t.shape[0])}};
+    case Role::lin_q:  // per key head [q; k; v; z]
+      return {{"name", Rename(t.name, "in_proj_qkvz.q.weight", "in_proj_qkvz.weight")},
+              {"parts", {t.name, name(Role::lin_k), name(Role::lin_v), name(Role::lin_z)}},
+              {"interleave", interleave(key_heads)}};
+    case Role::lin_b:  // per key head [b; a]
+      return {{"name", Rename(t.name, "in_proj_ba.b.weight", "in_proj_ba.weight")},
+              {"parts", {t.name, name(Role::lin_a)}},
+              {"interleave", interleave(key_heads)}};
+    case Role::conv_q:  // [q; k; v] channels
+      return {{"name", Rename(t.name, "conv1d.q.weight", "conv1d.weight")},
+              {"parts", {t.name, name(Role::conv_k), name(Role::conv_v)}},
+              {"concat", 0}};
+    default: return nullptr;
+  }
+}
+
 const ArchTensor* Find(const Arch& a, Role r) {
   for (const auto& t : a.tensors)
     if (t.role == r) return &t;

@@ -104,6 +104,19 @@ bool IsExpert(Role r);
 /// of the decoder layers except the router (vLLM builds gates with quant_config=None).
 bool IsQuantized(Role r);
 
+/// The up part fused after a gate part ([gate; up]): up, shared_up,
+/// expert_up, expert_up_bias for gate, shared_gate, expert_gate, expert_gate_bias.
+Role UpOf(Role gate);
+
+/// A checkpoint tensor the model spec holds split into parts
+/// (frameworks/architectures.cc: Qwen3-Next's q_proj, in_proj_qkvz,
+/// in_proj_ba, conv1d; Llama 4's q_proj and k_proj): for its first part, the
+/// buffer rule fusing the parts back under the checkpoint's name; null for
+/// the other parts and every other tensor.
+nlohmann::ordered_json CheckpointFusion(const Arch& a, const ArchTensor& t);
+/// Whether `t` is a part of such a tensor (its first part included).
+bool InCheckpointFusion(const Arch& a, const ArchTensor& t);
+
 /// The first tensor of `a` with role `r`; nullptr when none.
 const ArchTensor* Find(const Arch& a, Role r);
 

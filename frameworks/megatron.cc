@@ -110,6 +110,11 @@ struct MegatronNames {
         return L + (grouped ? "mlp.experts.linear_fc2.bias{expert.local}" : "mlp.experts.local_experts.{expert.local}.linear_fc2.bias");
       case Role::shared_gate: case Role::shared_up: return L + "mlp.shared_experts.linear_fc1.weight";
       case Role::shared_down: return L + "mlp.shared_experts.linear_fc2.weight";
+      // Qwen3-Next's: MakeMegatron refuses qwen3_next (zero-centered norms).
+      case Role::shared_expert_gate: case Role::q_gate: case Role::lin_q: case Role::lin_k: case Role::lin_v:
+      case Role::lin_z: case Role::lin_b: case Role::lin_a: case Role::conv_q: case Role::conv_k: case Role::conv_v:
+      case Role::lin_dt_bias: case Role::lin_a_log: case Role::lin_norm: case Role::lin_out:
+        break;
     }
     return "";
   }
@@ -289,11 +294,7 @@ ordered_json MakeMegatron(const Arch& a, const std::string& model, Settings& s, 
       if (fused_shard) rule["shard"] = "tp";
     } else if (t.role == Role::gate || t.role == Role::expert_gate || t.role == Role::shared_gate ||
                t.role == Role::expert_gate_bias) {
-      const Role up = t.role == Role::gate          ? Role::up
-                      : t.role == Role::expert_gate ? Role::expert_up
-                      : t.role == Role::shared_gate ? Role::shared_up
-                                                    : Role::expert_up_bias;
-      rule["parts"] = {t.name, Find(a, up)->name};
+      rule["parts"] = {t.name, Find(a, UpOf(t.role))->name};
       rule["concat"] = 0;
     } else {
       rule["parts"] = {t.name};

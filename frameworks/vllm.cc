@@ -84,10 +84,9 @@ std::string VllmFusedName(const Arch& a, const ArchTensor& t) {
       return Rename(Find(a, Role::q)->name, "q_proj.weight", "qkv_proj.weight");
     // Gated DeltaNet (Qwen3-Next): the checkpoint's fused tensors, as vLLM keeps them.
     case Role::lin_q: case Role::lin_k: case Role::lin_v: case Role::lin_z:
-      return Rename(Find(a, Role::lin_q)->name, "in_proj_qkvz.q.weight", "in_proj_qkvz.weight");
-    case Role::lin_b: case Role::lin_a: return Rename(Find(a, Role::lin_b)->name, "in_proj_ba.b.weight", "in_proj_ba.weight");
-    case Role::conv_q: case Role::conv_k: case Role::conv_v:
-      return Rename(Find(a, Role::conv_q)->name, "conv1d.q.weight", "conv1d.weight");
+      return CheckpointFusion(a, *Find(a, Role::lin_q))["name"];
+    case Role::lin_b: case Role::lin_a: return CheckpointFusion(a, *Find(a, Role::lin_b))["name"];
+    case Role::conv_q: case Role::conv_k: case Role::conv_v: return CheckpointFusion(a, *Find(a, Role::conv_q))["name"];
     case Role::q_bias: case Role::k_bias: case Role::v_bias:
       return Rename(Find(a, Role::q_bias)->name, "q_proj.bias", "qkv_proj.bias");
     case Role::gate: case Role::up: return Rename(Find(a, Role::gate)->name, "gate_proj.weight", "gate_up_proj.weight");
@@ -408,31 +407,19 @@ ordered_json MakeVllm(const Arch& a, const std::string& model, Settings& s, Note
         rule["interleave"] = {{"dim", 0},
                               {"blocks", ordered_json::array({{{"parts", 2}, {"groups", a.heads}}, {{"parts", 1}},
                                                               {{"parts", 1}}})}};
-      } else if (t.role == Role::lin_q) {
-        // in_proj_qkvz as the checkpoint holds it, per key head [q; k; v; z],
-        // cut into whole key heads (QwenGatedDeltaNetAttention.create_qkvz_proj:
-        // one output size, gqa_interleaved_layout).
-        rule["parts"] = {t.name, Find(a, Role::lin_k)->name, Find(a, Role::lin_v)->name, Find(a, Role::lin_z)->name};
-        rule["interleave"] = {{"dim", 0}, {"groups", t.shape[0] / t.head_dim}};
-      } else if (t.role == Role::lin_b) {
-        const ArchTensor* lq = Find(a, Role::lin_q);
-        rule["parts"] = {t.name, Find(a, Role::lin_a)->name};
-        rule["interleave"] = {{"dim", 0}, {"groups", lq->shape[0] / lq->head_dim}};
-      } else if (t.role == Role::conv_q) {
-        // conv1d: each of q, k, v cut over TP (mamba_v2_sharded_weight_loader).
-        rule["parts"] = {t.name, Find(a, Role::conv_k)->name, Find(a, Role::conv_v)->name};
-        rule["concat"] = 0;
+      } else if (t.role == Role::lin_q || t.role == Role::lin_b || t.role == Role::conv_q) {
+        // As the checkpoint holds them, each part cut over TP: in_proj_qkvz
+        // and in_proj_ba in whole key heads (QwenGatedDeltaNetAttention.
+        // create_qkvz_proj: one output size, gqa_interleaved_layout),
+        // conv1d's q, k, v each (mamba_v2_sharded_weight_loader).
+        rule = CheckpointFusion(a, t);
       } else if (t.role == Role::q || t.role == Role::q_bias) {
         const bool bias = t.role == Role::q_bias;
         rule["parts"] = {t.name, Find(a, bias ? Role::k_bias : Role::k)->name, Find(a, bias ? Role::v_bias : Role::v)->name};
         rule["concat"] = 0;
       } else if (t.role == Role::gate || t.role == Role::shared_gate || t.role == Role::expert_gate ||
                  t.role == Role::expert_gate_bias) {
-        const Role up = t.role == Role::gate          ? Role::up
-                        : t.role == Role::shared_gate ? Role::shared_up
-                        : t.role == Role::expert_gate ? Role::expert_up
-                                                      : Role::expert_up_bias;
-        rule["parts"] = {t.name, Find(a, up)->name};
+        rule["parts"] = {t.name, Find(a, UpOf(t.role))->name};
         // gpt-oss: gate and up rows alternate (groups of one row).
         if (IsExpert(t.role) && a.interleaved_gate_up) rule["interleave"] = {{"dim", 0}, {"groups", t.shape[0]}};
         else rule["concat"] = 0;

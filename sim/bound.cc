@@ -164,7 +164,8 @@ LowerBound ComputeLowerBound(const Plan& plan, const ClusterSpec& cluster) {
       }
       gpu_need[p.rank] += v * esize;
       // Colocated: what it holds in other memory is copied through its own HBM.
-      gpu_own[p.rank] += (p.box.volume() - v - std::min(same, p.box.volume() - v)) * esize;
+      const uint64_t held_here = p.box.volume() - v;
+      gpu_own[p.rank] += (held_here - std::min(same, held_here)) * esize;
     }
   }
 
