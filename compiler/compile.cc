@@ -2,9 +2,13 @@
 #include "compiler/share_packs.h"
 
 #include <cstdio>
+#include <exception>
+#include <future>
+#include <optional>
 
 #include "compiler/expand.h"
 #include "compiler/memory_check.h"
+#include "compiler/phase_times.h"
 #include "runtime/error.h"
 
 namespace reshard {
@@ -51,10 +55,25 @@ CompileInputs LoadInputs(const std::string& model, const std::string& from, cons
 }
 
 PlanIR BuildPlan(const CompileInputs& in, const CompileOptions& opt) {
-  Expansion src = Expand(in.model, in.src);
-  Expansion dst = Expand(in.model, in.dst);
+  std::optional<Phase> phase(std::in_place, "expand");
+  // The two sides expand independently: the training side on a thread of
+  // its own. An error in it is reported first, as it was when they ran in turn.
+  std::future<Expansion> src_future = std::async(std::launch::async, [&in] { return Expand(in.model, in.src); });
+  std::optional<Expansion> dst_or;
+  std::exception_ptr dst_error;
+  try {
+    dst_or = Expand(in.model, in.dst);
+  } catch (...) {
+    dst_error = std::current_exception();
+  }
+  Expansion src = src_future.get();
+  if (dst_error) std::rethrow_exception(dst_error);
+  Expansion dst = std::move(*dst_or);
+  dst_or.reset();
+  phase.emplace("memory check");
   const std::vector<MemoryWarning> memory =
       CheckGpuMemory(in.cluster, in.src, RankWeightBytes(src), in.dst, RankWeightBytes(dst));
+  phase.emplace("route");
   // Scale tensors are numbered after the model's: the training side's, then
   // the inference side's.
   const int nt = static_cast<int>(in.model.tensors.size()), nsrc = static_cast<int>(src.scales.size());
@@ -71,7 +90,9 @@ PlanIR BuildPlan(const CompileInputs& in, const CompileOptions& opt) {
   ro.flow_budget = opt.flow_budget;
   ro.quantize_on_sender = opt.quantize_on_sender;
   PlanIR ir = Route(in.model, in.cluster, in.src, src, in.dst, dst, ro);
+  phase.emplace("share packs");
   ir.shared_packs = SharePacks(ir);  // one pack, many sends
+  phase.reset();
   ir.memory_warnings = memory;
   ir.scales = src.scales;
   ir.scales.insert(ir.scales.end(), dst.scales.begin(), dst.scales.end());

@@ -102,7 +102,15 @@ flatbuffers::Offset<fb::Program> EmitProgram(flatbuffers::FlatBufferBuilder& b, 
 }  // namespace
 
 std::vector<uint8_t> EmitPlan(const CompileInputs& in, const PlanIR& ir) {
-  flatbuffers::FlatBufferBuilder b(1 << 20);
+  // The builder starts at about the plan's size: grown by doubling from a
+  // small start it copied a large plan's bytes again at every step.
+  size_t estimate = size_t{1} << 20;
+  for (const RankProgram& p : ir.ranks) {
+    estimate += p.fragments.size() * sizeof(fb::Fragment) + p.regions.size() * sizeof(fb::Region) +
+                p.buffers.size() * 32 + p.rounds.size() * 4 + 256;
+    for (const Round& r : p.rounds) estimate += (r.local.size() + r.comm.size() + r.unpack.size()) * sizeof(fb::Step);
+  }
+  flatbuffers::FlatBufferBuilder b(estimate + estimate / 16);
   std::vector<flatbuffers::Offset<fb::Tensor>> tensors;
   for (const TensorSpec& t : in.model.tensors) {
     std::vector<std::string> stack;

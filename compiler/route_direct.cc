@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
+
+#include "compiler/phase_times.h"
 
 namespace reshard::routing {
 
@@ -78,6 +81,7 @@ void Router::AddPieces(int t, const Cell& cell, const Box& piece, const Fragment
 }
 
 void Router::Direct() {
+  std::optional<Phase> phase(std::in_place, "route: pieces");
   std::vector<DPiece> pieces;
   const uint64_t stripe_min = 32ull << 20;
   for (int t = 0; t < static_cast<int>(model_.tensors.size()); ++t) {
@@ -217,7 +221,9 @@ void Router::Direct() {
     }
   }
   for (const Assembly& as : assemblies_) ++(as.amax() ? ir_.amax_assemblies : ir_.frame_assemblies);
+  phase.emplace("route: schedule");
   Schedule(pieces);
+  phase.emplace("route: emit");
   // The odd rounds' arena starts where the even rounds' largest need ends
   // (not at half the budget): a small plan stages only what it moves.
   for (uint32_t g = 0; g < ir_.ranks.size(); ++g) {

@@ -6,6 +6,7 @@
 
 #include "compiler/router.h"
 
+#include "compiler/phase_times.h"
 #include "compiler/radix_sort.h"
 #include "compiler/round_estimate.h"
 
@@ -69,6 +70,31 @@ bool Router::SplitFront(std::vector<DPiece>& pieces, uint32_t idx, uint64_t avai
   queue.insert(queue.begin() + static_cast<std::ptrdiff_t>(head) + 1, ids.begin() + 1, ids.end());
   return true;
 }
+
+namespace {
+
+// Per round, one value per GPU, round after round in one array: the rows
+// of the round being filled lie together.
+class RoundRows {
+ public:
+  explicit RoundRows(uint32_t ranks) : n_(ranks) {}
+  uint64_t& At(uint32_t rank, size_t round) {
+    if (round >= rounds_) Grow(round + 1);
+    return v_[round * n_ + rank];
+  }
+  size_t rounds() const { return rounds_; }
+
+ private:
+  void Grow(size_t rounds) {
+    rounds_ = rounds;
+    if (v_.size() < rounds * n_) v_.resize(std::max(rounds * n_, 2 * v_.size()), 0);
+  }
+  size_t n_;
+  size_t rounds_ = 0;
+  std::vector<uint64_t> v_;
+};
+
+}  // namespace
 
 // Places every piece in a round, filling rounds one at a time: each round
 // takes pieces pair by pair, the pairs whose sender and receiver together
@@ -160,7 +186,18 @@ RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const FillMode& mod
   const uint64_t min_split = std::max(kMinSplit, net_cap / 16);
   std::vector<std::vector<uint64_t>> out_used(n), in_used(n);
   PlaceAssemblies(pieces, rounds, out_used, in_used);
-  auto room = [&](uint32_t rank, size_t r) { return Used(rank, r) == 0 ? cap_ : cap_ - std::min(cap_, Used(rank, r)); };
+  // From here on, what every GPU has committed to a round is kept round by
+  // round: the fill reads the rows of the round it fills (and of the next
+  // few, for trees) for many pairs, and a row of n values stays in cache
+  // where the per-rank vectors (used_, out_used, in_used) scattered them.
+  // used_ gets the staging rows back at the end.
+  RoundRows staging(n), out_net(n), in_net(n);
+  for (uint32_t g = 0; g < n; ++g) {
+    for (size_t r = 0; r < used_[g].size(); ++r) staging.At(g, r) = used_[g][r];
+    for (size_t r = 0; r < out_used[g].size(); ++r) out_net.At(g, r) = out_used[g][r];
+    for (size_t r = 0; r < in_used[g].size(); ++r) in_net.At(g, r) = in_used[g][r];
+  }
+  auto room = [&](uint32_t rank, size_t r) { return cap_ - std::min(cap_, staging.At(rank, r)); };
   // Each sender's pace in the round being filled (receivers: the share).
   std::vector<uint64_t> pace(n, net_cap);
   const uint64_t pace_floor = std::max(min_split, static_cast<uint64_t>(kPaceFloor * static_cast<double>(net_cap)));
@@ -171,12 +208,13 @@ RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const FillMode& mod
       pace[g] = net_out[g] <= kUnpacedRounds * net_cap ? net_cap : std::clamp(own, pace_floor, net_cap);
     }
   };
-  auto net_room = [&](uint32_t from, uint32_t to, size_t r) -> uint64_t {
-    if (!is_net(from, to)) return cap_;
-    return std::min(pace[from] - std::min(pace[from], At(out_used[from], r)),
-                    net_cap - std::min(net_cap, At(in_used[to], r)));
+  // The paced network share left between `from` and `to` in round r (net: whether they talk over a NIC).
+  auto share_left = [&](uint32_t from, uint32_t to, size_t r, bool net) -> uint64_t {
+    if (!net) return cap_;
+    return std::min(pace[from] - std::min(pace[from], out_net.At(from, r)),
+                    net_cap - std::min(net_cap, in_net.At(to, r)));
   };
-  // The bytes piece p can take in round r at every GPU it touches.
+  auto net_room = [&](uint32_t from, uint32_t to, size_t r) { return share_left(from, to, r, is_net(from, to)); };
   // The bytes piece p can take in round r at every GPU it touches: staging
   // (hard) and the paced network share (soft).
   auto avail = [&](const DPiece& p, size_t r, bool with_net) {
@@ -192,17 +230,17 @@ RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const FillMode& mod
   RoundTraffic traffic(n);  // every message placed, for the estimate
   auto link = [&](uint32_t from, uint32_t to, size_t r, uint64_t bytes) {
     const bool net = is_net(from, to);
-    if (net) At(out_used[from], r) += bytes, At(in_used[to], r) += bytes;
+    if (net) out_net.At(from, r) += bytes, in_net.At(to, r) += bytes;
     traffic.Add(static_cast<uint32_t>(r), from, to, bytes, net);
   };
   auto take = [&](DPiece& p, size_t r) {
     const uint64_t need = need_of(p);
-    Used(p.a, r) += need;
-    Used(p.b, r) += need;
+    staging.At(p.a, r) += need;
+    staging.At(p.b, r) += need;
     link(p.a, p.b, r, p.bytes);
     for (uint32_t k = 0; k < p.hop_count; ++k) {
       const Hop& h = hop_pool_[p.hop_begin + k];
-      Used(h.rank, r + h.level) += need;
+      staging.At(h.rank, r + h.level) += need;
       link(HolderOf(p, h.parent), h.rank, r + h.level, p.bytes);
     }
     p.round = r;
@@ -212,22 +250,31 @@ RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const FillMode& mod
   std::vector<uint64_t> pair_left(pairs.size(), 0);  // bytes each pair has still to place
   for (size_t pi = 0; pi < pairs.size(); ++pi)
     for (uint32_t idx : pairs[pi].queue) pair_left[pi] += pieces[idx].bytes;
-  // What place() looks at first, kept beside the pairs: most pairs place
-  // nothing in most rounds, and reading their head pieces (scattered in
-  // `pieces`) to find that out was most of a large plan's fill time.
+  // What a round looks at first, kept beside the pairs in one small record
+  // each: most pairs place nothing in most rounds, and reading their head
+  // pieces (scattered in `pieces`) and their queues to find that out was
+  // most of a large plan's fill time.
   struct Head {
     uint64_t need;  // need_of(its head piece)
+    uint32_t a, b;  // the pair
     bool hops;      // the head piece has a delivery tree
+    bool net;       // a and b talk over a NIC
+    bool live;      // pieces left
   };
   std::vector<Head> heads(pairs.size());
   auto refresh = [&](uint32_t pi) {
     const Pair& q = pairs[pi];
-    if (q.head < q.queue.size()) {
+    Head& h = heads[pi];
+    h.live = q.head < q.queue.size();
+    if (h.live) {
       const DPiece& p = pieces[q.queue[q.head]];
-      heads[pi] = {need_of(p), p.hop_count > 0};
+      h.need = need_of(p), h.hops = p.hop_count > 0;
     }
   };
-  for (uint32_t pi = 0; pi < pairs.size(); ++pi) refresh(pi);
+  for (uint32_t pi = 0; pi < pairs.size(); ++pi) {
+    heads[pi].a = pairs[pi].a, heads[pi].b = pairs[pi].b, heads[pi].net = is_net(pairs[pi].a, pairs[pi].b);
+    refresh(pi);
+  }
   // True if pair pi surely places nothing in round r, from its ends' rooms
   // alone (place() checks more: every hop's room, the budget). Each way
   // place() can take the head piece needs at least min(need, min_split)
@@ -235,14 +282,13 @@ RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const FillMode& mod
   // alone); paced, a net piece also needs at least min_split of the network
   // share, or to fit it with the overshoot allowed.
   auto surely_blocked = [&](uint32_t pi, size_t r, bool paced) {
-    const Pair& q = pairs[pi];
     const Head& h = heads[pi];
-    const uint64_t ua = Used(q.a, r), ub = Used(q.b, r);
+    const uint64_t ua = staging.At(h.a, r), ub = staging.At(h.b, r);
     if (ua == 0 && ub == 0 && !h.hops) return false;  // may go alone
-    const uint64_t staging = std::min(room(q.a, r), room(q.b, r));
-    if (staging < std::min(h.need, min_split)) return true;
-    if (!paced || !is_net(q.a, q.b)) return false;
-    const uint64_t share = net_room(q.a, q.b, r);
+    const uint64_t staging_room = cap_ - std::min(cap_, std::max(ua, ub));
+    if (staging_room < std::min(h.need, min_split)) return true;
+    if (!paced || !h.net) return false;
+    const uint64_t share = share_left(h.a, h.b, r, true);
     return share < min_split && h.need > share + net_cap / 64;
   };
   // How the head piece p can go into round r: whole, split to fit `free`
@@ -254,7 +300,7 @@ RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const FillMode& mod
   auto fit = [&](const DPiece& p, size_t r, uint64_t budget, bool paced, bool proportional_pass) -> Fit {
     const uint64_t room_now = avail(p, r, paced), free = std::min(room_now, budget), need = need_of(p);
     // A piece larger than the budget (sent straight between buffers) takes a round of its own.
-    const bool alone = !proportional_pass && Used(p.a, r) == 0 && Used(p.b, r) == 0 && p.hop_count == 0;
+    const bool alone = !proportional_pass && staging.At(p.a, r) == 0 && staging.At(p.b, r) == 0 && p.hop_count == 0;
     // A piece that overshoots the network share by a little goes whole
     // (fewer, larger steps) where staging allows. A quantized piece (cut
     // at block edges only) may overshoot the budget too, not the room.
@@ -267,13 +313,13 @@ RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const FillMode& mod
   // Places pair pi's pieces in round r while `budget` (bytes) lasts and
   // fit() lets them; a piece larger than what is left is split to fit.
   auto place = [&](uint32_t pi, size_t r, uint64_t budget, bool paced, bool proportional_pass) -> size_t {
-    Pair& q = pairs[pi];
-    if (q.head == q.queue.size()) return 0;
+    if (!heads[pi].live) return 0;
     if (surely_blocked(pi, r, paced)) {
       // (Checked where asserts are on, as in the sanitizer build that runs the whole test suite.)
-      assert(fit(pieces[q.queue[q.head]], r, budget, paced, proportional_pass).how == Fit::none);
+      assert(fit(pieces[pairs[pi].queue[pairs[pi].head]], r, budget, paced, proportional_pass).how == Fit::none);
       return 0;
     }
+    Pair& q = pairs[pi];
     size_t placed = 0;
     while (budget > 0 && q.head < q.queue.size()) {
       const uint32_t idx = q.queue[q.head];
@@ -308,7 +354,7 @@ RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const FillMode& mod
     // the DeepSeek-V3 compile, and a plain sort on the key and the previous
     // position, the same order, took half again as long as that.
     keyed.clear();
-    for (uint32_t pi : active) keyed.push_back({rem_out[pairs[pi].a] + rem_in[pairs[pi].b], pi});
+    for (uint32_t pi : active) keyed.push_back({rem_out[heads[pi].a] + rem_in[heads[pi].b], pi});
     SortByKeyDescending(keyed, scratch);
     for (size_t i = 0; i < keyed.size(); ++i) active[i] = keyed[i].pair;
     repace(r);
@@ -323,7 +369,7 @@ RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const FillMode& mod
       const uint64_t rounds_left = std::max<uint64_t>(1, (crit + net_cap - 1) / net_cap);
       const uint64_t min_share = std::max(min_split, static_cast<uint64_t>(mode.min_share * static_cast<double>(net_cap)));
       for (uint32_t pi : active) {
-        if (!is_net(pairs[pi].a, pairs[pi].b)) continue;
+        if (!heads[pi].net) continue;
         placed += place(pi, r, std::max(min_share, pair_left[pi] / rounds_left), true, true);
       }
     }
@@ -336,9 +382,12 @@ RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const FillMode& mod
       if (placed > 0) break;
       for (uint32_t pi : active) placed += place(pi, r, UINT64_MAX, paced, false);
     }
-    active.erase(std::remove_if(active.begin(), active.end(),
-                                [&](uint32_t pi) { return pairs[pi].head == pairs[pi].queue.size(); }),
+    active.erase(std::remove_if(active.begin(), active.end(), [&](uint32_t pi) { return !heads[pi].live; }),
                  active.end());
+  }
+  for (uint32_t g = 0; g < n; ++g) {
+    used_[g].resize(staging.rounds());
+    for (size_t r = 0; r < staging.rounds(); ++r) used_[g][r] = staging.At(g, r);
   }
   // Assemblies' transfers (PlaceAssemblies) are in out_used/in_used only;
   // they are the same in every fill.
@@ -429,7 +478,11 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
   auto run = [this, &input, &candidates, nic, nvlink, budget](size_t c) {
     Trial t{input, {}, {}, RoundTraffic(0), std::nullopt, c};
     auto router = std::make_unique<Router>(*this);
-    t.traffic = router->FillRounds(t.pieces, candidates[c]);
+    {
+      Phase phase(c == 0 ? "fill 0" : c == 1 ? "fill 1" : c == 2 ? "fill 2" : "fill 3+");
+      t.traffic = router->FillRounds(t.pieces, candidates[c]);
+    }
+    Phase phase(c == 0 ? "flow estimate 0" : c == 1 ? "flow estimate 1" : c == 2 ? "flow estimate 2" : "flow estimate 3+");
     t.flow = t.traffic.FlowSeconds(nic, nvlink, budget);
     t.used = std::move(router->used_);
     t.assemblies = std::move(router->assemblies_);

@@ -3,10 +3,12 @@
 
 #include <chrono>
 #include <cstdio>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
 #include "compiler/compile.h"
+#include "compiler/phase_times.h"
 #include "compiler/write_file.h"
 #include "runtime/error.h"
 #include "tools/commands.h"
@@ -75,7 +77,9 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
   cmd->add_flag("--json", o->json, "print the summary as JSON");
   cmd->callback([o, &exit_code] {
     auto t0 = std::chrono::steady_clock::now();
+    std::optional<Phase> load(std::in_place, "read specs");
     CompileInputs in = LoadInputs(o->model, o->from, o->to, o->cluster);
+    load.reset();
     CompileOptions opt;
     opt.strategy = o->strategy;
     opt.staging_mb = o->staging_mb;
@@ -91,8 +95,11 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
       if (show) std::fprintf(stderr, "\r\033[K");
     } else {
       PlanIR ir = BuildPlan(in, opt);
+      std::optional<Phase> phase(std::in_place, "serialize");
       std::vector<uint8_t> bytes = EmitPlan(in, ir);
+      phase.emplace("write");
       WriteFileAtomic(o->out, bytes);
+      phase.reset();
       j = CompileSummary(o->out, o->strategy, ir, bytes.size());
     }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
