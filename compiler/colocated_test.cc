@@ -68,5 +68,36 @@ TEST(Colocated, WhatAGpuHoldsIsCopiedNotSent) {
   EXPECT_EQ(plan.root().total_nvlink_bytes(), 0u);
 }
 
+TEST(Colocated, GatherCopiesWhatAGpuHoldsToo) {
+  // The gather baseline on the same GPUs: each GPU's own replica covers its
+  // whole inference shard, so it copies and nothing is gathered or chained.
+  const Specs s = Qwen3("megatron:tp=2,dp=2", "vllm:tp=2,dp=2");
+  std::vector<uint8_t> bytes = testing::CompileJson(s.model, s.train, s.infer, Colocated(), "gather");
+  ValidateReport v = testing::ValidateBytes(bytes);
+  EXPECT_TRUE(v.ok()) << (v.errors.empty() ? "" : v.errors[0]);
+  Plan plan = Plan::from_bytes(bytes, "p.rsplan");
+  EXPECT_EQ(plan.root().total_net_bytes(), 0u);
+  EXPECT_EQ(plan.root().total_nvlink_bytes(), 0u);
+}
+
+TEST(Colocated, GatherOwnsWhereTheChunkIsNeeded) {
+  // TP2 training into TP1 inference on the same 2 GPUs: GPU 0 serves rank 0
+  // and holds half of every TP-split tensor. The owner that gathers a chunk
+  // is a GPU that needs it, so only the other half crosses: at most half of
+  // the TP-split bytes, where an owner that does not need the chunk would
+  // also send it whole down the chain.
+  const Specs s = Qwen3("megatron:tp=2", "vllm:tp=1");
+  json c = testing::TinyCluster(2);
+  c["placement"] = "colocated";
+  std::vector<uint8_t> gather = testing::CompileJson(s.model, s.train, s.infer, c, "gather");
+  std::vector<uint8_t> direct = testing::CompileJson(s.model, s.train, s.infer, c, "direct");
+  ValidateReport v = testing::ValidateBytes(gather);
+  EXPECT_TRUE(v.ok()) << (v.errors.empty() ? "" : v.errors[0]);
+  Plan g = Plan::from_bytes(gather, "g.rsplan"), d = Plan::from_bytes(direct, "d.rsplan");
+  EXPECT_GT(d.root().total_nvlink_bytes(), 0u);
+  // Every byte GPU 0 lacks comes from GPU 1, in both strategies.
+  EXPECT_EQ(g.root().total_nvlink_bytes() + g.root().total_net_bytes(), d.root().total_nvlink_bytes());
+}
+
 }  // namespace
 }  // namespace reshard

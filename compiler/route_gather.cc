@@ -61,11 +61,56 @@ void Router::Gather() {
           const auto& [r, frs] = *needs.begin();
           NoSource(t, r, DstFrag(frs[0]).box.intersect(chunk));
         }
-        // Owner: the holder with the fewest bytes owned so far.
+        // Colocated: a destination whose own GPU holds every shard of its
+        // part of the chunk copies it there (round 0) and leaves the chain;
+        // what a GPU holds is never sent to it.
+        for (auto it = needs.begin(); it != needs.end();) {
+          const uint32_t gpu = DstGlobal(it->first);
+          bool held = true;
+          for (const FragmentRef& df : it->second)
+            for (const Shard& s : shards)
+              if (held && s.box.intersects(DstFrag(df).box)) held = ReplicaOn(s.cell->replicas, gpu) >= 0;
+          if (!held) {
+            ++it;
+            continue;
+          }
+          RankProgram& P = ir_.ranks[gpu];
+          for (const FragmentRef& df : it->second) {
+            for (const Shard& s : shards) {
+              std::vector<Box> work = {s.box.intersect(DstFrag(df).box)};
+              const FragmentRef& rep = s.cell->replicas[ReplicaOn(s.cell->replicas, gpu)];
+              while (!work.empty()) {
+                Box x = work.back();
+                work.pop_back();
+                if (x.empty()) continue;
+                const StridedRegion sr = SrcRegion(rep, x), dr = DstRegion(df, x);
+                if (!RegionFits(sr) || !RegionFits(dr)) {
+                  for (const Box& y : SliceOuter(x)) work.push_back(y);
+                  continue;
+                }
+                Step cp;
+                cp.kind = StepKind::copy;
+                cp.wire = w;
+                cp.bytes = static_cast<uint64_t>(x.volume()) * esize;
+                cp.src = P.AddRegion(sr);
+                cp.dst = P.AddRegion(dr);
+                P.round(0).local.push_back(cp);
+              }
+            }
+          }
+          it = needs.erase(it);
+        }
+        if (needs.empty()) continue;
+        // Owner: the holder with the fewest bytes owned so far; colocated,
+        // one whose GPU needs the chunk first (it then unpacks its part from
+        // the image it gathered instead of receiving it down the chain).
+        auto needed_on = [&](uint32_t g) { return ir_.ranks[g].dst_rank >= 0 && needs.count(ir_.ranks[g].dst_rank) > 0; };
         uint32_t owner = SrcGlobal(shards[0].cell->replicas[0].rank);
         for (auto& s : shards)
-          for (auto& rep : s.cell->replicas)
-            if (owned[SrcGlobal(rep.rank)] < owned[owner]) owner = SrcGlobal(rep.rank);
+          for (auto& rep : s.cell->replicas) {
+            const uint32_t g = SrcGlobal(rep.rank);
+            if (needed_on(g) != needed_on(owner) ? needed_on(g) : owned[g] < owned[owner]) owner = g;
+          }
         owned[owner] += image;
         int owner_side = ir_.ranks[owner].src_rank;
         // Chain of destinations, rotated so that chains start on different ranks.
