@@ -118,17 +118,23 @@ class RoundRows {
 // so a round is close to a matching of senders to receivers and no NIC is
 // converged on by many senders at once. A piece that does not fit whole is
 // split to fill the round.
-RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const FillMode& mode) {
-  const double fill = mode.fill;
+// The pieces by rotation (receiver minus sender), then sender, ties in
+// index order: the order FillRounds takes them in, the same for every fill.
+std::vector<uint32_t> Router::RotationOrder(const std::vector<DPiece>& pieces) const {
   const uint32_t n = static_cast<uint32_t>(ir_.ranks.size());
-  auto rot = [n](uint32_t a, uint32_t b) { return (b + n - a) % n; };
+  std::vector<uint64_t> key(pieces.size());
+  for (size_t i = 0; i < pieces.size(); ++i)
+    key[i] = uint64_t{(pieces[i].b + n - pieces[i].a) % n} << 32 | pieces[i].a;
   std::vector<uint32_t> order(pieces.size());
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](uint32_t i, uint32_t j) {
-    const DPiece &x = pieces[i], &y = pieces[j];
-    if (rot(x.a, x.b) != rot(y.a, y.b)) return rot(x.a, x.b) < rot(y.a, y.b);
-    return x.a < y.a;
-  });
+  std::stable_sort(order.begin(), order.end(), [&](uint32_t i, uint32_t j) { return key[i] < key[j]; });
+  return order;
+}
+
+RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const std::vector<uint32_t>& order,
+                                const FillMode& mode) {
+  const double fill = mode.fill;
+  const uint32_t n = static_cast<uint32_t>(ir_.ranks.size());
   struct Pair {
     uint32_t a, b;
     std::vector<uint32_t> queue;  // pieces, in order
@@ -217,10 +223,11 @@ RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const FillMode& mod
   auto net_room = [&](uint32_t from, uint32_t to, size_t r) { return share_left(from, to, r, is_net(from, to)); };
   // The bytes piece p can take in round r at every GPU it touches: staging
   // (hard) and the paced network share (soft).
-  auto avail = [&](const DPiece& p, size_t r, bool with_net) {
+  // Stops early, with what it has so far, once that is below `floor`.
+  auto avail = [&](const DPiece& p, size_t r, bool with_net, uint64_t floor = 0) {
     uint64_t v = std::min(room(p.a, r), room(p.b, r));
     if (with_net) v = std::min(v, net_room(p.a, p.b, r));
-    for (uint32_t k = 0; k < p.hop_count; ++k) {
+    for (uint32_t k = 0; k < p.hop_count && v >= floor; ++k) {
       const Hop& h = hop_pool_[p.hop_begin + k];
       v = std::min(v, room(h.rank, r + h.level));
       if (with_net) v = std::min(v, net_room(HolderOf(p, h.parent), h.rank, r + h.level));
@@ -298,14 +305,21 @@ RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const FillMode& mod
     uint64_t free;
   };
   auto fit = [&](const DPiece& p, size_t r, uint64_t budget, bool paced, bool proportional_pass) -> Fit {
-    const uint64_t room_now = avail(p, r, paced), free = std::min(room_now, budget), need = need_of(p);
+    const uint64_t need = need_of(p), slack = net_cap / 64;
+    // A piece with a tree (never alone) whose room is below both the
+    // smallest split and its need less the overshoot allowed goes nowhere:
+    // the rooms of the rest of its tree (up to 31 hops) need not be read.
+    const uint64_t floor = p.hop_count > 0 ? std::min(min_split, need > slack ? need - slack : 0) : 0;
+    const uint64_t room_now = avail(p, r, paced, floor);  // the whole room where not below floor
+    if (room_now < floor) return {Fit::none, 0};
+    const uint64_t free = std::min(room_now, budget);
     // A piece larger than the budget (sent straight between buffers) takes a round of its own.
     const bool alone = !proportional_pass && staging.At(p.a, r) == 0 && staging.At(p.b, r) == 0 && p.hop_count == 0;
     // A piece that overshoots the network share by a little goes whole
     // (fewer, larger steps) where staging allows. A quantized piece (cut
     // at block edges only) may overshoot the budget too, not the room.
     const uint64_t limit = p.quant >= 0 ? room_now : free;
-    const bool overshoot = need <= limit + net_cap / 64 && need <= avail(p, r, false);
+    const bool overshoot = need <= limit + slack && need <= avail(p, r, false);
     if (need <= free || alone || overshoot) return {Fit::whole, free};
     // Fill the round: split off the part of the piece that fits, if worth a message.
     return {free < min_split ? Fit::none : Fit::split, free};
@@ -451,7 +465,7 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
     if (c >= candidates.size())
       throw Error("fill " + std::to_string(c) + " does not exist: this plan's rounds can be filled " +
                   std::to_string(candidates.size()) + " ways (0-" + std::to_string(candidates.size() - 1) + ")");
-    FillRounds(pieces, candidates[c]);
+    FillRounds(pieces, RotationOrder(pieces), candidates[c]);
     keep(candidates[c]);
     return;
   }
@@ -475,12 +489,20 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
   // copies and their destruction (6.5% of DeepSeek-V3's compile CPU time,
   // by perf, when the main thread did them) run beside each other too.
   const std::vector<DPiece>& input = pieces;
-  auto run = [this, &input, &candidates, nic, nvlink, budget](size_t c) {
+  const std::vector<uint32_t> order = RotationOrder(pieces);
+  // The fills read of the programs only where each rank's inference
+  // buffers start (DstRegion): the programs (buffers, fragments, names)
+  // wait here while the fills copy the router, and come back after.
+  std::vector<RankProgram> programs = std::move(ir_.ranks);
+  ir_.ranks.assign(programs.size(), RankProgram{});
+  for (size_t g = 0; g < programs.size(); ++g) ir_.ranks[g].dst_buffer_base = programs[g].dst_buffer_base;
+  auto run = [this, &input, &order, &candidates, nic, nvlink, budget](size_t c) {
     Trial t{input, {}, {}, RoundTraffic(0), std::nullopt, c};
-    auto router = std::make_unique<Router>(*this);
+    std::unique_ptr<Router> router;
+    { Phase copy("router copy"); router = std::make_unique<Router>(*this); }
     {
       Phase phase(c == 0 ? "fill 0" : c == 1 ? "fill 1" : c == 2 ? "fill 2" : "fill 3+");
-      t.traffic = router->FillRounds(t.pieces, candidates[c]);
+      t.traffic = router->FillRounds(t.pieces, order, candidates[c]);
     }
     Phase phase(c == 0 ? "flow estimate 0" : c == 1 ? "flow estimate 1" : c == 2 ? "flow estimate 2" : "flow estimate 3+");
     t.flow = t.traffic.FlowSeconds(nic, nvlink, budget);
@@ -503,13 +525,14 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
       if (flows && (t.candidate == 0 || *t.flow < *best.flow)) best = std::move(t);
     }
   }
+  ir_.ranks = std::move(programs);
   if (!flows) {
     // A fill passed the flow budget: all are compared by the replay, and the
     // one kept is filled again here (a fill is deterministic).
     std::vector<double> seconds;
     for (const RoundTraffic& t : traffic) seconds.push_back(t.ReplaySeconds(nic, nvlink));
     const size_t kept = std::min_element(seconds.begin(), seconds.end()) - seconds.begin();
-    FillRounds(pieces, candidates[kept]);
+    FillRounds(pieces, order, candidates[kept]);
     keep(candidates[kept]);
     return;
   }

@@ -210,7 +210,8 @@ class Router {
   uint32_t HolderOf(const DPiece& p, int32_t hop) const;
   void Schedule(std::vector<DPiece>& pieces);
   /// Returns the rounds' messages, for the estimates (round_estimate.h).
-  RoundTraffic FillRounds(std::vector<DPiece>& pieces, const FillMode& mode);
+  RoundTraffic FillRounds(std::vector<DPiece>& pieces, const std::vector<uint32_t>& order, const FillMode& mode);
+  std::vector<uint32_t> RotationOrder(const std::vector<DPiece>& pieces) const;
   bool SplitFront(std::vector<DPiece>& pieces, uint32_t idx, uint64_t avail, std::vector<uint32_t>& queue,
                   size_t head);
   void EmitDirect(const std::vector<DPiece>& pieces);
