@@ -1,6 +1,12 @@
 // Pass 5: write the plan as FlatBuffers. The only compiler file that includes
 // the generated header.
+#include <functional>
 #include <map>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "compiler/compile.h"
 #include "plan_generated.h"
@@ -45,23 +51,70 @@ fb::QuantOp ToFb(const QuantOpIR& q, uint32_t step) {
 }
 
 using ShapeCache = std::map<std::vector<int64_t>, flatbuffers::Offset<flatbuffers::Vector<uint64_t>>>;
+using BufferVector = flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::Buffer>>>;
 
-flatbuffers::Offset<fb::Program> EmitProgram(flatbuffers::FlatBufferBuilder& b, ShapeCache& shapes, uint32_t rank,
-                                             const RankProgram& p) {
-  std::vector<flatbuffers::Offset<fb::Buffer>> bufs;
-  bufs.reserve(p.buffers.size());
-  // Buffer names and shapes repeat across ranks (every replica binds the same
-  // names): each distinct string and shape is written once for the whole plan.
-  for (const BufferDesc& d : p.buffers) {
-    auto it = shapes.find(d.shape);
-    if (it == shapes.end()) {
-      std::vector<uint64_t> shape(d.shape.begin(), d.shape.end());
-      it = shapes.emplace(d.shape, b.CreateVector(shape)).first;
-    }
-    bufs.push_back(fb::CreateBuffer(b, b.CreateSharedString(d.name), ToFb(d.dtype), it->second,
-                                    d.held_transposed ? 1 : 0));
+bool SameBuffers(const std::vector<BufferDesc>& x, const std::vector<BufferDesc>& y) {
+  if (x.size() != y.size()) return false;
+  for (size_t i = 0; i < x.size(); ++i)
+    if (x[i].name != y[i].name || x[i].dtype != y[i].dtype || x[i].shape != y[i].shape ||
+        x[i].held_transposed != y[i].held_transposed)
+      return false;
+  return true;
+}
+
+uint64_t HashBuffers(const std::vector<BufferDesc>& v) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  auto mix = [&h](uint64_t x) { h = (h ^ x) * 0x100000001b3ull; };
+  for (const BufferDesc& d : v) {
+    mix(std::hash<std::string>{}(d.name));
+    mix(static_cast<uint64_t>(d.dtype) << 1 | (d.held_transposed ? 1 : 0));
+    for (int64_t e : d.shape) mix(static_cast<uint64_t>(e));
   }
-  auto buffers = b.CreateVector(bufs);
+  return h;
+}
+
+// Buffer names and shapes repeat across ranks (every replica binds the same
+// names): each distinct string and shape is written once for the whole plan,
+// each distinct buffer table once, and each distinct list of them once (the
+// ranks of one pipeline stage and TP degree share theirs: tables may be
+// referenced from several places in a FlatBuffer). Kimi-K2's plan held
+// 533,632 buffer tables, 10 MiB of its 84.
+struct BufferCache {
+  ShapeCache shapes;
+  std::map<std::tuple<std::string, Dtype, std::vector<int64_t>, bool>, flatbuffers::Offset<fb::Buffer>> tables;
+  std::unordered_map<uint64_t, std::vector<std::pair<const std::vector<BufferDesc>*, BufferVector>>> lists;
+};
+
+BufferVector EmitBuffers(flatbuffers::FlatBufferBuilder& b, BufferCache& cache, const std::vector<BufferDesc>& list) {
+  auto& same_hash = cache.lists[HashBuffers(list)];
+  for (const auto& [seen, offset] : same_hash)
+    if (SameBuffers(*seen, list)) return offset;
+  std::vector<flatbuffers::Offset<fb::Buffer>> bufs;
+  bufs.reserve(list.size());
+  for (const BufferDesc& d : list) {
+    auto key = std::make_tuple(d.name, d.dtype, d.shape, d.held_transposed);
+    auto t = cache.tables.find(key);
+    if (t == cache.tables.end()) {
+      auto it = cache.shapes.find(d.shape);
+      if (it == cache.shapes.end()) {
+        std::vector<uint64_t> shape(d.shape.begin(), d.shape.end());
+        it = cache.shapes.emplace(d.shape, b.CreateVector(shape)).first;
+      }
+      t = cache.tables
+              .emplace(std::move(key), fb::CreateBuffer(b, b.CreateSharedString(d.name), ToFb(d.dtype), it->second,
+                                                        d.held_transposed ? 1 : 0))
+              .first;
+    }
+    bufs.push_back(t->second);
+  }
+  const BufferVector offset = b.CreateVector(bufs);
+  same_hash.push_back({&list, offset});
+  return offset;
+}
+
+flatbuffers::Offset<fb::Program> EmitProgram(flatbuffers::FlatBufferBuilder& b, BufferCache& cache, uint32_t rank,
+                                             const RankProgram& p) {
+  auto buffers = EmitBuffers(b, cache, p.buffers);
   std::vector<fb::Fragment> frags;
   frags.reserve(p.fragments.size());
   for (size_t i = 0; i < p.fragments.size(); ++i) frags.push_back(ToFb(p.fragments[i], p.roles[i]));
@@ -131,8 +184,8 @@ std::vector<uint8_t> EmitPlan(const CompileInputs& in, const PlanIR& ir) {
   }
   auto tensorv = b.CreateVector(tensors);
   std::vector<flatbuffers::Offset<fb::Program>> blobs;
-  ShapeCache shapes;
-  for (uint32_t g = 0; g < ir.ranks.size(); ++g) blobs.push_back(EmitProgram(b, shapes, g, ir.ranks[g]));
+  BufferCache cache;
+  for (uint32_t g = 0; g < ir.ranks.size(); ++g) blobs.push_back(EmitProgram(b, cache, g, ir.ranks[g]));
   auto blobv = b.CreateVector(blobs);
   auto version = b.CreateString(RESHARD_VERSION);
   auto digest = b.CreateString(in.digest);
