@@ -141,12 +141,14 @@ RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const std::vector<u
     size_t head = 0;
   };
   std::vector<Pair> pairs;
+  std::vector<uint32_t> copies;
   std::vector<uint64_t> rem_out(n, 0), rem_in(n, 0);
   for (uint32_t i : order) {
     DPiece& p = pieces[i];
     if (p.assembly >= 0) continue;  // placed by PlaceAssemblies
-    if (p.a == p.b) {  // a local copy
+    if (p.a == p.b) {  // a local copy: given a round once the others are placed
       p.round = 0;
+      copies.push_back(i);
       continue;
     }
     if (pairs.empty() || pairs.back().a != p.a || pairs.back().b != p.b) pairs.push_back({p.a, p.b, {}, 0});
@@ -167,26 +169,38 @@ RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const std::vector<u
     if (p.a != p.b && p.assembly < 0) account(p, +1);
   auto need_of = [](const DPiece& p) { return p.staged ? AlignUp(p.bytes) : p.bytes; };
   auto is_net = [&](uint32_t x, uint32_t y) { return ChannelOf(x, y) == Channel::net; };
-  std::vector<uint64_t> held(n, 0), net_out(n, 0), net_in(n, 0);
+  std::vector<uint64_t> held(n, 0), net_out(n, 0), net_in(n, 0), nv_out(n, 0), nv_in(n, 0);
   for (const Assembly& as : assemblies_) held[as.b] += AlignUp(as.frame_bytes) + as.grids * as.slot;
+  auto carry = [&](uint32_t from, uint32_t to, uint64_t bytes) {
+    if (is_net(from, to)) net_out[from] += bytes, net_in[to] += bytes;
+    else nv_out[from] += bytes, nv_in[to] += bytes;
+  };
   for (const DPiece& p : pieces) {
     if (p.a == p.b) continue;
     held[p.a] += need_of(p);
     held[p.b] += need_of(p);
-    if (is_net(p.a, p.b)) net_out[p.a] += p.bytes, net_in[p.b] += p.bytes;
+    carry(p.a, p.b, p.bytes);
     for (uint32_t k = 0; k < p.hop_count; ++k) {
       const Hop& h = hop_pool_[p.hop_begin + k];
       held[h.rank] += need_of(p);
-      uint32_t from = HolderOf(p, h.parent);
-      if (is_net(from, h.rank)) net_out[from] += p.bytes, net_in[h.rank] += p.bytes;
+      carry(HolderOf(p, h.parent), h.rank, p.bytes);
     }
   }
-  uint64_t rounds = 1, busiest_net = 0;
+  uint64_t rounds = 1, busiest_net = 0, busiest_nv = 0;
   for (uint32_t g = 0; g < n; ++g) {
     rounds = std::max<uint64_t>(rounds, static_cast<uint64_t>(std::ceil(held[g] / (fill * cap_))));
     busiest_net = std::max({busiest_net, net_out[g], net_in[g]});
+    busiest_nv = std::max({busiest_nv, nv_out[g], nv_in[g]});
   }
   const uint64_t net_cap = std::clamp<uint64_t>((busiest_net + rounds - 1) / rounds, kMinSplit, cap_);
+  // Where NVLink, not the NICs, sets the refit's pace (GPUs that train and
+  // serve on one node, colocated: no NIC traffic at all), NVLink links get a
+  // share of each round too: without it a round lasted as long as its
+  // busiest NVLink link, twice the average (Qwen3-30B-A3B colocated, TP2 EP8
+  // -> TP8: NVLink links busy 48% of the refit, 2.30x the bound).
+  const double nic_Bps = cluster_.nic_gbps * 1e9 / 8, nvlink_Bps = cluster_.nvlink_GBps * 1e9;
+  const bool nv_paced = static_cast<double>(busiest_nv) / nvlink_Bps > static_cast<double>(busiest_net) / nic_Bps;
+  const uint64_t nv_cap = std::clamp<uint64_t>((busiest_nv + rounds - 1) / rounds, kMinSplit, cap_);
   // Parts split off to fill a round are at least 1/16 of the round's share:
   // smaller ones would buy little balance for many more steps.
   const uint64_t min_split = std::max(kMinSplit, net_cap / 16);
@@ -197,7 +211,7 @@ RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const std::vector<u
   // few, for trees) for many pairs, and a row of n values stays in cache
   // where the per-rank vectors (used_, out_used, in_used) scattered them.
   // used_ gets the staging rows back at the end.
-  RoundRows staging(n), out_net(n), in_net(n);
+  RoundRows staging(n), out_net(n), in_net(n), out_nv(n), in_nv(n);
   for (uint32_t g = 0; g < n; ++g) {
     for (size_t r = 0; r < used_[g].size(); ++r) staging.At(g, r) = used_[g][r];
     for (size_t r = 0; r < out_used[g].size(); ++r) out_net.At(g, r) = out_used[g][r];
@@ -216,7 +230,10 @@ RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const std::vector<u
   };
   // The paced network share left between `from` and `to` in round r (net: whether they talk over a NIC).
   auto share_left = [&](uint32_t from, uint32_t to, size_t r, bool net) -> uint64_t {
-    if (!net) return cap_;
+    if (!net) {
+      if (!nv_paced) return cap_;
+      return std::min(nv_cap - std::min(nv_cap, out_nv.At(from, r)), nv_cap - std::min(nv_cap, in_nv.At(to, r)));
+    }
     return std::min(pace[from] - std::min(pace[from], out_net.At(from, r)),
                     net_cap - std::min(net_cap, in_net.At(to, r)));
   };
@@ -238,6 +255,7 @@ RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const std::vector<u
   auto link = [&](uint32_t from, uint32_t to, size_t r, uint64_t bytes) {
     const bool net = is_net(from, to);
     if (net) out_net.At(from, r) += bytes, in_net.At(to, r) += bytes;
+    else if (nv_paced) out_nv.At(from, r) += bytes, in_nv.At(to, r) += bytes;
     traffic.Add(static_cast<uint32_t>(r), from, to, bytes, net);
   };
   auto take = [&](DPiece& p, size_t r) {
@@ -294,8 +312,8 @@ RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const std::vector<u
     if (ua == 0 && ub == 0 && !h.hops) return false;  // may go alone
     const uint64_t staging_room = cap_ - std::min(cap_, std::max(ua, ub));
     if (staging_room < std::min(h.need, min_split)) return true;
-    if (!paced || !h.net) return false;
-    const uint64_t share = share_left(h.a, h.b, r, true);
+    if (!paced || (!h.net && !nv_paced)) return false;
+    const uint64_t share = share_left(h.a, h.b, r, h.net);
     return share < min_split && h.need > share + net_cap / 64;
   };
   // How the head piece p can go into round r: whole, split to fit `free`
@@ -356,7 +374,8 @@ RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const std::vector<u
     uint32_t pair;
   };
   std::vector<Keyed> keyed, scratch;
-  for (size_t r = 0; !active.empty(); ++r) {
+  size_t filled = 1;  // rounds the pairs were placed in
+  for (size_t r = 0; !active.empty(); filled = ++r) {
     // Pairs whose two NICs together have the most left go first. (Ordering
     // by the busier of the two let a pair with one busy NIC spend the
     // round's share of an idle-ish partner that a busier pair needed:
@@ -398,6 +417,24 @@ RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const std::vector<u
     }
     active.erase(std::remove_if(active.begin(), active.end(), [&](uint32_t pi) { return !heads[pi].live; }),
                  active.end());
+  }
+  // A GPU's local copies (colocated: what it holds in its training
+  // buffers and serves from its inference ones) are spread over the rounds,
+  // each into the round where that GPU stages least so far. In a round the
+  // runtime packs and copies before it posts, so copies all in round 0 held
+  // back round 0's sends (FSDP2 -> vLLM TP2 x DP4 EP colocated: 7.58 GB per
+  // GPU ahead of the first message, 2.48x the bound; spread, 1.40x).
+  RoundRows copied(n);
+  for (uint32_t i : copies) {
+    DPiece& p = pieces[i];
+    size_t best = 0;
+    uint64_t least = UINT64_MAX;
+    for (size_t r = 0; r < filled; ++r) {
+      const uint64_t load = staging.At(p.a, r) + copied.At(p.a, r);
+      if (load < least) least = load, best = r;
+    }
+    p.round = best;
+    copied.At(p.a, best) += p.bytes;
   }
   for (uint32_t g = 0; g < n; ++g) {
     used_[g].resize(staging.rounds());

@@ -323,6 +323,36 @@ TEST(SimulateTest, Qwen3SeedRowStaysNearItsBound) {
   ExpectNearBound(plan, s + "clusters/dgx-h100.json", 1.03, dir);
 }
 
+// Qwen3-30B-A3B trained and served on the same 8 GPUs of one DGX H100
+// (colocated): no NIC carries anything, NVLink sets the pace. Rounds used to
+// be balanced only over NICs, so a round lasted as long as its busiest
+// NVLink link (2.30x the bound for Megatron TP2 EP8 -> vLLM TP8); and every
+// local copy ran in round 0, before its sends (FSDP2 -> vLLM TP2 x DP4 EP,
+// 7.58 GB a GPU: 2.48x).
+TEST(SimulateTest, ColocatedRefitsPaceTheirNvlinkAndSpreadTheirCopies) {
+  TempDir dir;
+  const std::string src = RESHARD_SOURCE_DIR;
+  nlohmann::json cluster = LoadJson(src + "/samples/clusters/dgx-h100.json");
+  cluster["placement"] = "colocated";
+  const std::string c = dir.File("cluster.json");
+  std::ofstream(c) << cluster.dump();
+  for (const auto& [train, infer, at_most] :
+       {std::tuple<std::string, std::string, double>{"megatron:tp=2,ep=8,etp=1,grouped-gemm", "vllm:tp=8", 1.25},
+        {"fsdp2:dp_shard=8,master=bf16", "vllm:tp=2,dp=4,ep", 1.45}}) {
+    SCOPED_TRACE(train + " -> " + infer);
+    const std::string out = dir.File(infer.substr(5, 4)), plan = out + ".rsplan";
+    Result i = Reshard("init -q --hf-config " + src + "/tools/bench/configs/qwen3-30b-a3b.json --train " + train +
+                           " --infer " + infer + " --cluster " + c + " -o " + out,
+                       dir);
+    ASSERT_EQ(i.exit_code, 0) << i.err;
+    Result r = Reshard("compile -q --model " + out + "/model.json --from " + out + "/train.json --to " + out +
+                           "/infer.json --cluster " + c + " -o " + plan,
+                       dir);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    ExpectNearBound(plan, c, at_most, dir);
+  }
+}
+
 // Qwen3-30B-A3B from `reshard init` (every NIC has about as much to move as
 // the busiest): the greedy fill left holes (1.134x and 1.124x of the bound);
 // the proportional fill is chosen and stays within 1.08x. Llama-3.1-70B TP4:
