@@ -1,10 +1,15 @@
 // Pass 5: write the plan as FlatBuffers. The only compiler file that includes
 // the generated header.
-#include <functional>
+#include <zstd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <exception>
+#include <mutex>
+#include <thread>
 #include <map>
+#include <memory>
 #include <string>
-#include <tuple>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -12,9 +17,14 @@
 #include "plan_generated.h"
 #include "runtime/content_digest.h"
 #include "runtime/error.h"
+#include "runtime/plan.h"
 
 namespace reshard {
 namespace {
+
+// zstd level of packed programs: 1 packs Kimi-K2's 75.6 MiB of programs into
+// about a quarter at a few hundred MB/s a core (README, Compiler).
+constexpr int kPackLevel = 1;
 
 fb::Dtype ToFb(Dtype d) { return static_cast<fb::Dtype>(static_cast<uint8_t>(d)); }
 
@@ -53,68 +63,24 @@ fb::QuantOp ToFb(const QuantOpIR& q, uint32_t step) {
 using ShapeCache = std::map<std::vector<int64_t>, flatbuffers::Offset<flatbuffers::Vector<uint64_t>>>;
 using BufferVector = flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::Buffer>>>;
 
-bool SameBuffers(const std::vector<BufferDesc>& x, const std::vector<BufferDesc>& y) {
-  if (x.size() != y.size()) return false;
-  for (size_t i = 0; i < x.size(); ++i)
-    if (x[i].name != y[i].name || x[i].dtype != y[i].dtype || x[i].shape != y[i].shape ||
-        x[i].held_transposed != y[i].held_transposed)
-      return false;
-  return true;
-}
-
-uint64_t HashBuffers(const std::vector<BufferDesc>& v) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  auto mix = [&h](uint64_t x) { h = (h ^ x) * 0x100000001b3ull; };
-  for (const BufferDesc& d : v) {
-    mix(std::hash<std::string>{}(d.name));
-    mix(static_cast<uint64_t>(d.dtype) << 1 | (d.held_transposed ? 1 : 0));
-    for (int64_t e : d.shape) mix(static_cast<uint64_t>(e));
-  }
-  return h;
-}
-
-// Buffer names and shapes repeat across ranks (every replica binds the same
-// names): each distinct string and shape is written once for the whole plan,
-// each distinct buffer table once, and each distinct list of them once (the
-// ranks of one pipeline stage and TP degree share theirs: tables may be
-// referenced from several places in a FlatBuffer). Kimi-K2's plan held
-// 533,632 buffer tables, 10 MiB of its 84.
-struct BufferCache {
-  ShapeCache shapes;
-  std::map<std::tuple<std::string, Dtype, std::vector<int64_t>, bool>, flatbuffers::Offset<fb::Buffer>> tables;
-  std::unordered_map<uint64_t, std::vector<std::pair<const std::vector<BufferDesc>*, BufferVector>>> lists;
-};
-
-BufferVector EmitBuffers(flatbuffers::FlatBufferBuilder& b, BufferCache& cache, const std::vector<BufferDesc>& list) {
-  auto& same_hash = cache.lists[HashBuffers(list)];
-  for (const auto& [seen, offset] : same_hash)
-    if (SameBuffers(*seen, list)) return offset;
+// A program's buffers; each distinct shape is written once per program.
+BufferVector EmitBuffers(flatbuffers::FlatBufferBuilder& b, ShapeCache& shapes, const std::vector<BufferDesc>& list) {
   std::vector<flatbuffers::Offset<fb::Buffer>> bufs;
   bufs.reserve(list.size());
   for (const BufferDesc& d : list) {
-    auto key = std::make_tuple(d.name, d.dtype, d.shape, d.held_transposed);
-    auto t = cache.tables.find(key);
-    if (t == cache.tables.end()) {
-      auto it = cache.shapes.find(d.shape);
-      if (it == cache.shapes.end()) {
-        std::vector<uint64_t> shape(d.shape.begin(), d.shape.end());
-        it = cache.shapes.emplace(d.shape, b.CreateVector(shape)).first;
-      }
-      t = cache.tables
-              .emplace(std::move(key), fb::CreateBuffer(b, b.CreateSharedString(d.name), ToFb(d.dtype), it->second,
-                                                        d.held_transposed ? 1 : 0))
-              .first;
+    auto it = shapes.find(d.shape);
+    if (it == shapes.end()) {
+      std::vector<uint64_t> shape(d.shape.begin(), d.shape.end());
+      it = shapes.emplace(d.shape, b.CreateVector(shape)).first;
     }
-    bufs.push_back(t->second);
+    bufs.push_back(fb::CreateBuffer(b, b.CreateString(d.name), ToFb(d.dtype), it->second, d.held_transposed ? 1 : 0));
   }
-  const BufferVector offset = b.CreateVector(bufs);
-  same_hash.push_back({&list, offset});
-  return offset;
+  return b.CreateVector(bufs);
 }
 
-flatbuffers::Offset<fb::Program> EmitProgram(flatbuffers::FlatBufferBuilder& b, BufferCache& cache, uint32_t rank,
-                                             const RankProgram& p) {
-  auto buffers = EmitBuffers(b, cache, p.buffers);
+flatbuffers::Offset<fb::Program> EmitProgram(flatbuffers::FlatBufferBuilder& b, uint32_t rank, const RankProgram& p) {
+  ShapeCache shapes;
+  auto buffers = EmitBuffers(b, shapes, p.buffers);
   std::vector<fb::Fragment> frags;
   frags.reserve(p.fragments.size());
   for (size_t i = 0; i < p.fragments.size(); ++i) frags.push_back(ToFb(p.fragments[i], p.roles[i]));
@@ -152,17 +118,70 @@ flatbuffers::Offset<fb::Program> EmitProgram(flatbuffers::FlatBufferBuilder& b, 
   return pb.Finish();
 }
 
+// Rank g's program as a FlatBuffer of its own (root: Program), zstd-compressed
+// (the Program's `packed`, schema 2); empty for a rank with nothing to hold
+// or do. Each program carries its own buffer names (a rank decompresses its
+// program alone); they compress with the rest.
+std::vector<uint8_t> PackProgram(uint32_t g, const RankProgram& p, ZSTD_CCtx* zstd) {
+  size_t nsteps = 0;
+  for (const Round& r : p.rounds) nsteps += r.local.size() + r.comm.size() + r.unpack.size();
+  if (p.buffers.empty() && p.fragments.empty() && nsteps == 0) return {};
+  flatbuffers::FlatBufferBuilder b(4096 + nsteps * sizeof(fb::Step) + p.regions.size() * sizeof(fb::Region) +
+                                   p.fragments.size() * sizeof(fb::Fragment) + p.buffers.size() * 64);
+  b.Finish(EmitProgram(b, g, p));
+  std::vector<uint8_t> out(ZSTD_compressBound(b.GetSize()));
+  const size_t n = ZSTD_compress2(zstd, out.data(), out.size(), b.GetBufferPointer(), b.GetSize());
+  if (ZSTD_isError(n)) throw Error(std::string("packing the program of rank ") + std::to_string(g) + ": " + ZSTD_getErrorName(n));
+  out.resize(n);
+  return out;
+}
+
+// Every rank's packed program, on as many threads as the machine has (each
+// rank's is independent; the plan does not depend on their timing).
+std::vector<std::vector<uint8_t>> PackPrograms(const PlanIR& ir) {
+  std::vector<std::vector<uint8_t>> out(ir.ranks.size());
+  std::atomic<size_t> next{0};
+  std::exception_ptr error;
+  std::mutex mu;
+  auto work = [&] {
+    // One compression context a thread: a fresh one for every program
+    // (ZSTD_compress) set up its tables each time, most of the packing's time.
+    std::unique_ptr<ZSTD_CCtx, size_t (*)(ZSTD_CCtx*)> zstd(ZSTD_createCCtx(), ZSTD_freeCCtx);
+    try {
+      if (!zstd) throw Error("packing the programs: out of memory for a zstd context");
+      // Each frame carries a checksum of its content: a damaged byte in a
+      // packed program fails to decompress (a named error), never decodes
+      // into another valid program.
+      for (auto [param, value] : {std::pair{ZSTD_c_compressionLevel, kPackLevel}, std::pair{ZSTD_c_checksumFlag, 1}}) {
+        const size_t rc = ZSTD_CCtx_setParameter(zstd.get(), param, value);
+        if (ZSTD_isError(rc)) throw Error(std::string("packing the programs: ") + ZSTD_getErrorName(rc));
+      }
+      for (size_t g; (g = next.fetch_add(1)) < ir.ranks.size();)
+        out[g] = PackProgram(static_cast<uint32_t>(g), ir.ranks[g], zstd.get());
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!error) error = std::current_exception();
+      next = ir.ranks.size();
+    }
+  };
+  const size_t threads = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 16);
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < std::min(threads, ir.ranks.size()); ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+  return out;
+}
+
 }  // namespace
 
 std::vector<uint8_t> EmitPlan(const CompileInputs& in, const PlanIR& ir) {
+  const std::vector<std::vector<uint8_t>> packed = PackPrograms(ir);
   // The builder starts at about the plan's size: grown by doubling from a
   // small start it copied a large plan's bytes again at every step.
   size_t estimate = size_t{1} << 20;
-  for (const RankProgram& p : ir.ranks) {
-    estimate += p.fragments.size() * sizeof(fb::Fragment) + p.regions.size() * sizeof(fb::Region) +
-                p.buffers.size() * 32 + p.rounds.size() * 4 + 256;
-    for (const Round& r : p.rounds) estimate += (r.local.size() + r.comm.size() + r.unpack.size()) * sizeof(fb::Step);
-  }
+  for (const std::vector<uint8_t>& p : packed) estimate += p.size() + 64;
+  for (const TensorSpec& t : in.model.tensors) estimate += t.name.size() + 128;
   flatbuffers::FlatBufferBuilder b(estimate + estimate / 16);
   std::vector<flatbuffers::Offset<fb::Tensor>> tensors;
   for (const TensorSpec& t : in.model.tensors) {
@@ -184,8 +203,20 @@ std::vector<uint8_t> EmitPlan(const CompileInputs& in, const PlanIR& ir) {
   }
   auto tensorv = b.CreateVector(tensors);
   std::vector<flatbuffers::Offset<fb::Program>> blobs;
-  BufferCache cache;
-  for (uint32_t g = 0; g < ir.ranks.size(); ++g) blobs.push_back(EmitProgram(b, cache, g, ir.ranks[g]));
+  for (uint32_t g = 0; g < ir.ranks.size(); ++g) {
+    const RankProgram& p = ir.ranks[g];
+    if (packed[g].empty()) {  // an idle rank: its (empty) program in place
+      blobs.push_back(EmitProgram(b, g, p));
+      continue;
+    }
+    auto bytes = b.CreateVector(packed[g]);
+    fb::ProgramBuilder pb(b);
+    pb.add_rank(g);
+    pb.add_src_rank(p.src_rank);
+    pb.add_dst_rank(p.dst_rank);
+    pb.add_packed(bytes);
+    blobs.push_back(pb.Finish());
+  }
   auto blobv = b.CreateVector(blobs);
   auto version = b.CreateString(RESHARD_VERSION);
   auto digest = b.CreateString(in.digest);
@@ -197,7 +228,7 @@ std::vector<uint8_t> EmitPlan(const CompileInputs& in, const PlanIR& ir) {
   auto dstg = b.CreateVector(ir.dst_global);
   auto domain = b.CreateVector(ir.domain);
   fb::PlanBuilder pb(b);
-  pb.add_schema_version(1);
+  pb.add_schema_version(kSchemaVersion);
   pb.add_compiler_version(version);
   pb.add_digest(digest);
   pb.add_strategy(ir.strategy == "gather" ? fb::Strategy::gather : fb::Strategy::direct);

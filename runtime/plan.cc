@@ -7,7 +7,10 @@
 
 #include <cerrno>
 #include <cstring>
+#include <memory>
 #include <mutex>
+
+#include <zstd.h>
 
 #include "runtime/error.h"
 #include "runtime/plan_check.h"
@@ -122,6 +125,12 @@ struct Plan::Impl {
   bool active_known = false;
   ContentDigest digest;           // computed (plans without the field), under mu
   bool digest_computed = false;
+  // Per rank: its packed program decompressed (schema 2), once, under mu;
+  // kept while the plan lives (program() hands out references into it).
+  std::vector<std::unique_ptr<std::vector<uint8_t>>> unpacked;
+
+  // Rank r's packed program, decompressed and verified as a FlatBuffer of its own.
+  const fb::Program* Unpack(uint32_t r, const flatbuffers::Vector<uint8_t>& packed);
 
   ~Impl() {
     if (map != nullptr) munmap(map, size);
@@ -150,9 +159,9 @@ void Plan::Impl::CheckRoot() {
     Fail("the file is damaged or truncated (flatbuffers verification failed)");
   }
   const fb::Plan* root = fb::GetPlan(data);
-  if (root->schema_version() != kSchemaVersion) {
-    Fail("schema version " + std::to_string(root->schema_version()) + ", this reshard reads version " +
-         std::to_string(kSchemaVersion));
+  if (root->schema_version() < kOldestSchemaVersion || root->schema_version() > kSchemaVersion) {
+    Fail("schema version " + std::to_string(root->schema_version()) + ", this reshard reads versions " +
+         std::to_string(kOldestSchemaVersion) + " to " + std::to_string(kSchemaVersion));
   }
   uint32_t programs = root->programs() ? root->programs()->size() : 0;
   if (programs != root->num_ranks()) {
@@ -161,6 +170,26 @@ void Plan::Impl::CheckRoot() {
   }
   CheckPlanTables(*root, path);
   checked.assign(root->num_ranks(), 0);
+  unpacked.resize(root->num_ranks());
+}
+
+const fb::Program* Plan::Impl::Unpack(uint32_t r, const flatbuffers::Vector<uint8_t>& packed) {
+  const std::string at = "rank " + std::to_string(r) + ": its packed program ";
+  const unsigned long long size = ZSTD_getFrameContentSize(packed.data(), packed.size());
+  if (size == ZSTD_CONTENTSIZE_ERROR || size == ZSTD_CONTENTSIZE_UNKNOWN) Fail(at + "is not a zstd frame (the file is damaged)");
+  if (size < 8 || size > kMaxPlanBytes) Fail(at + "would be " + std::to_string(size) + " bytes (the file is damaged)");
+  auto out = std::make_unique<std::vector<uint8_t>>(size);
+  const size_t n = ZSTD_decompress(out->data(), out->size(), packed.data(), packed.size());
+  if (ZSTD_isError(n) || n != size) {
+    Fail(at + "does not decompress (" + std::string(ZSTD_isError(n) ? ZSTD_getErrorName(n) : "short") +
+         "): the file is damaged");
+  }
+  flatbuffers::Verifier verifier(out->data(), out->size());
+  if (!verifier.VerifyBuffer<fb::Program>(nullptr)) Fail(at + "fails flatbuffers verification (the file is damaged)");
+  const fb::Program* p = flatbuffers::GetRoot<fb::Program>(out->data());
+  if (p->packed() != nullptr || p->rank() != r) Fail(at + "is not rank " + std::to_string(r) + "'s program");
+  unpacked[r] = std::move(out);
+  return p;
 }
 
 Plan::Plan(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -222,7 +251,7 @@ const std::vector<uint32_t>& Plan::active_ranks() const {
     for (uint32_t r = 0; r < n; ++r) {
       const fb::Program* p = root().programs()->Get(r);
       const bool used = p->src_rank() >= 0 || p->dst_rank() >= 0 || (p->buffers() && p->buffers()->size() > 0) ||
-                        (p->steps() && p->steps()->size() > 0);
+                        (p->steps() && p->steps()->size() > 0) || p->packed() != nullptr;
       if (!used) continue;
       impl_->process[r] = static_cast<int64_t>(impl_->active.size());
       impl_->active.push_back(r);
@@ -269,7 +298,9 @@ const fb::Program& Plan::program(uint32_t global_rank) const {
   // opened; what is left is the semantic check of this rank's program.
   const fb::Program* program = root().programs()->Get(global_rank);
   std::lock_guard<std::mutex> lock(impl_->mu);
+  if (const auto& u = impl_->unpacked[global_rank]) program = flatbuffers::GetRoot<fb::Program>(u->data());
   if (impl_->checked[global_rank]) return *program;
+  if (program->packed() != nullptr) program = impl_->Unpack(global_rank, *program->packed());
   CheckProgram(root(), global_rank, *program, impl_->path);
   impl_->checked[global_rank] = 1;
   return *program;

@@ -13,8 +13,10 @@
 
 namespace reshard {
 
-/// The schema version this reader understands (Plan.schema_version).
-constexpr uint32_t kSchemaVersion = 1;
+/// The schema version the compiler writes (Plan.schema_version): 2, whose
+/// programs are packed (Program.packed). This reader also reads version 1.
+constexpr uint32_t kSchemaVersion = 2;
+constexpr uint32_t kOldestSchemaVersion = 1;
 /// "No region" in Step.src/dst, "staging" in Region.buffer, "no dependency" in Step.dep.
 constexpr uint32_t kNone = 0xFFFFFFFFu;
 

@@ -106,8 +106,19 @@ TEST(PlanTest, RefusesAWrongIdentifier) {
 
 TEST(PlanTest, RefusesAnotherSchemaVersion) {
   PlanSpec spec = TwoRankPlan();
-  spec.schema_version = 2;
-  EXPECT_EQ(OpenError(BuildPlan(spec)), "p.rsplan: schema version 2, this reshard reads version 1");
+  spec.schema_version = 3;
+  EXPECT_EQ(OpenError(BuildPlan(spec)), "p.rsplan: schema version 3, this reshard reads versions 1 to 2");
+  spec.schema_version = 0;
+  EXPECT_EQ(OpenError(BuildPlan(spec)), "p.rsplan: schema version 0, this reshard reads versions 1 to 2");
+}
+
+TEST(PlanTest, ReadsVersionOnePlans) {
+  // Plans written before packed programs (schema 1) hold every program in place.
+  PlanSpec spec = TwoRankPlan();
+  spec.schema_version = 1;
+  Plan plan = Plan::from_bytes(BuildPlan(spec), "p.rsplan");
+  EXPECT_EQ(plan.program(1).steps()->size(), 2u);
+  EXPECT_EQ(plan.active_ranks().size(), 2u);
 }
 
 TEST(PlanTest, RefusesATruncatedFile) {

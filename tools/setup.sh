@@ -4,7 +4,7 @@
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config
       libcli11-dev nlohmann-json3-dev libflatbuffers-dev flatbuffers-compiler
-      libgtest-dev libgmock-dev libgloo-dev libsimgrid-dev libxxhash-dev libjemalloc-dev)
+      libgtest-dev libgmock-dev libgloo-dev libsimgrid-dev libxxhash-dev libzstd-dev libjemalloc-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
