@@ -159,5 +159,43 @@ TEST(ExchangeTest, RegionsNeededInSeveralDomainsAreRelayedBetweenThem) {
   EXPECT_EQ(run.exit_code, 0) << run.out;
 }
 
+// Relay trees save the sources' NICs. Where the sources have plenty to
+// spare - here tiny-dense trained on 8 DP replicas (32 GPUs) for 4 inference
+// GPUs in two domains - each domain takes its stripes from the sources
+// themselves: no GPU relays, the sources send the model once per domain.
+TEST(ExchangeTest, PlentifulSourcesSendToEveryDomainThemselves) {
+  nlohmann::json train = LoadSample("tiny-dense/train.json");
+  train["ranks"] = 32;
+  train["meshes"]["dense"] = nlohmann::json::array({nlohmann::json::array({"pp", 2}), nlohmann::json::array({"dp", 8}),
+                                                    nlohmann::json::array({"tp", 2})});
+  auto relayed_bytes = [](const std::vector<uint8_t>& bytes, uint64_t& source_sent) {
+    Plan plan = Plan::from_bytes(bytes, "p.rsplan");
+    uint64_t relayed = 0;
+    source_sent = 0;
+    for (uint32_t g = 0; g < plan.num_ranks(); ++g) {
+      for (const fb::Step* s : *plan.program(g).steps()) {
+        if (s->kind() == fb::StepKind::send && s->channel() == fb::Channel::net) source_sent += s->bytes();
+        if (s->kind() == fb::StepKind::forward && s->channel() == fb::Channel::net) relayed += s->bytes();
+      }
+    }
+    return relayed;
+  };
+  auto many = CompileJson(LoadSample("tiny-dense/model.json"), train, LoadSample("tiny-dense/infer-tp1-dp4.json"),
+                          Cluster(2));
+  ValidateReport v = testing::ValidateBytes(many);
+  ASSERT_TRUE(v.ok()) << v.errors[0];
+  uint64_t sent_many = 0, sent_few = 0;
+  EXPECT_EQ(relayed_bytes(many, sent_many), 0u);
+  // The same model from the 8 GPUs of the sample: relayed (the test above), half the source bytes.
+  auto few = CompileJson(LoadSample("tiny-dense/model.json"), LoadSample("tiny-dense/train.json"),
+                         LoadSample("tiny-dense/infer-tp1-dp4.json"), Cluster(2));
+  EXPECT_GT(relayed_bytes(few, sent_few), 0u);
+  EXPECT_GT(sent_many, sent_few * 3 / 2);
+  testing::TempDir dir;
+  testing::WriteFile(dir.File("many.rsplan"), many);
+  testing::ShellResult run = testing::Shell(std::string(RESHARD_BINARY) + " run " + dir.File("many.rsplan") + " --local");
+  EXPECT_EQ(run.exit_code, 0) << run.out;
+}
+
 }  // namespace
 }  // namespace reshard

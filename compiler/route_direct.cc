@@ -3,6 +3,7 @@
 #include "compiler/router.h"
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 #include <optional>
 
@@ -80,145 +81,192 @@ void Router::AddPieces(int t, const Cell& cell, const Box& piece, const Fragment
   }
 }
 
+// The busiest source's network bytes if relayed stripes came from their
+// sources instead, over the busiest destination domain's network bytes in
+// per GPU (the same either way). Conservative: a relayed stripe is counted
+// on the replica that sent it, where another replica might share the load.
+double Router::RelaysSpare(const std::vector<DPiece>& pieces) const {
+  const size_t n = ir_.ranks.size();
+  std::vector<uint64_t> out(n, 0), in(n, 0);
+  for (const DPiece& p : pieces) {
+    if (ChannelOf(p.a, p.b) == Channel::net) out[p.a] += p.bytes, in[ir_.domain[p.b]] += p.bytes;
+    for (uint32_t k = 0; k < p.hop_count; ++k) {
+      const Hop& h = hop_pool_[p.hop_begin + k];
+      if (ChannelOf(HolderOf(p, h.parent), h.rank) != Channel::net) continue;
+      out[p.a] += p.bytes;
+      in[ir_.domain[h.rank]] += p.bytes;
+    }
+  }
+  const uint64_t busiest_in = n ? *std::max_element(in.begin(), in.end()) : 0;
+  if (busiest_in == 0) return std::numeric_limits<double>::infinity();
+  return static_cast<double>(*std::max_element(out.begin(), out.end())) /
+         (static_cast<double>(busiest_in) / cluster_.gpus_per_domain);
+}
+
 void Router::Direct() {
   std::optional<Phase> phase(std::in_place, "route: pieces");
   std::vector<DPiece> pieces;
   const uint64_t stripe_min = 32ull << 20;
-  for (int t = 0; t < static_cast<int>(model_.tensors.size()); ++t) {
-    const TensorSpec& ts = model_.tensors[t];
-    int nd = ts.ndim();
-    CellGrid g = BuildCells(src_, t, nd);
-    uint64_t esize = DtypeBytes(ts.dtype);
-    // Per source cell: who needs which box of it.
-    std::map<int, std::vector<std::pair<FragmentRef, Box>>> wants;
-    for (const FragmentRef& df : dst_.by_tensor[t]) {
-      // A need whose blocks some source cell cuts is assembled at the receiver.
-      std::vector<std::pair<int, Box>> mine;
-      bool whole = true;
-      ForCells(t, g, df, DstFrag(df).box, [&](int ci, const Box& piece) {
-        whole = whole && (!quant_.Quantized(t) || g.cells[ci].box.contains(quant_.Cover(t, piece)));
-        mine.push_back({ci, piece});
-      });
-      if (!whole) {
-        Assemble(t, g, df, pieces);
-        continue;
-      }
-      for (const auto& [ci, piece] : mine) wants[ci].push_back({df, piece});
-    }
-    for (auto& [ci, list] : wants) {
-      const Cell& cell = g.cells[ci];
-      // Needers of identical boxes form a group; groups must not overlap.
-      std::stable_sort(list.begin(), list.end(), [](const auto& x, const auto& y) { return x.second < y.second; });
-      std::vector<std::pair<size_t, size_t>> groups;
-      for (size_t i = 0; i < list.size();) {
-        size_t j = i;
-        while (j < list.size() && list[j].second == list[i].second) ++j;
-        groups.push_back({i, j});
-        i = j;
-      }
-      bool exchange = opt_.nvlink_exchange;
-      for (size_t x = 0; exchange && x < groups.size(); ++x)
-        for (size_t y = x + 1; exchange && y < groups.size(); ++y)
-          exchange = !list[groups[x].first].second.intersects(list[groups[y].first].second);
-      std::vector<bool> has_replica;  // per domain: a replica of the cell sits there
-      for (const FragmentRef& rep : cell.replicas) {
-        uint32_t d = ir_.domain[SrcGlobal(rep.rank)];
-        if (has_replica.size() <= d) has_replica.resize(d + 1, false);
-        has_replica[d] = true;
-      }
-      auto local = [&](uint32_t d) { return d < has_replica.size() && has_replica[d]; };
-      auto self_held = [&](const FragmentRef& df) { return ReplicaOn(cell.replicas, DstGlobal(df.rank)) >= 0; };
-      for (auto [i, j] : groups) {
-        const Box& box = list[i].second;
-        // Needers by domain; those in a domain holding a replica take it straight from one.
-        std::map<uint32_t, std::vector<size_t>> by_domain;
-        for (size_t k = i; k < j; ++k) {
-          uint32_t d = ir_.domain[DstGlobal(list[k].first.rank)];
-          if (!exchange || local(d) || self_held(list[k].first)) {
-            AddPieces(t, cell, box, list[k].first, {}, list[k].first.rank, pieces);
-          } else {
-            by_domain[d].push_back(k);
-          }
-        }
-        if (by_domain.empty()) continue;
-        size_t most = 0;
-        for (auto& [d, ks] : by_domain) most = std::max(most, ks.size());
-        if (by_domain.size() == 1 && most == 1) {  // one needer
-          size_t k = by_domain.begin()->second[0];
-          AddPieces(t, cell, box, list[k].first, {}, list[k].first.rank, pieces);
+  // Every destination need as pieces; relay trees of up to `tree_domains`
+  // destination domains (1: none, every domain's entry GPUs take their
+  // stripes from the sources themselves).
+  auto route_all = [&](size_t tree_domains) {
+    for (int t = 0; t < static_cast<int>(model_.tensors.size()); ++t) {
+      const TensorSpec& ts = model_.tensors[t];
+      int nd = ts.ndim();
+      CellGrid g = BuildCells(src_, t, nd);
+      uint64_t esize = DtypeBytes(ts.dtype);
+      // Per source cell: who needs which box of it.
+      std::map<int, std::vector<std::pair<FragmentRef, Box>>> wants;
+      for (const FragmentRef& df : dst_.by_tensor[t]) {
+        // A need whose blocks some source cell cuts is assembled at the receiver.
+        std::vector<std::pair<int, Box>> mine;
+        bool whole = true;
+        ForCells(t, g, df, DstFrag(df).box, [&](int ci, const Box& piece) {
+          whole = whole && (!quant_.Quantized(t) || g.cells[ci].box.contains(quant_.Cover(t, piece)));
+          mine.push_back({ci, piece});
+        });
+        if (!whole) {
+          Assemble(t, g, df, pieces);
           continue;
         }
-        // Stripes, each delivered by its own tree with its own entry GPUs.
-        const uint64_t bytes = box.volume() * esize;
-        const uint64_t stripes = std::clamp<uint64_t>(bytes / stripe_min, 1, most);
-        // A quantized tensor's stripes end at block edges, so that each needer's pieces are the same.
-        const std::vector<Box> cut = quant_.Quantized(t) ? quant_.Stripes(t, box, stripes)
-                                                         : SplitBox(box, (box.volume() + stripes - 1) / stripes);
-        for (const Box& stripe : cut) {
-          const uint64_t sbytes = stripe.volume() * esize;
-          std::vector<std::pair<uint32_t, std::vector<size_t>>> doms(by_domain.begin(), by_domain.end());
-          // Fixed partner domains (a tree per consecutive kTreeDomains), roles set by load below:
-          // pieces relayed between the same two GPUs then travel in one message.
-          std::vector<size_t> entry(doms.size());
-          for (size_t x = 0; x < doms.size(); ++x) {
-            entry[x] = doms[x].second[0];
-            for (size_t k : doms[x].second)
-              if (entry_load_[DstGlobal(list[k].first.rank)] < entry_load_[DstGlobal(list[entry[x]].first.rank)])
-                entry[x] = k;
-            entry_load_[DstGlobal(list[entry[x]].first.rank)] += sbytes;
+        for (const auto& [ci, piece] : mine) wants[ci].push_back({df, piece});
+      }
+      for (auto& [ci, list] : wants) {
+        const Cell& cell = g.cells[ci];
+        // Needers of identical boxes form a group; groups must not overlap.
+        std::stable_sort(list.begin(), list.end(), [](const auto& x, const auto& y) { return x.second < y.second; });
+        std::vector<std::pair<size_t, size_t>> groups;
+        for (size_t i = 0; i < list.size();) {
+          size_t j = i;
+          while (j < list.size() && list[j].second == list[i].second) ++j;
+          groups.push_back({i, j});
+          i = j;
+        }
+        bool exchange = opt_.nvlink_exchange;
+        for (size_t x = 0; exchange && x < groups.size(); ++x)
+          for (size_t y = x + 1; exchange && y < groups.size(); ++y)
+            exchange = !list[groups[x].first].second.intersects(list[groups[y].first].second);
+        std::vector<bool> has_replica;  // per domain: a replica of the cell sits there
+        for (const FragmentRef& rep : cell.replicas) {
+          uint32_t d = ir_.domain[SrcGlobal(rep.rank)];
+          if (has_replica.size() <= d) has_replica.resize(d + 1, false);
+          has_replica[d] = true;
+        }
+        auto local = [&](uint32_t d) { return d < has_replica.size() && has_replica[d]; };
+        auto self_held = [&](const FragmentRef& df) { return ReplicaOn(cell.replicas, DstGlobal(df.rank)) >= 0; };
+        for (auto [i, j] : groups) {
+          const Box& box = list[i].second;
+          // Needers by domain; those in a domain holding a replica take it straight from one.
+          std::map<uint32_t, std::vector<size_t>> by_domain;
+          for (size_t k = i; k < j; ++k) {
+            uint32_t d = ir_.domain[DstGlobal(list[k].first.rank)];
+            if (!exchange || local(d) || self_held(list[k].first)) {
+              AddPieces(t, cell, box, list[k].first, {}, list[k].first.rank, pieces);
+            } else {
+              by_domain[d].push_back(k);
+            }
           }
-          // Trees of at most kTreeDomains domains (one source send each), fan-out
-          // kTreeFanout. Tree positions with the most children go to the entries
-          // that have forwarded the least so far, so relaying spreads over all NICs.
-          // Deeper or wider trees save more source egress but burst a holder's
-          // NIC and tie more rounds together; pairs measured best (simulate).
-          for (size_t t0 = 0; t0 < doms.size(); t0 += kTreeDomains) {
-            const size_t m = std::min(kTreeDomains, doms.size() - t0);
-            auto kids = [m](size_t x) {
-              size_t c = 0;
-              for (size_t f = 1; f <= kTreeFanout; ++f) c += kTreeFanout * x + f < m;
-              return c;
-            };
-            std::vector<size_t> pos(m), by_load(m);
-            std::iota(pos.begin(), pos.end(), 0);
-            std::iota(by_load.begin(), by_load.end(), t0);
-            // Stable insertion sorts of at most kTreeDomains entries (gcc 12
-            // warns about std::stable_sort's paths for long ranges here).
-            auto stable_sort_small = [](std::vector<size_t>& v, auto less) {
-              for (size_t i = 1; i < v.size(); ++i)
-                for (size_t j = i; j > 0 && less(v[j], v[j - 1]); --j) std::swap(v[j], v[j - 1]);
-            };
-            stable_sort_small(pos, [&](size_t u, size_t v) { return kids(u) > kids(v); });
-            // (list is a structured binding: clang 14 captures it only through an init-capture)
-            auto relay = [&, &list = list](size_t x) { return relay_load_[DstGlobal(list[entry[x]].first.rank)]; };
-            stable_sort_small(by_load, [&](size_t u, size_t v) { return relay(u) < relay(v); });
-            std::vector<const std::vector<size_t>*> tdom(m);
-            std::vector<size_t> tentry(m);
-            for (size_t q = 0; q < m; ++q) tdom[pos[q]] = &doms[by_load[q]].second, tentry[pos[q]] = entry[by_load[q]];
-            for (size_t x = 0; x < m; ++x) relay_load_[DstGlobal(list[tentry[x]].first.rank)] += kids(x) * sbytes;
-            std::vector<Hop> hops;
-            std::vector<int32_t> entry_hop(m, -1);  // hop index of each domain's entry
-            std::vector<uint32_t> depth(m, 0);
-            for (size_t x = 1; x < m; ++x) {
-              size_t up = (x - 1) / kTreeFanout;
-              depth[x] = depth[up] + 1;
-              const FragmentRef& to = list[tentry[x]].first;
-              entry_hop[x] = static_cast<int32_t>(hops.size());
-              hops.push_back({to, DstGlobal(to.rank), entry_hop[up], depth[x]});
+          if (by_domain.empty()) continue;
+          size_t most = 0;
+          for (auto& [d, ks] : by_domain) most = std::max(most, ks.size());
+          if (by_domain.size() == 1 && most == 1) {  // one needer
+            size_t k = by_domain.begin()->second[0];
+            AddPieces(t, cell, box, list[k].first, {}, list[k].first.rank, pieces);
+            continue;
+          }
+          // Stripes, each delivered by its own tree with its own entry GPUs.
+          const uint64_t bytes = box.volume() * esize;
+          const uint64_t stripes = std::clamp<uint64_t>(bytes / stripe_min, 1, most);
+          // A quantized tensor's stripes end at block edges, so that each needer's pieces are the same.
+          const std::vector<Box> cut = quant_.Quantized(t) ? quant_.Stripes(t, box, stripes)
+                                                           : SplitBox(box, (box.volume() + stripes - 1) / stripes);
+          for (const Box& stripe : cut) {
+            const uint64_t sbytes = stripe.volume() * esize;
+            std::vector<std::pair<uint32_t, std::vector<size_t>>> doms(by_domain.begin(), by_domain.end());
+            // Fixed partner domains (a tree per consecutive kTreeDomains), roles set by load below:
+            // pieces relayed between the same two GPUs then travel in one message.
+            std::vector<size_t> entry(doms.size());
+            for (size_t x = 0; x < doms.size(); ++x) {
+              entry[x] = doms[x].second[0];
+              for (size_t k : doms[x].second)
+                if (entry_load_[DstGlobal(list[k].first.rank)] < entry_load_[DstGlobal(list[entry[x]].first.rank)])
+                  entry[x] = k;
+              entry_load_[DstGlobal(list[entry[x]].first.rank)] += sbytes;
             }
-            for (size_t x = 0; x < m; ++x) {
-              for (size_t k : *tdom[x]) {
-                if (k == tentry[x]) continue;
-                const FragmentRef& to = list[k].first;
-                hops.push_back({to, DstGlobal(to.rank), entry_hop[x], depth[x] + 1});
+            // Trees of at most kTreeDomains domains (one source send each), fan-out
+            // kTreeFanout. Tree positions with the most children go to the entries
+            // that have forwarded the least so far, so relaying spreads over all NICs.
+            // Deeper or wider trees save more source egress but burst a holder's
+            // NIC and tie more rounds together; pairs measured best (simulate).
+            for (size_t t0 = 0; t0 < doms.size(); t0 += tree_domains) {
+              const size_t m = std::min(tree_domains, doms.size() - t0);
+              auto kids = [m](size_t x) {
+                size_t c = 0;
+                for (size_t f = 1; f <= kTreeFanout; ++f) c += kTreeFanout * x + f < m;
+                return c;
+              };
+              std::vector<size_t> pos(m), by_load(m);
+              std::iota(pos.begin(), pos.end(), 0);
+              std::iota(by_load.begin(), by_load.end(), t0);
+              // Stable insertion sorts of at most kTreeDomains entries (gcc 12
+              // warns about std::stable_sort's paths for long ranges here).
+              auto stable_sort_small = [](std::vector<size_t>& v, auto less) {
+                for (size_t i = 1; i < v.size(); ++i)
+                  for (size_t j = i; j > 0 && less(v[j], v[j - 1]); --j) std::swap(v[j], v[j - 1]);
+              };
+              stable_sort_small(pos, [&](size_t u, size_t v) { return kids(u) > kids(v); });
+              // (list is a structured binding: clang 14 captures it only through an init-capture)
+              auto relay = [&, &list = list](size_t x) { return relay_load_[DstGlobal(list[entry[x]].first.rank)]; };
+              stable_sort_small(by_load, [&](size_t u, size_t v) { return relay(u) < relay(v); });
+              std::vector<const std::vector<size_t>*> tdom(m);
+              std::vector<size_t> tentry(m);
+              for (size_t q = 0; q < m; ++q)
+                tdom[pos[q]] = &doms[by_load[q]].second, tentry[pos[q]] = entry[by_load[q]];
+              for (size_t x = 0; x < m; ++x) relay_load_[DstGlobal(list[tentry[x]].first.rank)] += kids(x) * sbytes;
+              std::vector<Hop> hops;
+              std::vector<int32_t> entry_hop(m, -1);  // hop index of each domain's entry
+              std::vector<uint32_t> depth(m, 0);
+              for (size_t x = 1; x < m; ++x) {
+                size_t up = (x - 1) / kTreeFanout;
+                depth[x] = depth[up] + 1;
+                const FragmentRef& to = list[tentry[x]].first;
+                entry_hop[x] = static_cast<int32_t>(hops.size());
+                hops.push_back({to, DstGlobal(to.rank), entry_hop[up], depth[x]});
               }
+              for (size_t x = 0; x < m; ++x) {
+                for (size_t k : *tdom[x]) {
+                  if (k == tentry[x]) continue;
+                  const FragmentRef& to = list[k].first;
+                  hops.push_back({to, DstGlobal(to.rank), entry_hop[x], depth[x] + 1});
+                }
+              }
+              const FragmentRef& root = list[tentry[0]].first;
+              AddPieces(t, cell, stripe, root, hops, root.rank, pieces);
             }
-            const FragmentRef& root = list[tentry[0]].first;
-            AddPieces(t, cell, stripe, root, hops, root.rank, pieces);
           }
         }
       }
     }
+  };
+  route_all(kTreeDomains);
+  // Relay trees save the sources' NICs what several domains need from them,
+  // at the price of a round's delay and the relaying GPUs' NICs. Where the
+  // sources have NIC time to spare even without them - the busiest source
+  // would send at most kRelayOnlyAbove of what the busiest destination
+  // domain takes in per NIC - every domain takes its stripes from the
+  // sources (Kimi-K2, 1024 training GPUs -> 512: 0.51 of it; 1.134x -> 1.108x
+  // of the bound; MoE 2.4T 1.081x -> 1.056x; the other rows are at 1.01 -
+  // 1.24, where dropping relays cost up to 14%).
+  if (RelaysSpare(pieces) <= kRelayOnlyAbove) {
+    pieces.clear();
+    hop_pool_.clear();
+    qpieces_.clear();
+    assemblies_.clear();
+    std::fill(send_load_.begin(), send_load_.end(), 0);
+    std::fill(entry_load_.begin(), entry_load_.end(), 0);
+    std::fill(relay_load_.begin(), relay_load_.end(), 0);
+    route_all(1);
   }
   for (const Assembly& as : assemblies_) ++(as.amax() ? ir_.amax_assemblies : ir_.frame_assemblies);
   phase.emplace("route: schedule");

@@ -39,6 +39,7 @@ namespace reshard::routing {
 inline constexpr uint64_t kMinSplit = 4ull << 20;  // smallest part split off a piece to fill a round
 inline constexpr size_t kTreeDomains = 2;          // destination domains one source send reaches (relay trees)
 inline constexpr size_t kTreeFanout = 1;           // domains each entry GPU forwards a piece to
+inline constexpr double kRelayOnlyAbove = 0.75;    // no relay trees where the sources have this much to spare (RelaysSpare)
 inline constexpr double kFill = kDefaultStagingFill;  // staging share the pace of rounds plans for
 inline constexpr double kFillHigh = 0.95;  // and the greedy fill Schedule also tries
 inline constexpr double kPaceSlack = 1.3;          // a sender's pace: this times its bytes left per round left,
@@ -215,6 +216,7 @@ class Router {
   bool SplitFront(std::vector<DPiece>& pieces, uint32_t idx, uint64_t avail, std::vector<uint32_t>& queue,
                   size_t head);
   void EmitDirect(const std::vector<DPiece>& pieces);
+  double RelaysSpare(const std::vector<DPiece>& pieces) const;
   void Direct();
   void Gather();
 

@@ -433,9 +433,9 @@ TEST(SimulateTest, FillIsChosenByItsReplayNotByItsPeaks) {
 }
 
 // --search-fills on Kimi-K2 (1536 ranks): the greedy round fill planned for
-// 80% of the staging budget is the fastest of the seven by the estimate and
-// is kept; simulate puts it within 1.12x of the bound (1.117x, against
-// 1.134x with the default fill). Skipped under the sanitizers: seven fills of
+// 85% of the staging budget is the fastest of the seven by the estimate and
+// is kept; simulate puts it within 1.11x of the bound (1.103x, against
+// 1.108x with the default fill). Skipped under the sanitizers: seven fills of
 // this plan and its simulation take minutes there; every plain build runs it.
 TEST(SimulateTest, SearchFillsKeepsTheFasterStagingFill) {
 #ifdef RESHARD_SANITIZE
@@ -443,9 +443,11 @@ TEST(SimulateTest, SearchFillsKeepsTheFasterStagingFill) {
 #endif
   // 1.0695x of the bound at the 85% fill until the shared experts became whole
   // on every inference rank (sequence-parallel MoE, as real vLLM 0.33 holds
-  // them): the same bound, 1.117x now (issue 32 takes such rows on).
-  ExpectGreedyFillKept(SampleArgs("kimi-k2", "train-1024", "infer-512", "dgx-h100"), "--search-fills", "dgx-h100", 0.8,
-                       1.12);
+  // them): the same bound, 1.117x at 80% then; since the sources send every
+  // domain its stripes themselves (no relay trees where they have NIC time
+  // to spare: issue 32), 85% again.
+  ExpectGreedyFillKept(SampleArgs("kimi-k2", "train-1024", "infer-512", "dgx-h100"), "--search-fills", "dgx-h100", 0.85,
+                       1.11);
 }
 
 // DeepSeek-V3 on GB200 NVL72, where every NIC has about as much to move as the
