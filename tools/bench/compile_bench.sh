@@ -3,6 +3,9 @@
 # the seed configurations, plus opening and verifying one rank's program and
 # validating the whole plan. Medians of REPS runs. Usage:
 #   tools/bench/compile_bench.sh [REPS]
+# With BASE=path/to/an/older/reshard, that binary's compiles run interleaved
+# with this build's, run for run, and each row gets their medians, peak
+# memory and plan sizes side by side (a noisy machine then slows both alike).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 REPS=${1:-3}
@@ -16,13 +19,23 @@ median() { sort -g | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
 
 row() {  # name model train infer cluster strategy target_s target_mib
   local name=$1 m=$2 t=$3 i=$4 c=$5 st=$6
-  local plan="$TMP/$name.rsplan" secs=() rss=()
+  local plan="$TMP/$name.rsplan" secs=() rss=() bsecs=() brss=()
   for _ in $(seq "$REPS"); do
     /usr/bin/time -f "%e %M" -o "$TMP/time" "$BIN" compile -q --model "$m" --from "$t" --to "$i" --cluster "$c" \
       --strategy "$st" -o "$plan"
     read -r s k <"$TMP/time"
     secs+=("$s"); rss+=("$k")
+    if [ -n "${BASE:-}" ]; then
+      /usr/bin/time -f "%e %M" -o "$TMP/time" "$BASE" compile -q --model "$m" --from "$t" --to "$i" --cluster "$c" \
+        --strategy "$st" -o "$TMP/base.rsplan"
+      read -r s k <"$TMP/time"
+      bsecs+=("$s"); brss+=("$k")
+    fi
   done
+  if [ -n "${BASE:-}" ]; then
+    printf "%-34s base:  %9.2f s %7.0f MiB %8.2f MiB plan\n" "$name" "$(printf '%s\n' "${bsecs[@]}" | median)" \
+      "$(( $(printf '%s\n' "${brss[@]}" | median) / 1024 ))" "$(python3 -c "print($(stat -c %s "$TMP/base.rsplan") / 1048576)")"
+  fi
   local s_med k_med size open val
   s_med=$(printf '%s\n' "${secs[@]}" | median)
   k_med=$(printf '%s\n' "${rss[@]}" | median)
