@@ -2,6 +2,9 @@
 # Writes the plan harness's seed corpus (tests/fuzz/seeds/plan/): the small
 # samples and the quantized specs of make_spec_seeds.py, compiled by the
 # given reshard binary. Usage: tests/fuzz/make_plan_seeds.sh build/reshard
+# The seeds it wrote before schema 2 hold unpacked programs (version 1, still
+# read) and stay as they are, so that the fuzzer reaches the program checks;
+# packed-tiny-dense-* are schema 2 plans, whose programs are zstd frames.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bin=${1:-build/reshard}
