@@ -77,6 +77,7 @@ void Router::Gather() {
           RankProgram& P = ir_.ranks[gpu];
           for (const FragmentRef& df : it->second) {
             for (const Shard& s : shards) {
+              if (!s.box.intersects(DstFrag(df).box)) continue;  // (held: the GPU holds a replica of the others)
               std::vector<Box> work = {s.box.intersect(DstFrag(df).box)};
               const FragmentRef& rep = s.cell->replicas[ReplicaOn(s.cell->replicas, gpu)];
               while (!work.empty()) {
