@@ -96,6 +96,19 @@ class RoundRows {
 
 }  // namespace
 
+// The pieces by rotation (receiver minus sender), then sender, ties in
+// index order: the order FillRounds takes them in, the same for every fill.
+std::vector<uint32_t> Router::RotationOrder(const std::vector<DPiece>& pieces) const {
+  const uint32_t n = static_cast<uint32_t>(ir_.ranks.size());
+  std::vector<uint64_t> key(pieces.size());
+  for (size_t i = 0; i < pieces.size(); ++i)
+    key[i] = uint64_t{(pieces[i].b + n - pieces[i].a) % n} << 32 | pieces[i].a;
+  std::vector<uint32_t> order(pieces.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](uint32_t i, uint32_t j) { return key[i] < key[j]; });
+  return order;
+}
+
 // Places every piece in a round, filling rounds one at a time: each round
 // takes pieces pair by pair, the pairs whose sender and receiver together
 // have the most bytes still to move first, while every GPU the piece touches - its two ends
@@ -118,19 +131,6 @@ class RoundRows {
 // so a round is close to a matching of senders to receivers and no NIC is
 // converged on by many senders at once. A piece that does not fit whole is
 // split to fill the round.
-// The pieces by rotation (receiver minus sender), then sender, ties in
-// index order: the order FillRounds takes them in, the same for every fill.
-std::vector<uint32_t> Router::RotationOrder(const std::vector<DPiece>& pieces) const {
-  const uint32_t n = static_cast<uint32_t>(ir_.ranks.size());
-  std::vector<uint64_t> key(pieces.size());
-  for (size_t i = 0; i < pieces.size(); ++i)
-    key[i] = uint64_t{(pieces[i].b + n - pieces[i].a) % n} << 32 | pieces[i].a;
-  std::vector<uint32_t> order(pieces.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](uint32_t i, uint32_t j) { return key[i] < key[j]; });
-  return order;
-}
-
 RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const std::vector<uint32_t>& order,
                                 const FillMode& mode) {
   const double fill = mode.fill;
