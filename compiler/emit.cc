@@ -5,11 +5,11 @@
 #include <algorithm>
 #include <atomic>
 #include <exception>
-#include <mutex>
-#include <thread>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -22,8 +22,8 @@
 namespace reshard {
 namespace {
 
-// zstd level of packed programs: 1 packs Kimi-K2's 75.6 MiB of programs into
-// about a quarter at a few hundred MB/s a core (README, Compiler).
+// zstd level of packed programs: 1 packs Kimi-K2's 75.6 MiB plan into 17.5
+// MiB; levels -1 to 3 took the same time here (README, Benchmarks).
 constexpr int kPackLevel = 1;
 
 fb::Dtype ToFb(Dtype d) { return static_cast<fb::Dtype>(static_cast<uint8_t>(d)); }
@@ -131,7 +131,8 @@ std::vector<uint8_t> PackProgram(uint32_t g, const RankProgram& p, ZSTD_CCtx* zs
   b.Finish(EmitProgram(b, g, p));
   std::vector<uint8_t> out(ZSTD_compressBound(b.GetSize()));
   const size_t n = ZSTD_compress2(zstd, out.data(), out.size(), b.GetBufferPointer(), b.GetSize());
-  if (ZSTD_isError(n)) throw Error(std::string("packing the program of rank ") + std::to_string(g) + ": " + ZSTD_getErrorName(n));
+  if (ZSTD_isError(n))
+    throw Error("packing the program of rank " + std::to_string(g) + ": " + std::string(ZSTD_getErrorName(n)));
   out.resize(n);
   return out;
 }

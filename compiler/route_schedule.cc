@@ -423,7 +423,8 @@ RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const std::vector<u
   // each into the round where that GPU stages least so far. In a round the
   // runtime packs and copies before it posts, so copies all in round 0 held
   // back round 0's sends (FSDP2 -> vLLM TP2 x DP4 EP colocated: 7.58 GB per
-  // GPU ahead of the first message, 2.48x the bound; spread, 1.40x).
+  // GPU ahead of the first message; with NVLink paced, 1.75x the bound with
+  // the copies in round 0, 1.40x spread).
   RoundRows copied(n);
   for (uint32_t i : copies) {
     DPiece& p = pieces[i];
@@ -535,13 +536,19 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
   for (size_t g = 0; g < programs.size(); ++g) ir_.ranks[g].dst_buffer_base = programs[g].dst_buffer_base;
   auto run = [this, &input, &order, &candidates, nic, nvlink, budget](size_t c) {
     Trial t{input, {}, {}, RoundTraffic(0), std::nullopt, c};
+    static constexpr const char* kFillPhase[] = {"fill 0", "fill 1", "fill 2", "fill 3+"};
+    static constexpr const char* kEstimatePhase[] = {"flow estimate 0", "flow estimate 1", "flow estimate 2",
+                                                     "flow estimate 3+"};
     std::unique_ptr<Router> router;
-    { Phase copy("router copy"); router = std::make_unique<Router>(*this); }
     {
-      Phase phase(c == 0 ? "fill 0" : c == 1 ? "fill 1" : c == 2 ? "fill 2" : "fill 3+");
+      Phase phase("router copy");
+      router = std::make_unique<Router>(*this);
+    }
+    {
+      Phase phase(kFillPhase[std::min<size_t>(c, 3)]);
       t.traffic = router->FillRounds(t.pieces, order, candidates[c]);
     }
-    Phase phase(c == 0 ? "flow estimate 0" : c == 1 ? "flow estimate 1" : c == 2 ? "flow estimate 2" : "flow estimate 3+");
+    Phase phase(kEstimatePhase[std::min<size_t>(c, 3)]);
     t.flow = t.traffic.FlowSeconds(nic, nvlink, budget);
     t.used = std::move(router->used_);
     t.assemblies = std::move(router->assemblies_);
