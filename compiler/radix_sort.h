@@ -13,21 +13,30 @@ namespace reshard::routing {
 // Sorts `v` (elements with a uint64_t `key`) by descending key, equal keys
 // keeping their order: a radix sort of (largest key - key), least
 // significant 11-bit digit first (each pass is stable), with only the passes
-// the largest key needs; a pass whose digit is the same everywhere is
-// skipped. `tmp` is scratch, kept by the caller to reuse its memory.
+// the largest key needs, every pass's digit counts taken in one read of the
+// keys; a pass whose digit is the same everywhere is skipped. `tmp` is
+// scratch, kept by the caller to reuse its memory.
 template <class T>
 void SortByKeyDescending(std::vector<T>& v, std::vector<T>& tmp) {
-  constexpr int kBits = 11;
+  constexpr int kBits = 11, kMaxPasses = (64 + kBits - 1) / kBits;
   constexpr uint64_t kMask = (uint64_t{1} << kBits) - 1;
   uint64_t top = 0;
   for (const T& x : v) top = std::max(top, x.key);
+  int passes = 0;
+  while (passes < kMaxPasses && (top >> (passes * kBits)) != 0) ++passes;
+  // Every pass's counts in one read of the keys, not one read per pass.
+  std::vector<size_t> start(static_cast<size_t>(passes) * (kMask + 2), 0);
+  for (const T& x : v) {
+    const uint64_t k = top - x.key;
+    for (int p = 0; p < passes; ++p) ++start[p * (kMask + 2) + (k >> (p * kBits) & kMask) + 1];
+  }
   tmp.resize(v.size());
-  for (int shift = 0; shift < 64 && (top >> shift) != 0; shift += kBits) {
-    size_t start[kMask + 2] = {};
-    for (const T& x : v) ++start[((top - x.key) >> shift & kMask) + 1];
-    if (*std::max_element(start + 1, start + kMask + 2) == v.size()) continue;
-    for (uint64_t d = 1; d <= kMask + 1; ++d) start[d] += start[d - 1];
-    for (const T& x : v) tmp[start[(top - x.key) >> shift & kMask]++] = x;
+  for (int p = 0; p < passes; ++p) {
+    size_t* s = start.data() + p * (kMask + 2);
+    if (*std::max_element(s + 1, s + kMask + 2) == v.size()) continue;
+    for (uint64_t d = 1; d <= kMask + 1; ++d) s[d] += s[d - 1];
+    const int shift = p * kBits;
+    for (const T& x : v) tmp[s[(top - x.key) >> shift & kMask]++] = x;
     v.swap(tmp);
   }
 }

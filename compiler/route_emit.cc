@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <thread>
 
 namespace reshard::routing {
 
@@ -50,6 +51,22 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
     Assembly& as = assemblies_[p.assembly];
     if (as.area == ~uint64_t{0}) as.area = Alloc(as.b, as.round, as.grids * as.slot);
     return as.area + static_cast<uint64_t>(p.grid) * as.slot;
+  };
+  // The regions of plain pieces' steps are worked out after the walk, on
+  // as many threads as the machine has: the walk leaves a placeholder where
+  // each goes (so that every region keeps its index) and a note of which
+  // it is. (Fragment::RegionOf and Coalesced were a third of the walk.)
+  struct RegionJob {
+    uint32_t rank, region;  // where it goes
+    uint32_t piece;         // whose box
+    int32_t of;             // kSrc, kDst, or a hop of the piece's tree (its destination)
+  };
+  constexpr int32_t kSrc = -2, kDst = -1;
+  std::vector<RegionJob> region_jobs;
+  auto region = [&](uint32_t rank, size_t piece, int32_t of) {
+    RankProgram& prog = ir_.ranks[rank];
+    region_jobs.push_back({rank, static_cast<uint32_t>(prog.regions.size()), static_cast<uint32_t>(piece), of});
+    return prog.AddRegion(StridedRegion{});
   };
   std::map<size_t, std::vector<uint32_t>> assembled;  // per round: its assemblies
   for (uint32_t k = 0; k < assemblies_.size(); ++k) assembled[assemblies_[k].round].push_back(k);
@@ -116,7 +133,7 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
             continue;
           }
           Step up = StagedStep(StepKind::unpack, model_.tensors[p.tensor].dtype, off, p.bytes);
-          up.dst = G.AddRegion(DstRegion(hop_pool_[p.hop_begin + parts[w].h].to, p.box));
+          up.dst = region(to, staged[parts[w].s], static_cast<int32_t>(parts[w].h));
           G.round(round).unpack.push_back(up);
         }
         u = v;
@@ -155,8 +172,8 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
         s.kind = StepKind::copy;
         s.wire = model_.tensors[p.tensor].dtype;
         s.bytes = p.bytes;
-        s.src = A.AddRegion(SrcRegion(p.s, p.box));
-        s.dst = A.AddRegion(DstRegion(p.d, p.box));
+        s.src = region(first.a, order[k], kSrc);
+        s.dst = region(first.a, order[k], kDst);
         A.round(p.round).local.push_back(s);
       }
       i = j;
@@ -190,10 +207,10 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
         } else {
           Dtype w = model_.tensors[p.tensor].dtype;
           Step pk = StagedStep(StepKind::pack, w, oa + pos, p.bytes);
-          pk.src = A.AddRegion(SrcRegion(p.s, p.box));
+          pk.src = region(first.a, order[k], kSrc);
           A.round(p.round).local.push_back(pk);
           Step up = StagedStep(StepKind::unpack, w, ob + pos, p.bytes);
-          up.dst = B.AddRegion(DstRegion(p.d, p.box));
+          up.dst = region(first.b, order[k], kDst);
           B.round(p.round).unpack.push_back(up);
         }
         staged.push_back(order[k]);
@@ -221,8 +238,8 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
       snd.wire = rcv.wire = model_.tensors[p.tensor].dtype;
       snd.peer = p.b, rcv.peer = p.a;
       snd.bytes = rcv.bytes = p.bytes;
-      snd.src = A.AddRegion(SrcRegion(p.s, p.box));
-      rcv.dst = B.AddRegion(DstRegion(p.d, p.box));
+      snd.src = region(first.a, order[k], kSrc);
+      rcv.dst = region(first.b, order[k], kDst);
       A.round(p.round).comm.push_back(snd);
       B.round(p.round).comm.push_back(rcv);
       Count(p.a, p.b, p.bytes);
@@ -230,6 +247,25 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
     i = j;
   }
   flush();
+  // The regions: each thread fills its own share of the placeholders (the
+  // programs' region lists no longer grow).
+  auto fill = [&](size_t begin, size_t end) {
+    for (size_t k = begin; k < end; ++k) {
+      const RegionJob& job = region_jobs[k];
+      const DPiece& p = pieces[job.piece];
+      ir_.ranks[job.rank].regions[job.region] =
+          job.of == kSrc   ? SrcRegion(p.s, p.box)
+          : job.of == kDst ? DstRegion(p.d, p.box)
+                           : DstRegion(hop_pool_[p.hop_begin + static_cast<uint32_t>(job.of)].to, p.box);
+    }
+  };
+  const size_t threads = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8);
+  const size_t share = (region_jobs.size() + threads - 1) / threads;
+  std::vector<std::thread> workers;
+  for (size_t t = 1; t < threads && t * share < region_jobs.size(); ++t)
+    workers.emplace_back(fill, t * share, std::min(region_jobs.size(), (t + 1) * share));
+  fill(0, std::min(share, region_jobs.size()));
+  for (std::thread& w : workers) w.join();
 }
 
 }  // namespace reshard::routing

@@ -270,35 +270,38 @@ RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const std::vector<u
     }
     p.round = r;
   };
-  std::vector<uint32_t> active(pairs.size());
-  std::iota(active.begin(), active.end(), 0);
   std::vector<uint64_t> pair_left(pairs.size(), 0);  // bytes each pair has still to place
   for (size_t pi = 0; pi < pairs.size(); ++pi)
     for (uint32_t idx : pairs[pi].queue) pair_left[pi] += pieces[idx].bytes;
-  // What a round looks at first, kept beside the pairs in one small record
-  // each: most pairs place nothing in most rounds, and reading their head
-  // pieces (scattered in `pieces`) and their queues to find that out was
-  // most of a large plan's fill time.
+  // What a round looks at first, one small record per pair: most pairs
+  // place nothing in most rounds, and reading their head pieces (scattered
+  // in `pieces`) and their queues to find that out was most of a large
+  // plan's fill time. The records are the active pairs themselves, in the
+  // round's order (sorted with their keys), so that a round reads them one
+  // after the other: looked up by pair index they were a cache miss each
+  // (33,643 pairs, 190 rounds, three fills on DeepSeek-V3).
   struct Head {
+    uint64_t key;   // the round's order: both NICs' bytes left
     uint64_t need;  // need_of(its head piece)
     uint32_t a, b;  // the pair
+    uint32_t pair;  // its index in `pairs`
     bool hops;      // the head piece has a delivery tree
     bool net;       // a and b talk over a NIC
     bool live;      // pieces left
   };
-  std::vector<Head> heads(pairs.size());
-  auto refresh = [&](uint32_t pi) {
-    const Pair& q = pairs[pi];
-    Head& h = heads[pi];
+  auto refresh = [&](Head& h) {
+    const Pair& q = pairs[h.pair];
     h.live = q.head < q.queue.size();
     if (h.live) {
       const DPiece& p = pieces[q.queue[q.head]];
       h.need = need_of(p), h.hops = p.hop_count > 0;
     }
   };
+  std::vector<Head> active(pairs.size()), scratch;  // the pairs with pieces left
   for (uint32_t pi = 0; pi < pairs.size(); ++pi) {
-    heads[pi].a = pairs[pi].a, heads[pi].b = pairs[pi].b, heads[pi].net = is_net(pairs[pi].a, pairs[pi].b);
-    refresh(pi);
+    Head& h = active[pi];
+    h.pair = pi, h.a = pairs[pi].a, h.b = pairs[pi].b, h.net = is_net(h.a, h.b);
+    refresh(h);
   }
   // True if pair pi surely places nothing in round r, from its ends' rooms
   // alone (place() checks more: every hop's room, the budget). Each way
@@ -306,8 +309,7 @@ RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const std::vector<u
   // bytes of staging at both ends, or both ends idle in the round (a piece
   // alone); paced, a net piece also needs at least min_split of the network
   // share, or to fit it with the overshoot allowed.
-  auto surely_blocked = [&](uint32_t pi, size_t r, bool paced) {
-    const Head& h = heads[pi];
+  auto surely_blocked = [&](const Head& h, size_t r, bool paced) {
     const uint64_t ua = staging.At(h.a, r), ub = staging.At(h.b, r);
     if (ua == 0 && ub == 0 && !h.hops) return false;  // may go alone
     const uint64_t staging_room = cap_ - std::min(cap_, std::max(ua, ub));
@@ -344,9 +346,10 @@ RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const std::vector<u
   };
   // Places pair pi's pieces in round r while `budget` (bytes) lasts and
   // fit() lets them; a piece larger than what is left is split to fit.
-  auto place = [&](uint32_t pi, size_t r, uint64_t budget, bool paced, bool proportional_pass) -> size_t {
-    if (!heads[pi].live) return 0;
-    if (surely_blocked(pi, r, paced)) {
+  auto place = [&](Head& h, size_t r, uint64_t budget, bool paced, bool proportional_pass) -> size_t {
+    if (!h.live) return 0;
+    const uint32_t pi = h.pair;
+    if (surely_blocked(h, r, paced)) {
       // (Checked where asserts are on, as in the sanitizer build that runs the whole test suite.)
       assert(fit(pieces[pairs[pi].queue[pairs[pi].head]], r, budget, paced, proportional_pass).how == Fit::none);
       return 0;
@@ -366,14 +369,9 @@ RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const std::vector<u
       ++q.head;
       ++placed;
     }
-    if (placed > 0) refresh(pi);
+    if (placed > 0) refresh(h);
     return placed;
   };
-  struct Keyed {
-    uint64_t key;  // both NICs' bytes left
-    uint32_t pair;
-  };
-  std::vector<Keyed> keyed, scratch;
   size_t filled = 1;  // rounds the pairs were placed in
   for (size_t r = 0; !active.empty(); filled = ++r) {
     // Pairs whose two NICs together have the most left go first. (Ordering
@@ -381,15 +379,13 @@ RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const std::vector<u
     // round's share of an idle-ish partner that a busier pair needed:
     // simulate predicted refits 0.8-2.8% slower on every seed row, 4.6% on
     // the Qwen3-235B per-channel FP8 plan.)
-    // Ties keep their order of the previous round. The keys are gathered
-    // first (a comparator reading the pairs made this sort a tenth of a
-    // large plan's compile) and radix-sorted: std::stable_sort was 13% of
-    // the DeepSeek-V3 compile, and a plain sort on the key and the previous
-    // position, the same order, took half again as long as that.
-    keyed.clear();
-    for (uint32_t pi : active) keyed.push_back({rem_out[heads[pi].a] + rem_in[heads[pi].b], pi});
-    SortByKeyDescending(keyed, scratch);
-    for (size_t i = 0; i < keyed.size(); ++i) active[i] = keyed[i].pair;
+    // Ties keep their order of the previous round. The keys are set in the
+    // records first (a comparator reading the pairs made this sort a tenth
+    // of a large plan's compile) and radix-sorted: std::stable_sort was 13%
+    // of the DeepSeek-V3 compile, and a plain sort on the key and the
+    // previous position, the same order, took half again as long as that.
+    for (Head& h : active) h.key = rem_out[h.a] + rem_in[h.b];
+    SortByKeyDescending(active, scratch);
     repace(r);
     size_t placed = 0;
     if (mode.proportional) {
@@ -401,9 +397,9 @@ RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const std::vector<u
       for (uint32_t g = 0; g < n; ++g) crit = std::max({crit, rem_in[g], rem_out[g]});
       const uint64_t rounds_left = std::max<uint64_t>(1, (crit + net_cap - 1) / net_cap);
       const uint64_t min_share = std::max(min_split, static_cast<uint64_t>(mode.min_share * static_cast<double>(net_cap)));
-      for (uint32_t pi : active) {
-        if (!heads[pi].net) continue;
-        placed += place(pi, r, std::max(min_share, pair_left[pi] / rounds_left), true, true);
+      for (Head& h : active) {
+        if (!h.net) continue;
+        placed += place(h, r, std::max(min_share, pair_left[h.pair] / rounds_left), true, true);
       }
     }
     // Otherwise (or where the shares placed nothing), pair by pair, the
@@ -413,10 +409,9 @@ RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const std::vector<u
     // it, so that every round places something and the loop ends.
     for (const bool paced : {true, false}) {
       if (placed > 0) break;
-      for (uint32_t pi : active) placed += place(pi, r, UINT64_MAX, paced, false);
+      for (Head& h : active) placed += place(h, r, UINT64_MAX, paced, false);
     }
-    active.erase(std::remove_if(active.begin(), active.end(), [&](uint32_t pi) { return !heads[pi].live; }),
-                 active.end());
+    active.erase(std::remove_if(active.begin(), active.end(), [](const Head& h) { return !h.live; }), active.end());
   }
   // A GPU's local copies (colocated: what it holds in its training
   // buffers and serves from its inference ones) are spread over the rounds,
