@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace reshard {
@@ -150,96 +151,110 @@ class Writes {
   std::vector<uint64_t> max_hi_;
 };
 
+// One rank's rounds; adds what it drops to `out`.
+void SharePacksOf(RankProgram& p, SharedPacks& out) {
+  for (Round& round : p.rounds) {
+    std::vector<Pack> packs;
+    std::vector<int> pack_of(round.local.size(), -1);
+    std::vector<int> first_of;  // per Pack: the Pack it repeats, or -1
+    std::map<std::string, int> first;
+    for (size_t i = 0; i < round.local.size(); ++i) {
+      Pack k;
+      if (!AsPack(p, round.local, i, k)) continue;
+      auto [it, inserted] = first.emplace(k.key, static_cast<int>(packs.size()));
+      pack_of[i] = static_cast<int>(packs.size());
+      first_of.push_back(inserted ? -1 : it->second);
+      packs.push_back(std::move(k));
+    }
+    std::vector<char> drop(packs.size(), 0);
+    for (size_t k = 0; k < packs.size(); ++k) drop[k] = first_of[k] >= 0;
+    if (std::find(drop.begin(), drop.end(), 1) == drop.end()) continue;
+    auto is_dup = [&](int k) { return k >= 0 && first_of[k] >= 0; };
+    auto delta = [&](int k) { return packs[first_of[k]].base - packs[k].base; };  // modulo 2^64
+
+    std::vector<Access> acc;
+    AccessesOf(p, round.local, &pack_of, acc);
+    AccessesOf(p, round.comm, nullptr, acc);
+    AccessesOf(p, round.unpack, nullptr, acc);
+    std::vector<Access> w;
+    for (const Access& a : acc)
+      if (a.write && a.span.lo < a.span.hi) w.push_back(a);
+    const Writes writes(std::move(w));
+
+    // A reader at an offset whose span holds repeats' bytes reads the
+    // first copies' instead: every write in its span must be a repeat
+    // moved by the same distance, and every write in the span it then
+    // reads a first copy of one of them.
+    struct Redirect {
+      Step* step;
+      uint64_t delta;
+      std::vector<int> dups;
+    };
+    std::vector<Redirect> redirects;
+    for (const Access& a : acc) {
+      if (a.write || a.span.lo == a.span.hi) continue;
+      std::vector<int> dups;
+      bool others = false;
+      writes.Overlapping(a.span, [&](const Access& b) { is_dup(b.owner) ? dups.push_back(b.owner) : void(others = true); });
+      if (dups.empty()) continue;
+      bool ok = a.step != nullptr && !others;
+      for (int k : dups) ok = ok && delta(k) == delta(dups[0]);
+      if (ok) {
+        const uint64_t d = delta(dups[0]);
+        writes.Overlapping({a.span.lo + d, a.span.hi + d}, [&](const Access& b) {
+          ok = ok && std::any_of(dups.begin(), dups.end(), [&](int k) { return first_of[k] == b.owner; });
+        });
+      }
+      if (ok) {
+        redirects.push_back({a.step, delta(dups[0]), std::move(dups)});
+      } else {
+        for (int k : dups) drop[k] = 0;
+      }
+    }
+    // A reader redirected reads all its repeats from their first copies,
+    // or none: one kept repeat keeps them all.
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (const Redirect& r : redirects) {
+        if (std::all_of(r.dups.begin(), r.dups.end(), [&](int k) { return drop[k]; })) continue;
+        for (int k : r.dups) changed = changed || drop[k], drop[k] = 0;
+      }
+    }
+    for (const Redirect& r : redirects)
+      if (drop[r.dups[0]]) r.step->staging += r.delta;
+
+    std::vector<Step> kept;
+    kept.reserve(round.local.size());
+    for (size_t i = 0; i < round.local.size(); ++i) {
+      const int k = pack_of[i];
+      if (k >= 0 && drop[k]) {
+        ++out.packs;
+        if (packs[k].quant) ++out.quant_packs;
+        out.bytes += packs[k].bytes;
+        continue;
+      }
+      kept.push_back(round.local[i]);
+    }
+    round.local = std::move(kept);
+  }
+}
+
 }  // namespace
 
+// Every rank on its own (a rank's steps read and write its own staging
+// only), on as many threads as the machine has, each taking every T-th rank.
 SharedPacks SharePacks(PlanIR& ir) {
+  const size_t threads = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 16);
+  std::vector<SharedPacks> counts(threads);
+  auto work = [&](size_t t) {
+    for (size_t g = t; g < ir.ranks.size(); g += threads) SharePacksOf(ir.ranks[g], counts[t]);
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work, t);
+  work(0);
+  for (std::thread& t : pool) t.join();
   SharedPacks out;
-  for (RankProgram& p : ir.ranks) {
-    for (Round& round : p.rounds) {
-      std::vector<Pack> packs;
-      std::vector<int> pack_of(round.local.size(), -1);
-      std::vector<int> first_of;  // per Pack: the Pack it repeats, or -1
-      std::map<std::string, int> first;
-      for (size_t i = 0; i < round.local.size(); ++i) {
-        Pack k;
-        if (!AsPack(p, round.local, i, k)) continue;
-        auto [it, inserted] = first.emplace(k.key, static_cast<int>(packs.size()));
-        pack_of[i] = static_cast<int>(packs.size());
-        first_of.push_back(inserted ? -1 : it->second);
-        packs.push_back(std::move(k));
-      }
-      std::vector<char> drop(packs.size(), 0);
-      for (size_t k = 0; k < packs.size(); ++k) drop[k] = first_of[k] >= 0;
-      if (std::find(drop.begin(), drop.end(), 1) == drop.end()) continue;
-      auto is_dup = [&](int k) { return k >= 0 && first_of[k] >= 0; };
-      auto delta = [&](int k) { return packs[first_of[k]].base - packs[k].base; };  // modulo 2^64
-
-      std::vector<Access> acc;
-      AccessesOf(p, round.local, &pack_of, acc);
-      AccessesOf(p, round.comm, nullptr, acc);
-      AccessesOf(p, round.unpack, nullptr, acc);
-      std::vector<Access> w;
-      for (const Access& a : acc)
-        if (a.write && a.span.lo < a.span.hi) w.push_back(a);
-      const Writes writes(std::move(w));
-
-      // A reader at an offset whose span holds repeats' bytes reads the
-      // first copies' instead: every write in its span must be a repeat
-      // moved by the same distance, and every write in the span it then
-      // reads a first copy of one of them.
-      struct Redirect {
-        Step* step;
-        uint64_t delta;
-        std::vector<int> dups;
-      };
-      std::vector<Redirect> redirects;
-      for (const Access& a : acc) {
-        if (a.write || a.span.lo == a.span.hi) continue;
-        std::vector<int> dups;
-        bool others = false;
-        writes.Overlapping(a.span, [&](const Access& b) { is_dup(b.owner) ? dups.push_back(b.owner) : void(others = true); });
-        if (dups.empty()) continue;
-        bool ok = a.step != nullptr && !others;
-        for (int k : dups) ok = ok && delta(k) == delta(dups[0]);
-        if (ok) {
-          const uint64_t d = delta(dups[0]);
-          writes.Overlapping({a.span.lo + d, a.span.hi + d}, [&](const Access& b) {
-            ok = ok && std::any_of(dups.begin(), dups.end(), [&](int k) { return first_of[k] == b.owner; });
-          });
-        }
-        if (ok) {
-          redirects.push_back({a.step, delta(dups[0]), std::move(dups)});
-        } else {
-          for (int k : dups) drop[k] = 0;
-        }
-      }
-      // A reader redirected reads all its repeats from their first copies,
-      // or none: one kept repeat keeps them all.
-      for (bool changed = true; changed;) {
-        changed = false;
-        for (const Redirect& r : redirects) {
-          if (std::all_of(r.dups.begin(), r.dups.end(), [&](int k) { return drop[k]; })) continue;
-          for (int k : r.dups) changed = changed || drop[k], drop[k] = 0;
-        }
-      }
-      for (const Redirect& r : redirects)
-        if (drop[r.dups[0]]) r.step->staging += r.delta;
-
-      std::vector<Step> kept;
-      kept.reserve(round.local.size());
-      for (size_t i = 0; i < round.local.size(); ++i) {
-        const int k = pack_of[i];
-        if (k >= 0 && drop[k]) {
-          ++out.packs;
-          if (packs[k].quant) ++out.quant_packs;
-          out.bytes += packs[k].bytes;
-          continue;
-        }
-        kept.push_back(round.local[i]);
-      }
-      round.local = std::move(kept);
-    }
-  }
+  for (const SharedPacks& c : counts) out.packs += c.packs, out.quant_packs += c.quant_packs, out.bytes += c.bytes;
   return out;
 }
 
