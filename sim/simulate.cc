@@ -285,4 +285,17 @@ SimResult Simulate(const Workload& w, const ClusterSpec& cluster, const SimOptio
   return res;
 }
 
+GapToBound GapOf(const SimResult& r, double bound_seconds, const LinkModel& m) {
+  GapToBound g;
+  if (r.busiest.empty() || bound_seconds <= 0 || r.seconds <= 0) return g;
+  g.link = r.busiest.front();
+  const double bw = g.link.path == Path::net ? m.nic_Bps : m.nvlink_Bps;
+  if (g.link.bytes == 0 || bw <= 0) return g;
+  g.has_link = true;
+  g.link_seconds = static_cast<double>(g.link.bytes) / bw;
+  g.bytes = g.link_seconds / bound_seconds;
+  g.idle = r.seconds / g.link_seconds;
+  return g;
+}
+
 }  // namespace reshard::sim

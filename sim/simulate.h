@@ -40,4 +40,20 @@ struct SimResult {
 /// Runs the simulation. SimGrid allows one engine per process: call once.
 SimResult Simulate(const Workload& w, const ClusterSpec& cluster, const SimOptions& opt);
 
+/// Where a prediction's time above its lower bound goes, read off its
+/// busiest link (B bytes at bandwidth bw, predicted T, bound L):
+///   T / L = bytes x idle,  bytes = (B / bw) / L,  idle = T / (B / bw)
+/// `bytes` above 1: that link carries more than the bound gives any link
+/// (bytes spread unevenly over a domain's NICs, or more bytes than needed,
+/// e.g. BF16 values a receiver quantizes); `idle` above 1: the link waits
+/// for its partners (1 / its utilization), inside rounds, while other flows
+/// finish. Nothing (has_link false) where no link carries anything.
+struct GapToBound {
+  bool has_link = false;
+  LinkLoad link;
+  double link_seconds = 0;  // B / bw
+  double bytes = 1, idle = 1;
+};
+GapToBound GapOf(const SimResult& r, double bound_seconds, const LinkModel& m);
+
 }  // namespace reshard::sim

@@ -15,6 +15,7 @@
 #include "compiler/random_specs.h"
 #include "compiler/test.h"
 #include "runtime/test.h"
+#include "sim/simulate.h"
 
 namespace reshard {
 namespace {
@@ -43,9 +44,15 @@ Result Reshard(const std::string& args, const TempDir& dir) {
 void ExpectNearBound(const std::string& plan, const std::string& cluster, double at_most, const TempDir& dir) {
   Result r = Reshard("simulate -q --json " + plan + " --cluster " + cluster, dir);
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  const double ratio = nlohmann::json::parse(r.out)["ratio_to_bound"].get<double>();
+  const auto j = nlohmann::json::parse(r.out);
+  const double ratio = j["ratio_to_bound"].get<double>();
   EXPECT_LE(ratio, at_most) << r.out;
   EXPECT_GE(ratio, 1.0) << r.out;
+  // Where the rest goes: the busiest link's bytes times its idle time.
+  ASSERT_TRUE(j["gap"].is_object()) << r.out;
+  EXPECT_EQ(j["gap"]["link"], j["busiest_links"][0]["link"]);
+  EXPECT_NEAR(j["gap"]["bytes_factor"].get<double>() * j["gap"]["idle_factor"].get<double>(), ratio, 1e-9 * ratio);
+  EXPECT_NEAR(1 / j["gap"]["idle_factor"].get<double>(), j["busiest_links"][0]["utilization"].get<double>(), 1e-9);
 }
 
 // A bundled sample's compile inputs: `--model DIR/model.json --from
@@ -169,6 +176,29 @@ TEST(SimulateTest, APlanWhoseBytesAllCrossOneLinkTakesThatLinksTime) {
   EXPECT_NEAR(j["predicted_seconds"].get<double>(), 3 * kGB / kNic + 2 * kNicLat, 1e-9);
   EXPECT_EQ(j["busiest_links"][0]["link"], "rank 0 NIC out");
   EXPECT_NEAR(j["busiest_links"][0]["utilization"].get<double>(), 1.0, 1e-4);
+}
+
+// The time above the bound, split at the busiest link: its bytes at its
+// bandwidth against the bound, and the prediction against that.
+TEST(SimulateTest, GapToTheBoundIsTheBusiestLinksBytesTimesItsIdleTime) {
+  sim::LinkModel m;
+  m.nic_Bps = kNic, m.nvlink_Bps = kNvlink;
+  sim::SimResult r;
+  r.seconds = 2.0;
+  EXPECT_FALSE(sim::GapOf(r, 0.8, m).has_link);  // no traffic: nothing to split
+  // 10 GB through a NIC: 1 s of it in a 2 s refit whose bound is 0.8 s.
+  r.busiest.push_back({3, sim::Path::net, false, 10 * kGB, 0.5});
+  sim::GapToBound g = sim::GapOf(r, 0.8, m);
+  ASSERT_TRUE(g.has_link);
+  EXPECT_EQ(g.link.name(), "rank 3 NIC in");
+  EXPECT_DOUBLE_EQ(g.link_seconds, 1.0);
+  EXPECT_DOUBLE_EQ(g.bytes, 1.25);  // the link carries a quarter more than the bound gives it
+  EXPECT_DOUBLE_EQ(g.idle, 2.0);    // and is busy half the refit
+  EXPECT_DOUBLE_EQ(g.bytes * g.idle, r.seconds / 0.8);
+  // Over NVLink, at NVLink's bandwidth; a bound of 0 (nothing needed) splits nothing.
+  r.busiest.front().path = sim::Path::nvlink;
+  EXPECT_DOUBLE_EQ(sim::GapOf(r, 0.8, m).link_seconds, 0.1);
+  EXPECT_FALSE(sim::GapOf(r, 0, m).has_link);
 }
 
 TEST(SimulateTest, NetAndNvlinkTransfersOfARoundOverlap) {

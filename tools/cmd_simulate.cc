@@ -82,6 +82,7 @@ void AddSimulateCommand(CLI::App& app, int& exit_code) {
     sim::SimResult r = sim::Simulate(w, cluster, opt);
     if (opt.progress) std::fprintf(stderr, "\r\033[K");
     const double ratio = lb.seconds > 0 ? r.seconds / lb.seconds : 1.0;
+    const sim::GapToBound gap = sim::GapOf(r, lb.seconds, sim::LinkModel::Of(cluster));
     if (o->json) {
       nlohmann::ordered_json links = nlohmann::ordered_json::array();
       for (const sim::LinkLoad& l : r.busiest) {
@@ -113,6 +114,12 @@ void AddSimulateCommand(CLI::App& app, int& exit_code) {
             {"local_rank", lb.local_rank},
             {"local_bytes", lb.local_bytes},
             {"latency_seconds", lb.latency_s}}},
+          {"gap", gap.has_link ? nlohmann::ordered_json{{"link", gap.link.name()},
+                                                         {"link_bytes", gap.link.bytes},
+                                                         {"link_seconds", gap.link_seconds},
+                                                         {"bytes_factor", gap.bytes},
+                                                         {"idle_factor", gap.idle}}
+                               : nlohmann::ordered_json(nullptr)},
           {"bytes", {{"net", w.net_bytes}, {"nvlink", w.nvlink_bytes}, {"hbm_local", w.local_bytes},
                      {"hbm_unpack", w.unpack_bytes}}},
           {"hbm_seconds_max_rank", r.hbm_seconds},
@@ -138,6 +145,11 @@ void AddSimulateCommand(CLI::App& app, int& exit_code) {
         std::printf("                      (d) local copy     %s: GPU %u copies %s it holds itself through its HBM\n",
                     Seconds(lb.local_s).c_str(), lb.local_rank, Bytes(lb.local_bytes).c_str());
       std::printf("  plan / bound      %.2fx\n", ratio);
+      if (gap.has_link)
+        std::printf("                      = bytes %.3fx (the busiest link, %s, carries %s: %s at its bandwidth)\n"
+                    "                      x idle %.3fx (it is busy %.1f%% of the refit, waiting on partners)\n",
+                    gap.bytes, gap.link.name().c_str(), Bytes(gap.link.bytes).c_str(), Seconds(gap.link_seconds).c_str(),
+                    gap.idle, 100 / gap.idle);
       std::printf("  traffic           net %s, nvlink %s; HBM pack/copy %s, unpack %s (busiest rank %s)\n",
                   Bytes(w.net_bytes).c_str(), Bytes(w.nvlink_bytes).c_str(), Bytes(w.local_bytes).c_str(),
                   Bytes(w.unpack_bytes).c_str(), Seconds(r.hbm_seconds).c_str());

@@ -1,13 +1,11 @@
 #!/usr/bin/env bash
 # Where the time above the lower bound goes (issue 32), for the rows that are
-# predicted above 1.05x of it. `simulate` reports the refit's busiest links;
-# with B the busiest link's bytes, bw its bandwidth, T the predicted refit and
-# L the lower bound:
-#   T / L = (B / bw / L) x (T / (B / bw))
-#         = bytes (the busiest link's bytes against what the bound gives each
-#           link of its binding term: 1.00 where they are spread evenly)
-#         x idle  (1 / the busiest link's utilization: time it waits on
-#           partners, inside rounds, while other flows finish)
+# predicted above 1.05x of it: `simulate` splits predicted / bound at the
+# refit's busiest link (sim/simulate.h, GapOf):
+#   bytes: that link's bytes at its bandwidth against the bound (1.00 where
+#          the bound's bytes are spread evenly over its links)
+#   idle:  the prediction against that link's busy time (1 / its
+#          utilization): waiting on partners inside rounds
 # Usage: tools/bench/bound_gap.sh   (BUILD=build-dir, default build)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -18,19 +16,12 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 report() {  # LABEL PLAN CLUSTER
-  local sim
-  sim=$("$BIN" simulate "$2" --cluster "$3" --json)
-  python3 - "$1" "$3" "$sim" <<'EOF'
+  "$BIN" simulate -q "$2" --cluster "$3" --json | python3 -c "
 import json, sys
-label, cluster_path, sim = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-c = json.load(open(cluster_path))
-T, L = sim["predicted_seconds"], sim["lower_bound_seconds"]
-top = sim["busiest_links"][0]
-bw = c["nic_gbps"] * 1e9 / 8 if top["path"] == "net" else c["nvlink_GBps"] * 1e9
-link_seconds = top["bytes"] / bw
-print(f"| {label} | {T / L:.3f}x | {sim['bound']['binding']} | {top['link']}: {top['bytes'] / 1e9:.2f} GB | "
-      f"{link_seconds / L:.3f} | {T / link_seconds:.3f} ({100 * top['utilization']:.1f}% busy) |")
-EOF
+s = json.load(sys.stdin)
+g = s['gap']
+print(f\"| $1 | {s['ratio_to_bound']:.3f}x | {s['bound']['binding']} | {g['link']}: {g['link_bytes'] / 1e9:.2f} GB | \"
+      f\"{g['bytes_factor']:.3f} | {g['idle_factor']:.3f} ({100 / g['idle_factor']:.1f}% busy) |\")"
 }
 
 compile() {  # LABEL MODEL TRAIN INFER CLUSTER
@@ -38,10 +29,10 @@ compile() {  # LABEL MODEL TRAIN INFER CLUSTER
   report "$1" "$tmp/p.rsplan" "$5"
 }
 
-init() {  # LABEL CONFIG TRAIN INFER
+init() {  # LABEL CONFIG TRAIN INFER [CLUSTER]
   local d=$tmp/specs
   rm -rf "$d"
-  "$BIN" init -q --hf-config "$2" --train "$3" --infer "$4" --cluster dgx-h100 -o "$d"
+  "$BIN" init -q --hf-config "$2" --train "$3" --infer "$4" --cluster "${5:-dgx-h100}" -o "$d"
   compile "$1" "$d/model.json" "$d/train.json" "$d/infer.json" "$d/cluster.json"
 }
 
@@ -61,3 +52,13 @@ init "Llama-4-Scout -> TP4 x8" $C/llama-4-scout.json megatron:tp=4,pp=2,ep=8,etp
 init "DeepSeek-V3 -> TP8 DP4 EP x8" $S/deepseek-v3/config.json \
   megatron:pp=16,ep=16,etp=1,grouped-gemm,pp-layers=3,4,4,4,4,4,4,4,4,4,4,4,4,4,4,2 \
   vllm:tp=8,dp=4,ep,engines=8,quant=none
+# Training and inference on the same 8 GPUs (the README's colocated rows).
+python3 -c "
+import json
+c = json.load(open('$S/clusters/dgx-h100.json'))
+c.update(name='colocated', placement='colocated')
+json.dump(c, open('$tmp/colocated.json', 'w'))"
+init "Qwen3-30B-A3B colocated, Megatron -> TP8" $C/qwen3-30b-a3b.json megatron:tp=2,ep=8,etp=1,grouped-gemm vllm:tp=8 \
+  "$tmp/colocated.json"
+init "Qwen3-30B-A3B colocated, FSDP2 -> TP2 DP4 EP" $C/qwen3-30b-a3b.json fsdp2:dp_shard=8,master=bf16 \
+  vllm:tp=2,dp=4,ep "$tmp/colocated.json"
