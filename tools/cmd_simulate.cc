@@ -48,7 +48,10 @@ void AddSimulateCommand(CLI::App& app, int& exit_code) {
       "overlap), then unpacks; where the plan allows it (runtime/pipeline.h; RESHARD_PIPELINE=0 turns\n"
       "it off, here as in the runtime), the next round's packs and the previous round's unpacks run\n"
       "while a round's transfers fly.\n"
-      "Prints the predicted time beside the physical lower bound of any plan for the same layouts.\n"
+      "Prints the predicted time beside the physical lower bound of any plan for the same layouts,\n"
+      "and splits their ratio at the busiest link: bytes (what it carries at its bandwidth, over the\n"
+      "bound: above 1 where bytes are spread unevenly or more move than needed) x idle (1 / its\n"
+      "utilization: time it waits on partners inside rounds).\n"
       "Example:\n"
       "  reshard simulate qwen3.rsplan --cluster samples/clusters/dgx-h100.json --trace qwen3.trace.json\n"
       "  (open the trace in https://ui.perfetto.dev: one track per rank and channel)");
