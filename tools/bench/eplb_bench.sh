@@ -6,6 +6,9 @@
 # by `reshard init` and the same placement written as an explicit "assign".
 # Prints compile medians of REPS runs, plan sizes and `simulate` against the
 # lower bound. Usage: tools/bench/eplb_bench.sh [REPS]   (BUILD=build-dir)
+# With BASE=path/to/an/older/reshard, that binary compiles each layout too,
+# run for run with this one (a noisy machine slows both alike), and each row
+# gets its median beside this build's.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 REPS=${1:-5}
@@ -38,22 +41,31 @@ for name, assign in (("assign", linear), ("eplb", [sorted(r) for r in moved])):
     json.dump(out, open(f"{d}/infer-{name}.json", "w"))
 EOF
 
-echo "| inference layout | compile (median of $REPS) | plan | predicted refit | lower bound | predicted / bound |"
-echo "|---|---|---|---|---|---|"
+median() { sort -g | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
+# compile BINARY LAYOUT PLAN: prints its wall seconds
+compile() {
+  local s e
+  s=$(date +%s.%N)
+  "$1" compile -q --model "$d/model.json" --from "$d/train.json" --to "$d/$2.json" --cluster "$d/cluster.json" -o "$3"
+  e=$(date +%s.%N)
+  python3 -c "print($e - $s)"
+}
+
+echo "| inference layout | compile (median of $REPS)${BASE:+ | previous binary (median, run for run)} | plan | predicted refit | lower bound | predicted / bound |"
+echo "|---|---|${BASE:+---|}---|---|---|---|"
 for f in infer infer-assign infer-eplb; do
-  ts=()
+  ts=() bs=()
   for _ in $(seq "$REPS"); do
-    s=$(date +%s.%N)
-    "$BIN" compile -q --model "$d/model.json" --from "$d/train.json" --to "$d/$f.json" --cluster "$d/cluster.json" \
-      -o "$d/$f.rsplan"
-    e=$(date +%s.%N)
-    ts+=("$(python3 -c "print($e - $s)")")
+    ts+=("$(compile "$BIN" "$f" "$d/$f.rsplan")")
+    if [ -n "${BASE:-}" ]; then bs+=("$(compile "$BASE" "$f" "$d/base.rsplan")"); fi
   done
-  med=$(printf '%s\n' "${ts[@]}" | sort -g | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}')
+  med=$(printf '%s\n' "${ts[@]}" | median)
+  base=""
+  if [ -n "${BASE:-}" ]; then base=" $(printf '%.2f s |' "$(printf '%s\n' "${bs[@]}" | median)")"; fi
   "$BIN" simulate "$d/$f.rsplan" --cluster "$d/cluster.json" --json |
     python3 -c "
 import json, sys
 j = json.load(sys.stdin)
-print(f\"| $f | {float('$med'):.2f} s | {$(stat -c %s "$d/$f.rsplan") / 2**20:.1f} MiB | {j['predicted_seconds']:.3f} s | \"
+print(f\"| $f | {float('$med'):.2f} s |$base {$(stat -c %s "$d/$f.rsplan") / 2**20:.1f} MiB | {j['predicted_seconds']:.3f} s | \"
       f\"{j['lower_bound_seconds']:.3f} s | {j['ratio_to_bound']:.3f}x |\")"
 done
