@@ -303,7 +303,7 @@ RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const std::vector<u
     h.pair = pi, h.a = pairs[pi].a, h.b = pairs[pi].b, h.net = is_net(h.a, h.b);
     refresh(h);
   }
-  // True if pair pi surely places nothing in round r, from its ends' rooms
+  // True if h's pair surely places nothing in round r, from its ends' rooms
   // alone (place() checks more: every hop's room, the budget). Each way
   // place() can take the head piece needs at least min(need, min_split)
   // bytes of staging at both ends, or both ends idle in the round (a piece
@@ -344,7 +344,7 @@ RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const std::vector<u
     // Fill the round: split off the part of the piece that fits, if worth a message.
     return {free < min_split ? Fit::none : Fit::split, free};
   };
-  // Places pair pi's pieces in round r while `budget` (bytes) lasts and
+  // Places the pieces of h's pair in round r while `budget` (bytes) lasts and
   // fit() lets them; a piece larger than what is left is split to fit.
   auto place = [&](Head& h, size_t r, uint64_t budget, bool paced, bool proportional_pass) -> size_t {
     if (!h.live) return 0;
