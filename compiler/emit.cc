@@ -4,16 +4,14 @@
 
 #include <algorithm>
 #include <atomic>
-#include <exception>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "compiler/compile.h"
+#include "compiler/on_threads.h"
 #include "plan_generated.h"
 #include "runtime/content_digest.h"
 #include "runtime/error.h"
@@ -142,9 +140,7 @@ std::vector<uint8_t> PackProgram(uint32_t g, const RankProgram& p, ZSTD_CCtx* zs
 std::vector<std::vector<uint8_t>> PackPrograms(const PlanIR& ir) {
   std::vector<std::vector<uint8_t>> out(ir.ranks.size());
   std::atomic<size_t> next{0};
-  std::exception_ptr error;
-  std::mutex mu;
-  auto work = [&] {
+  OnThreads(ThreadsFor(ir.ranks.size()), [&](size_t) {
     // One compression context a thread: a fresh one for every program
     // (ZSTD_compress) set up its tables each time, most of the packing's time.
     std::unique_ptr<ZSTD_CCtx, size_t (*)(ZSTD_CCtx*)> zstd(ZSTD_createCCtx(), ZSTD_freeCCtx);
@@ -160,17 +156,10 @@ std::vector<std::vector<uint8_t>> PackPrograms(const PlanIR& ir) {
       for (size_t g; (g = next.fetch_add(1)) < ir.ranks.size();)
         out[g] = PackProgram(static_cast<uint32_t>(g), ir.ranks[g], zstd.get());
     } catch (...) {
-      std::lock_guard<std::mutex> lock(mu);
-      if (!error) error = std::current_exception();
-      next = ir.ranks.size();
+      next = ir.ranks.size();  // the other threads stop too
+      throw;
     }
-  };
-  const size_t threads = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 16);
-  std::vector<std::thread> pool;
-  for (size_t t = 1; t < std::min(threads, ir.ranks.size()); ++t) pool.emplace_back(work);
-  work();
-  for (std::thread& t : pool) t.join();
-  if (error) std::rethrow_exception(error);
+  });
   return out;
 }
 

@@ -4,7 +4,8 @@
 
 #include <algorithm>
 #include <numeric>
-#include <thread>
+
+#include "compiler/on_threads.h"
 
 namespace reshard::routing {
 
@@ -247,10 +248,11 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
     i = j;
   }
   flush();
-  // The regions: each thread fills its own share of the placeholders (the
-  // programs' region lists no longer grow).
-  auto fill = [&](size_t begin, size_t end) {
-    for (size_t k = begin; k < end; ++k) {
+  // The regions: each thread fills every T-th placeholder (the programs'
+  // region lists no longer grow).
+  const size_t threads = ThreadsFor(region_jobs.size());
+  OnThreads(threads, [&](size_t t) {
+    for (size_t k = t; k < region_jobs.size(); k += threads) {
       const RegionJob& job = region_jobs[k];
       const DPiece& p = pieces[job.piece];
       ir_.ranks[job.rank].regions[job.region] =
@@ -258,14 +260,7 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
           : job.of == kDst ? DstRegion(p.d, p.box)
                            : DstRegion(hop_pool_[p.hop_begin + static_cast<uint32_t>(job.of)].to, p.box);
     }
-  };
-  const size_t threads = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8);
-  const size_t share = (region_jobs.size() + threads - 1) / threads;
-  std::vector<std::thread> workers;
-  for (size_t t = 1; t < threads && t * share < region_jobs.size(); ++t)
-    workers.emplace_back(fill, t * share, std::min(region_jobs.size(), (t + 1) * share));
-  fill(0, std::min(share, region_jobs.size()));
-  for (std::thread& w : workers) w.join();
+  });
 }
 
 }  // namespace reshard::routing

@@ -3,8 +3,9 @@
 #include <algorithm>
 #include <map>
 #include <string>
-#include <thread>
 #include <vector>
+
+#include "compiler/on_threads.h"
 
 namespace reshard {
 namespace {
@@ -244,15 +245,11 @@ void SharePacksOf(RankProgram& p, SharedPacks& out) {
 // Every rank on its own (a rank's steps read and write its own staging
 // only), on as many threads as the machine has, each taking every T-th rank.
 SharedPacks SharePacks(PlanIR& ir) {
-  const size_t threads = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 16);
+  const size_t threads = ThreadsFor(ir.ranks.size());
   std::vector<SharedPacks> counts(threads);
-  auto work = [&](size_t t) {
+  OnThreads(threads, [&](size_t t) {
     for (size_t g = t; g < ir.ranks.size(); g += threads) SharePacksOf(ir.ranks[g], counts[t]);
-  };
-  std::vector<std::thread> pool;
-  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work, t);
-  work(0);
-  for (std::thread& t : pool) t.join();
+  });
   SharedPacks out;
   for (const SharedPacks& c : counts) out.packs += c.packs, out.quant_packs += c.quant_packs, out.bytes += c.bytes;
   return out;
