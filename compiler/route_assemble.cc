@@ -3,6 +3,8 @@
 
 #include "compiler/router.h"
 
+#include "compiler/fill_pieces.h"
+
 #include <algorithm>
 
 namespace reshard::routing {
@@ -96,7 +98,8 @@ void Router::Assemble(int t, const CellGrid& g, const FragmentRef& df, std::vect
 // The staging an assembly takes in its round, per global rank: at the
 // receiver its frame, its grids and the parts it receives; at each sender
 // what it stages.
-std::map<uint32_t, uint64_t> Router::AssemblyNeed(const Assembly& as, const std::vector<DPiece>& pieces) const {
+template <typename Pieces>
+std::map<uint32_t, uint64_t> Router::AssemblyNeed(const Assembly& as, const Pieces& pieces) const {
   std::map<uint32_t, uint64_t> need;
   need[as.b] += AlignUp(as.frame_bytes) + as.grids * as.slot;
   for (uint32_t i : as.parts) {
@@ -114,7 +117,7 @@ std::map<uint32_t, uint64_t> Router::AssemblyNeed(const Assembly& as, const std:
 // of its GPUs has the least staging and network share in use (so that they
 // spread over the rounds instead of crowding the first), or, if none has
 // room, the first round after them that has.
-void Router::PlaceAssemblies(std::vector<DPiece>& pieces, size_t rounds, std::vector<std::vector<uint64_t>>& out_used,
+void Router::PlaceAssemblies(FillPieces& pieces, size_t rounds, std::vector<std::vector<uint64_t>>& out_used,
                              std::vector<std::vector<uint64_t>>& in_used) {
   for (Assembly& as : assemblies_) {
     const std::map<uint32_t, uint64_t> need = AssemblyNeed(as, pieces);
@@ -135,8 +138,8 @@ void Router::PlaceAssemblies(std::vector<DPiece>& pieces, size_t rounds, std::ve
     for (const auto& [g, n] : need) Used(g, best) += n;
     as.round = best;
     for (uint32_t i : as.parts) {
-      DPiece& p = pieces[i];
-      p.round = best;
+      const DPiece& p = pieces[i];
+      pieces.SetRound(i, best);
       if (p.a != p.b && ChannelOf(p.a, p.b) == Channel::net)
         At(out_used[p.a], best) += p.bytes, At(in_used[p.b], best) += p.bytes;
     }

@@ -6,6 +6,7 @@
 
 #include "compiler/router.h"
 
+#include "compiler/fill_pieces.h"
 #include "compiler/phase_times.h"
 #include "compiler/radix_sort.h"
 #include "compiler/round_estimate.h"
@@ -24,7 +25,7 @@ namespace reshard::routing {
 // Splits piece `idx` (queue[head]) so that its first part needs at most
 // `avail` bytes: the first part replaces it at the head of the queue, the
 // rest follow it. False if no part that small keeps every region in format.
-bool Router::SplitFront(std::vector<DPiece>& pieces, uint32_t idx, uint64_t avail, std::vector<uint32_t>& queue,
+bool Router::SplitFront(FillPieces& pieces, uint32_t idx, uint64_t avail, std::vector<uint32_t>& queue,
                         size_t head) {
   const DPiece p = pieces[idx];
   if (p.quant >= 0) return false;  // pieces of quantized tensors are cut at block edges only
@@ -60,11 +61,10 @@ bool Router::SplitFront(std::vector<DPiece>& pieces, uint32_t idx, uint64_t avai
     q.box = parts[i];
     q.bytes = static_cast<uint64_t>(parts[i].volume()) * esize;
     if (i == 0) {
-      pieces[idx] = q;
+      pieces.Edit(idx) = q;
       ids.push_back(idx);
     } else {
-      ids.push_back(static_cast<uint32_t>(pieces.size()));
-      pieces.push_back(q);
+      ids.push_back(pieces.Append(q, pieces.Round(idx)));
     }
   }
   queue.insert(queue.begin() + static_cast<std::ptrdiff_t>(head) + 1, ids.begin() + 1, ids.end());
@@ -131,7 +131,7 @@ std::vector<uint32_t> Router::RotationOrder(const std::vector<DPiece>& pieces) c
 // so a round is close to a matching of senders to receivers and no NIC is
 // converged on by many senders at once. A piece that does not fit whole is
 // split to fill the round.
-RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const std::vector<uint32_t>& order,
+RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>& order,
                                 const FillMode& mode) {
   const double fill = mode.fill;
   const uint32_t n = static_cast<uint32_t>(ir_.ranks.size());
@@ -144,10 +144,10 @@ RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const std::vector<u
   std::vector<uint32_t> copies;
   std::vector<uint64_t> rem_out(n, 0), rem_in(n, 0);
   for (uint32_t i : order) {
-    DPiece& p = pieces[i];
+    const DPiece& p = pieces[i];
     if (p.assembly >= 0) continue;  // placed by PlaceAssemblies
     if (p.a == p.b) {  // a local copy: given a round once the others are placed
-      p.round = 0;
+      pieces.SetRound(i, 0);
       copies.push_back(i);
       continue;
     }
@@ -165,8 +165,8 @@ RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const std::vector<u
       if (ChannelOf(from, h.rank) == Channel::net) add(rem_out[from], p.bytes), add(rem_in[h.rank], p.bytes);
     }
   };
-  for (const DPiece& p : pieces)
-    if (p.a != p.b && p.assembly < 0) account(p, +1);
+  for (uint32_t i = 0; i < pieces.size(); ++i)
+    if (pieces[i].a != pieces[i].b && pieces[i].assembly < 0) account(pieces[i], +1);
   auto need_of = [](const DPiece& p) { return p.staged ? AlignUp(p.bytes) : p.bytes; };
   auto is_net = [&](uint32_t x, uint32_t y) { return ChannelOf(x, y) == Channel::net; };
   std::vector<uint64_t> held(n, 0), net_out(n, 0), net_in(n, 0), nv_out(n, 0), nv_in(n, 0);
@@ -175,7 +175,8 @@ RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const std::vector<u
     if (is_net(from, to)) net_out[from] += bytes, net_in[to] += bytes;
     else nv_out[from] += bytes, nv_in[to] += bytes;
   };
-  for (const DPiece& p : pieces) {
+  for (uint32_t i = 0; i < pieces.size(); ++i) {
+    const DPiece& p = pieces[i];
     if (p.a == p.b) continue;
     held[p.a] += need_of(p);
     held[p.b] += need_of(p);
@@ -258,7 +259,8 @@ RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const std::vector<u
     else if (nv_paced) out_nv.At(from, r) += bytes, in_nv.At(to, r) += bytes;
     traffic.Add(static_cast<uint32_t>(r), from, to, bytes, net);
   };
-  auto take = [&](DPiece& p, size_t r) {
+  auto take = [&](uint32_t idx, size_t r) {
+    const DPiece& p = pieces[idx];
     const uint64_t need = need_of(p);
     staging.At(p.a, r) += need;
     staging.At(p.b, r) += need;
@@ -268,7 +270,7 @@ RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const std::vector<u
       staging.At(h.rank, r + h.level) += need;
       link(HolderOf(p, h.parent), h.rank, r + h.level, p.bytes);
     }
-    p.round = r;
+    pieces.SetRound(idx, r);
   };
   std::vector<uint64_t> pair_left(pairs.size(), 0);  // bytes each pair has still to place
   for (size_t pi = 0; pi < pairs.size(); ++pi)
@@ -361,8 +363,8 @@ RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const std::vector<u
       const Fit f = fit(pieces[idx], r, budget, paced, proportional_pass);
       if (f.how == Fit::none) break;
       if (f.how == Fit::split && !SplitFront(pieces, idx, f.free, q.queue, q.head)) break;
-      DPiece& piece = pieces[q.queue[q.head]];
-      take(piece, r);
+      take(q.queue[q.head], r);
+      const DPiece& piece = pieces[q.queue[q.head]];
       account(piece, -1);
       pair_left[pi] -= piece.bytes;
       budget -= std::min(budget, piece.bytes);
@@ -422,14 +424,14 @@ RoundTraffic Router::FillRounds(std::vector<DPiece>& pieces, const std::vector<u
   // the copies in round 0, 1.40x spread).
   RoundRows copied(n);
   for (uint32_t i : copies) {
-    DPiece& p = pieces[i];
+    const DPiece& p = pieces[i];
     size_t best = 0;
     uint64_t least = UINT64_MAX;
     for (size_t r = 0; r < filled; ++r) {
       const uint64_t load = staging.At(p.a, r) + copied.At(p.a, r);
       if (load < least) least = load, best = r;
     }
-    p.round = best;
+    pieces.SetRound(i, best);
     copied.At(p.a, best) += p.bytes;
   }
   for (uint32_t g = 0; g < n; ++g) {
@@ -498,13 +500,15 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
     if (c >= candidates.size())
       throw Error("fill " + std::to_string(c) + " does not exist: this plan's rounds can be filled " +
                   std::to_string(candidates.size()) + " ways (0-" + std::to_string(candidates.size() - 1) + ")");
-    FillRounds(pieces, RotationOrder(pieces), candidates[c]);
+    FillPieces fill(pieces);
+    FillRounds(fill, RotationOrder(pieces), candidates[c]);
+    fill.ApplyTo(pieces);
     keep(candidates[c]);
     return;
   }
   // A fill's result: what FillRounds changes in the router and the pieces.
   struct Trial {
-    std::vector<DPiece> pieces;
+    std::optional<FillPieces> fill;  // what the fill made of the pieces
     std::vector<std::vector<uint64_t>> used;
     std::vector<Assembly> assemblies;
     RoundTraffic traffic{0};
@@ -530,7 +534,7 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
   ir_.ranks.assign(programs.size(), RankProgram{});
   for (size_t g = 0; g < programs.size(); ++g) ir_.ranks[g].dst_buffer_base = programs[g].dst_buffer_base;
   auto run = [this, &input, &order, &candidates, nic, nvlink, budget](size_t c) {
-    Trial t{input, {}, {}, RoundTraffic(0), std::nullopt, c};
+    Trial t{FillPieces(input), {}, {}, RoundTraffic(0), std::nullopt, c};
     static constexpr const char* kFillPhase[] = {"fill 0", "fill 1", "fill 2", "fill 3+"};
     static constexpr const char* kEstimatePhase[] = {"flow estimate 0", "flow estimate 1", "flow estimate 2",
                                                      "flow estimate 3+"};
@@ -541,7 +545,7 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
     }
     {
       Phase phase(kFillPhase[std::min<size_t>(c, 3)]);
-      t.traffic = router->FillRounds(t.pieces, order, candidates[c]);
+      t.traffic = router->FillRounds(*t.fill, order, candidates[c]);
     }
     Phase phase(kEstimatePhase[std::min<size_t>(c, 3)]);
     t.flow = t.traffic.FlowSeconds(nic, nvlink, budget);
@@ -571,11 +575,13 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
     std::vector<double> seconds;
     for (const RoundTraffic& t : traffic) seconds.push_back(t.ReplaySeconds(nic, nvlink));
     const size_t kept = std::min_element(seconds.begin(), seconds.end()) - seconds.begin();
-    FillRounds(pieces, order, candidates[kept]);
+    FillPieces fill(pieces);
+    FillRounds(fill, order, candidates[kept]);
+    fill.ApplyTo(pieces);
     keep(candidates[kept]);
     return;
   }
-  pieces = std::move(best.pieces);
+  best.fill->ApplyTo(pieces);  // (the fills are over: nothing reads `input` any more)
   used_ = std::move(best.used);
   assemblies_ = std::move(best.assemblies);
   keep(candidates[best.candidate]);

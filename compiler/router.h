@@ -106,6 +106,7 @@ struct CellGrid {
 CellGrid BuildCells(const Expansion& src, int tensor, int nd);
 
 struct DPiece;
+class FillPieces;  // the pieces as one fill sees them (fill_pieces.h)
 
 // A delivery of a piece beyond its first receiver: the holder `parent` (an
 // index into the piece's hops, or -1 for the piece's receiver b) forwards its
@@ -203,17 +204,18 @@ class Router {
   void AddPieces(int t, const Cell& cell, const Box& piece, const FragmentRef& df, const std::vector<Hop>& hops,
                  uint32_t salt, std::vector<DPiece>& pieces);
   void Assemble(int t, const CellGrid& g, const FragmentRef& df, std::vector<DPiece>& pieces);
-  void PlaceAssemblies(std::vector<DPiece>& pieces, size_t rounds, std::vector<std::vector<uint64_t>>& out_used,
+  void PlaceAssemblies(FillPieces& pieces, size_t rounds, std::vector<std::vector<uint64_t>>& out_used,
                        std::vector<std::vector<uint64_t>>& in_used);
-  std::map<uint32_t, uint64_t> AssemblyNeed(const Assembly& as, const std::vector<DPiece>& pieces) const;
+  template <typename Pieces>  // std::vector<DPiece> or FillPieces
+  std::map<uint32_t, uint64_t> AssemblyNeed(const Assembly& as, const Pieces& pieces) const;
   template <typename Fn>
   void ForCells(int t, const CellGrid& g, const FragmentRef& df, const Box& need, Fn fn) const;
   uint32_t HolderOf(const DPiece& p, int32_t hop) const;
   void Schedule(std::vector<DPiece>& pieces);
   /// Returns the rounds' messages, for the estimates (round_estimate.h).
-  RoundTraffic FillRounds(std::vector<DPiece>& pieces, const std::vector<uint32_t>& order, const FillMode& mode);
+  RoundTraffic FillRounds(FillPieces& pieces, const std::vector<uint32_t>& order, const FillMode& mode);
   std::vector<uint32_t> RotationOrder(const std::vector<DPiece>& pieces) const;
-  bool SplitFront(std::vector<DPiece>& pieces, uint32_t idx, uint64_t avail, std::vector<uint32_t>& queue,
+  bool SplitFront(FillPieces& pieces, uint32_t idx, uint64_t avail, std::vector<uint32_t>& queue,
                   size_t head);
   void EmitDirect(const std::vector<DPiece>& pieces);
   double RelaysSpare(const std::vector<DPiece>& pieces) const;
