@@ -16,8 +16,8 @@ if(NOT _reshard_nb EQUAL 0)
 endif()
 find_package(nanobind CONFIG REQUIRED)
 
-# The compiler library goes into a shared module: position-independent code.
-set_target_properties(reshard_compiler PROPERTIES POSITION_INDEPENDENT_CODE ON)
+# (The compiler library, linked into the module, is position-independent in
+# every build: CMakeLists.txt.)
 
 file(GLOB RESHARD_PYTHON_SRC CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/python/src/*.cc)
 nanobind_add_module(_reshard NB_STATIC ${RESHARD_PYTHON_SRC})

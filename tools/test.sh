@@ -3,11 +3,29 @@
 # runs the whole test suite: the C++ tests (ctest), then every further stage
 # in tools/test.d/ in name order (each one script: Python tests, sanitizers,
 # fuzzing). A stage that fails fails the run.
+#
+# Two long jobs of later stages run in the background from the start of
+# ctest, at the lowest CPU priority, so that they take only the cores the
+# tests leave idle (a venv's pip install keeps one core busy, the framework
+# tests' ranks wait on each other): the sanitizer build (40-sanitize,
+# 50-fuzz; tools/sanitize_build.sh) and the vLLM venv (25-vllm;
+# tools/vllm_venv.sh). Each stage still calls its script, which waits for the
+# background one (a lock) and then finds its work done - or, where the
+# background one failed, does it again in the foreground and shows why.
+# Their logs: build/logs/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tools/setup.sh
+tools/setup.sh --tests
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
 ninja -C build -j2
+mkdir -p build/logs
+background=()
+trap 'for p in "${background[@]}"; do kill -- "-$p" 2>/dev/null || true; done' EXIT
+for job in tools/sanitize_build.sh tools/vllm_venv.sh; do
+  # (own process group, so that the trap stops a job's children too)
+  setsid nice -n 19 "$job" >"build/logs/$(basename "$job" .sh).log" 2>&1 &
+  background+=($!)
+done
 (cd build && ctest --output-on-failure -j2)
 for stage in tools/test.d/*.sh; do
   [ -e "$stage" ] || continue

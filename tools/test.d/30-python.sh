@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Test stage: the Python package. Installs ./python (tools/python_install.sh:
-# pip, scikit-build-core, nanobind; build tree kept in build/python-wheel)
+# pip, scikit-build-core, nanobind; build tree kept in build-python/)
 # into the cached virtual environment of tools/venv.sh, then runs its pytest
 # suite (python/tests). Skips with a message when the package registry cannot
 # be reached to create that environment.

@@ -15,19 +15,41 @@ export ASAN_OPTIONS=abort_on_error=1:detect_leaks=0
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 mkdir -p "$build/findings"
 for h in plan spec; do
-  bin=$build/reshard_${h}_fuzz
   echo "== 50-fuzz: $h: regression corpus"
-  "$bin" -runs=0 tests/fuzz/regressions/$h tests/fuzz/seeds/$h
-  echo "== 50-fuzz: $h: ${seconds} s"
+  "$build/reshard_${h}_fuzz" -runs=0 tests/fuzz/regressions/$h tests/fuzz/seeds/$h
+done
+# Both harnesses fuzz at once, one core each (one after the other, a core
+# idled for the whole run).
+fuzz() {  # harness
+  local h=$1 scratch
   scratch=$(mktemp -d)
   cp tests/fuzz/seeds/$h/* "$scratch"/
+  local status=0
+  "$build/reshard_${h}_fuzz" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
+      -print_final_stats=1 -artifact_prefix="$build/findings/$h-" -dict=tests/fuzz/$h.dict "$scratch" \
+      >"$build/findings/$h.log" 2>&1 || status=$?
+  rm -rf "$scratch"
+  return $status
+}
+echo "== 50-fuzz: plan and spec: ${seconds} s each, at once"
+pids=()
+for h in plan spec; do
+  fuzz $h &
+  pids+=($!)
+done
+failed=()
+for i in 0 1; do
+  h=$([ $i = 0 ] && echo plan || echo spec)
+  if ! wait "${pids[$i]}"; then failed+=("$h"); fi
+done
+for h in plan spec; do
   log=$build/findings/$h.log
-  if ! "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 \
-      -artifact_prefix="$build/findings/$h-" -dict=tests/fuzz/$h.dict "$scratch" >"$log" 2>&1; then
+  if [[ " ${failed[*]} " == *" $h "* ]]; then
     tail -80 "$log"
     echo "50-fuzz: $h found a problem; its input is in $build/findings/"
-    exit 1
+  else
+    echo "== 50-fuzz: $h:"
+    grep -E '^stat::number_of_executed_units|^Done ' "$log" || true
   fi
-  grep -E '^stat::number_of_executed_units|^Done ' "$log" || true
-  rm -rf "$scratch"
 done
+((${#failed[@]} == 0)) || exit 1
