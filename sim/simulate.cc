@@ -40,10 +40,16 @@ struct Shared {
   uint32_t done = 0;
   double hbm_seconds = 0;
   uint64_t comms = 0;
+  uint32_t overlap_depth = 0;  // SimOptions'
 };
 
-sg4::Mailbox* MailboxOf(uint32_t src, uint32_t dst, Path p) {
-  return sg4::Mailbox::by_name(std::to_string(src) + (p == Path::net ? ">" : "~") + std::to_string(dst));
+// A pair's messages on one path meet in order in one mailbox; with rounds
+// overlapping (SimOptions::overlap_depth), in one mailbox per round, as the
+// runtime's message numbers would match them.
+sg4::Mailbox* MailboxOf(uint32_t src, uint32_t dst, Path p, const Shared& sh, uint32_t round) {
+  std::string name = std::to_string(src) + (p == Path::net ? ">" : "~") + std::to_string(dst);
+  if (sh.overlap_depth > 0) name += "@" + std::to_string(round);
+  return sg4::Mailbox::by_name(name);
 }
 
 char g_payload;  // what every simulated message "carries"
@@ -56,8 +62,12 @@ struct Posted {
   uint64_t bytes = 0;
 };
 
-// Posts one round's messages on one path: receives first, as the executor does.
-void Post(Shared& sh, uint32_t g, const RankRound& rr, Path p, Posted& out) {
+// Which of a round's messages Post posts.
+enum class Part { all, unforwarded, forwarded };
+
+// Posts one round's messages on one path: receives first, as the executor
+// does (Part::forwarded: only sends that forward, Part::unforwarded: the rest).
+void Post(Shared& sh, uint32_t g, const RankRound& rr, Path p, Posted& out, Part part = Part::all) {
   const std::vector<Message>& list = p == Path::net ? rr.net : rr.nvlink;
   out.comms.clear();
   out.sinks.assign(list.size(), nullptr);
@@ -68,11 +78,12 @@ void Post(Shared& sh, uint32_t g, const RankRound& rr, Path p, Posted& out) {
     for (size_t i = 0; i < list.size(); ++i) {
       const Message& msg = list[i];
       if (msg.send != (pass == 1)) continue;
+      if (part != Part::all && (msg.send && msg.forwarded > 0) != (part == Part::forwarded)) continue;
       if (msg.send) {
-        out.comms.push_back(MailboxOf(g, msg.peer, p)->put_async(&g_payload, msg.bytes));
+        out.comms.push_back(MailboxOf(g, msg.peer, p, sh, rr.round)->put_async(&g_payload, msg.bytes));
         out.bytes += msg.bytes;
       } else {
-        out.comms.push_back(MailboxOf(msg.peer, g, p)->get_async<void>(&out.sinks[i]));
+        out.comms.push_back(MailboxOf(msg.peer, g, p, sh, rr.round)->get_async<void>(&out.sinks[i]));
       }
     }
   }
@@ -147,6 +158,74 @@ void RankActor(Shared* sh, uint32_t g, sg4::Host* nvhost) {
   ++sh->done;
 }
 
+// A rank as SimOptions::overlap_depth asks (not what the runtime does):
+// each path on its own actor keeps up to `depth` rounds in flight; a round's
+// forwarding sends wait until every earlier round of the rank landed on
+// both paths (what they forward was received there).
+void OverlappedRankActor(Shared* sh, uint32_t g, sg4::Host* nvhost) {
+  const std::vector<RankRound>& rounds = sh->w->ranks[g];
+  struct Landing {
+    sg4::MutexPtr mutex = sg4::Mutex::create();
+    sg4::ConditionVariablePtr landed = sg4::ConditionVariable::create();
+    std::vector<uint8_t> paths_left;  // per listed round: paths not yet landed
+    size_t first_open = 0;            // rounds before it landed on both paths
+  };
+  auto landing = std::make_shared<Landing>();
+  for (const RankRound& rr : rounds) landing->paths_left.push_back(!rr.net.empty() + !rr.nvlink.empty());
+  auto advance = [landing] {
+    while (landing->first_open < landing->paths_left.size() && landing->paths_left[landing->first_open] == 0)
+      ++landing->first_open;
+  };
+  advance();
+  auto path_actor = [sh, g, &rounds, landing, advance](Path p) {
+    // The rounds this actor takes: NVLink's those with NVLink messages, the
+    // NIC's all (it runs the local work).
+    std::vector<size_t> mine;
+    for (size_t k = 0; k < rounds.size(); ++k)
+      if (p == Path::net || !rounds[k].nvlink.empty()) mine.push_back(k);
+    std::vector<Posted> early(mine.size()), late(mine.size());
+    double hbm = 0;
+    const bool nic = p == Path::net;
+    auto post_early = [&](size_t j) {
+      const RankRound& rr = rounds[mine[j]];
+      if (nic) Local(*sh, g, rr.round, rr.local_bytes, false, hbm);
+      Post(*sh, g, rr, p, early[j], Part::unforwarded);
+    };
+    auto post_late = [&](size_t j) {
+      {
+        std::unique_lock<sg4::Mutex> lock(*landing->mutex);
+        while (landing->first_open < mine[j]) landing->landed->wait(lock);
+      }
+      Post(*sh, g, rounds[mine[j]], p, late[j], Part::forwarded);
+    };
+    for (size_t j = 0; j < mine.size() && j < sh->overlap_depth; ++j) post_early(j);
+    if (!mine.empty()) post_late(0);
+    for (size_t i = 0; i < mine.size(); ++i) {
+      const RankRound& rr = rounds[mine[i]];
+      sg4::Comm::wait_all(early[i].comms);
+      sg4::Comm::wait_all(late[i].comms);
+      if (sh->trace && !(nic ? rr.net : rr.nvlink).empty()) {
+        sh->slices[g].push_back({g, rr.round, static_cast<uint8_t>(nic ? 1 : 2), false, early[i].t0,
+                                 sg4::Engine::get_clock(), early[i].bytes + late[i].bytes});
+      }
+      if (!(nic ? rr.net : rr.nvlink).empty()) {
+        std::unique_lock<sg4::Mutex> lock(*landing->mutex);
+        --landing->paths_left[mine[i]];
+        advance();
+        landing->landed->notify_all();
+      }
+      if (i + 1 < mine.size()) post_late(i + 1);
+      if (nic) Local(*sh, g, rr.round, rr.unpack_bytes, true, hbm);
+      if (i + sh->overlap_depth < mine.size()) post_early(i + sh->overlap_depth);
+    }
+    if (nic) sh->hbm_seconds = std::max(sh->hbm_seconds, hbm);
+  };
+  const bool has_nv = std::any_of(rounds.begin(), rounds.end(), [](const RankRound& r) { return !r.nvlink.empty(); });
+  if (has_nv) sg4::Actor::create("nv" + std::to_string(g), nvhost, [path_actor] { path_actor(Path::nvlink); });
+  path_actor(Path::net);
+  ++sh->done;
+}
+
 void WriteTrace(const Shared& sh, const std::string& path, const ClusterSpec& cluster) {
   nlohmann::json events = nlohmann::json::array();
   static const char* tracks[] = {"HBM (pack, copy, unpack)", "net", "nvlink"};
@@ -182,6 +261,7 @@ SimResult Simulate(const Workload& w, const ClusterSpec& cluster, const SimOptio
   sh.w = &w;
   sh.m = LinkModel::Of(cluster);
   sh.trace = !opt.trace_path.empty();
+  sh.overlap_depth = opt.overlap_depth;
   sh.slices.resize(w.num_ranks);
   if (sh.m.nic_Bps <= 0 || sh.m.nvlink_Bps <= 0 || sh.m.hbm_Bps <= 0) throw Error("cluster bandwidths must be > 0");
 
@@ -238,7 +318,10 @@ SimResult Simulate(const Workload& w, const ClusterSpec& cluster, const SimOptio
   for (uint32_t g = 0; g < w.num_ranks; ++g) {
     if (w.ranks[g].empty()) continue;
     sg4::Host* nv = nv_host[g];
-    sg4::Actor::create("rank" + std::to_string(g), nic_host[g], [&sh, g, nv] { RankActor(&sh, g, nv); });
+    sg4::Actor::create("rank" + std::to_string(g), nic_host[g], [&sh, g, nv] {
+      if (sh.overlap_depth > 0) OverlappedRankActor(&sh, g, nv);
+      else RankActor(&sh, g, nv);
+    });
   }
   if (opt.progress) {
     uint32_t active = 0;

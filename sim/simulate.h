@@ -15,6 +15,15 @@ namespace reshard::sim {
 
 struct SimOptions {
   std::string trace_path;  // Chrome/Perfetto trace JSON; empty: none
+  /// What if the runtime kept this many rounds' messages in flight at once
+  /// (0: what it does, one round at a time)? Each rank and path then posts
+  /// round r+1's messages while round r flies, except those that forward
+  /// what an earlier round received (they wait until every earlier round
+  /// of the rank landed on both paths); receives are posted with their
+  /// round. Staging is not modelled: such a runtime needs depth + 1 arenas
+  /// of the plan's round size. Local work runs in series on the NIC path's
+  /// timeline, packs before posting, unpacks after landing.
+  uint32_t overlap_depth = 0;
   /// Called now and then with the simulated time and the ranks finished.
   std::function<void(double sim_seconds, uint32_t ranks_done)> progress;
 };

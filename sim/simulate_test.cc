@@ -267,6 +267,39 @@ TEST(SimulateTest, ARoundStartsWhenTheRankFinishedThePrevious) {
   EXPECT_NEAR(j["predicted_seconds"].get<double>(), 2 * (kGB / kNic + kNicLat), 1e-9);
 }
 
+TEST(SimulateTest, WhatIfOverlapStartsTheNextRoundWhileOneFlies) {
+  TempDir dir;
+  // As above, but rank 1 may post round 1's send (from staging, not a
+  // forward) while its round-0 receive flies: its NIC carries both at once.
+  const auto spec = Transfers(3, {{0, 1, kGB, 0}, {1, 2, kGB, 1}});
+  auto j = Simulate(spec, 1, dir, "--what-if-overlap 2");
+  EXPECT_EQ(j["what_if_overlap"], 2);
+  EXPECT_NEAR(j["predicted_seconds"].get<double>(), kGB / kNic + kNicLat, 1e-9);
+  // Three rounds over one NIC: two in flight share it, and the bytes still take their time.
+  auto three = Simulate(Transfers(2, {{0, 1, kGB, 0}, {0, 1, kGB, 1}, {0, 1, kGB, 2}}), 1, dir, "--what-if-overlap 2");
+  EXPECT_GE(three["predicted_seconds"].get<double>(), 3 * kGB / kNic);
+  EXPECT_LE(three["predicted_seconds"].get<double>(), 3 * kGB / kNic + 3 * kNicLat + 1e-9);
+}
+
+TEST(SimulateTest, WhatIfOverlapHoldsForwardsUntilWhatTheyForwardLanded) {
+  TempDir dir;
+  // Round 1's message from rank 1 forwards what round 0 brought: it waits
+  // for round 0 at any depth.
+  auto spec = Transfers(3, {{0, 1, kGB, 0}});
+  spec.programs[1].Round();
+  spec.programs[1].Step(MakeStep(fb::StepKind::forward, 2, kNone, kNone, 0, kGB, fb::Dtype::fp32));
+  spec.programs[2].Round();
+  spec.programs[2].Step(MakeStep(fb::StepKind::recv, 1, kNone, kNone, 0, kGB, fb::Dtype::fp32));
+  spec.programs[2].staging_bytes = kGB;
+  for (const char* depth : {"0", "2", "3"}) {
+    auto j = Simulate(spec, 1, dir, std::string("--what-if-overlap ") + depth);
+    EXPECT_NEAR(j["predicted_seconds"].get<double>(), 2 * (kGB / kNic + kNicLat), 1e-9) << "depth " << depth;
+  }
+  // Over NVLink the forward waits for the NIC's round as well.
+  auto nv = Simulate(spec, 4, dir, "--what-if-overlap 2");  // ranks 0-2 in one domain: all NVLink
+  EXPECT_NEAR(nv["predicted_seconds"].get<double>(), 2 * (kGB / kNvlink + kNvLat), 1e-9);
+}
+
 TEST(SimulateTest, TraceHasOneTrackPerRankAndChannel) {
   TempDir dir;
   auto j = Simulate(Transfers(3, {{0, 1, kGB, 0}, {0, 2, kGB, 0}}, kGB), 2, dir, "--trace " + dir.File("t.json"));
@@ -315,6 +348,9 @@ TEST(SimulateTest, BadInputsAreClearErrors) {
   r = Reshard("simulate " + dir.File("p.rsplan") + " --cluster " + cluster + " --trace /nonexistent/dir/t.json", dir);
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("/nonexistent/dir/t.json"), std::string::npos) << r.err;
+  r = Reshard("simulate " + dir.File("p.rsplan") + " --cluster " + cluster + " --what-if-overlap 9", dir);
+  EXPECT_NE(r.exit_code, 0) << r.err;  // CLI11's usage error
+  EXPECT_NE(r.err.find("--what-if-overlap"), std::string::npos) << r.err;
 }
 
 // The bound never exceeds the predicted time of a valid plan.

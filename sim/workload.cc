@@ -32,14 +32,16 @@ struct Endpoint {
 };
 
 // Adds `bytes` to the message with `peer` in `list`, keeping first-seen order.
-void Merge(std::vector<Message>& list, uint32_t peer, uint64_t bytes, bool send) {
+void Merge(std::vector<Message>& list, uint32_t peer, uint64_t bytes, bool send, bool forward) {
+  const uint64_t forwarded = forward ? bytes : 0;
   for (Message& m : list) {
     if (m.peer == peer && m.send == send) {
       m.bytes += bytes;
+      m.forwarded += forwarded;
       return;
     }
   }
-  list.push_back({peer, bytes, send});
+  list.push_back({peer, bytes, send, forwarded});
 }
 
 // The bytes a step moves through HBM, counted as its read and write halves
@@ -129,7 +131,7 @@ Workload BuildWorkload(const Plan& plan, const ClusterSpec& cluster) {
             }
             const Path path = w.domain[peer] == w.domain[g] ? Path::nvlink : Path::net;
             if ((path == Path::nvlink) != (s->channel() == fb::Channel::nvlink)) ++mislabeled;
-            Merge(path == Path::net ? rr.net : rr.nvlink, peer, bytes, send);
+            Merge(path == Path::net ? rr.net : rr.nvlink, peer, bytes, send, s->kind() == fb::StepKind::forward);
             break;
           }
         }

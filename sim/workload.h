@@ -22,6 +22,9 @@ struct Message {
   uint32_t peer = 0;
   uint64_t bytes = 0;
   bool send = false;
+  /// Of `bytes` sent: forwarded, i.e. read from staging an earlier round
+  /// received into (what SimOptions::overlap_depth must wait for).
+  uint64_t forwarded = 0;
 };
 
 struct RankRound {

@@ -58,6 +58,7 @@ void AddSimulateCommand(CLI::App& app, int& exit_code) {
   struct Opts {
     std::string plan, cluster, trace;
     bool json = false, quiet = false;
+    uint32_t overlap = 0;
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("plan", o->plan, "plan file (.rsplan)")->required();
@@ -66,6 +67,13 @@ void AddSimulateCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--trace", o->trace, "write a Chrome/Perfetto timeline (JSON) here");
   cmd->add_flag("--json", o->json, "print the result as JSON");
   cmd->add_flag("-q,--quiet", o->quiet, "no progress messages");
+  cmd->add_option("--what-if-overlap", o->overlap,
+                  "what if the runtime kept this many rounds' messages in flight at once (the runtime keeps\n"
+                  "one; 0, the default, simulates what it does): round r+1's messages start while round r\n"
+                  "flies, except sends that forward what an earlier round received, which wait for it.\n"
+                  "Staging is not modelled: such a runtime needs N + 1 staging arenas of the plan's round\n"
+                  "size, so compare with a plan compiled with --staging-mb scaled by 2 / (N + 1)")
+      ->check(CLI::Range(0, 8));
   cmd->callback([o, &exit_code] {
     std::string file;
     const std::string text = ClusterText(o->cluster, "--cluster", &file);  // a file, or a bundled name
@@ -76,6 +84,7 @@ void AddSimulateCommand(CLI::App& app, int& exit_code) {
     for (const std::string& warn : w.warnings) std::fprintf(stderr, "reshard: warning: %s\n", warn.c_str());
     sim::SimOptions opt;
     opt.trace_path = o->trace;
+    opt.overlap_depth = o->overlap;
     if (!o->quiet && isatty(STDERR_FILENO)) {
       const uint32_t ranks = w.num_ranks;
       opt.progress = [ranks](double t, uint32_t done) {
@@ -101,6 +110,7 @@ void AddSimulateCommand(CLI::App& app, int& exit_code) {
           {"cluster", cluster.name},
           {"ranks", w.num_ranks},
           {"rounds", w.num_rounds},
+          {"what_if_overlap", o->overlap},
           {"predicted_seconds", r.seconds},
           {"lower_bound_seconds", lb.seconds},
           {"ratio_to_bound", ratio},
@@ -136,6 +146,8 @@ void AddSimulateCommand(CLI::App& app, int& exit_code) {
     } else {
       std::printf("%s on %s: %u GPUs, %u rounds\n", o->plan.c_str(), cluster.name.c_str(), w.num_ranks,
                   w.num_rounds);
+      if (o->overlap > 0)
+        std::printf("  WHAT IF the runtime kept %u rounds' messages in flight (it keeps one)\n", o->overlap);
       std::printf("  predicted refit   %s\n", Seconds(r.seconds).c_str());
       std::printf("  lower bound       %s  (%s)\n", Seconds(lb.seconds).c_str(), lb.binding());
       std::printf("                      (a) domain ingress %s: domain %u takes in %s over its NICs\n",
