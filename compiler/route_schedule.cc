@@ -142,7 +142,7 @@ RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>&
   };
   std::vector<Pair> pairs;
   std::vector<uint32_t> copies;
-  std::vector<uint64_t> rem_out(n, 0), rem_in(n, 0);
+  std::vector<uint64_t> rem_out(n, 0), rem_in(n, 0), rem_nv_in(n, 0);
   for (uint32_t i : order) {
     const DPiece& p = pieces[i];
     if (p.assembly >= 0) continue;  // placed by PlaceAssemblies
@@ -159,10 +159,12 @@ RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>&
     auto add = [sign](uint64_t& x, uint64_t b) { x = sign > 0 ? x + b : x - std::min(x, b); };
     add(rem_out[p.a], p.bytes);
     add(rem_in[p.b], p.bytes);
+    if (ChannelOf(p.a, p.b) != Channel::net) add(rem_nv_in[p.b], p.bytes);
     for (uint32_t k = 0; k < p.hop_count; ++k) {
       const Hop& h = hop_pool_[p.hop_begin + k];
       const uint32_t from = HolderOf(p, h.parent);
       if (ChannelOf(from, h.rank) == Channel::net) add(rem_out[from], p.bytes), add(rem_in[h.rank], p.bytes);
+      else add(rem_nv_in[h.rank], p.bytes);
     }
   };
   for (uint32_t i = 0; i < pieces.size(); ++i)
@@ -222,17 +224,28 @@ RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>&
   // Each sender's pace in the round being filled (receivers: the share).
   std::vector<uint64_t> pace(n, net_cap);
   const uint64_t pace_floor = std::max(min_split, static_cast<uint64_t>(kPaceFloor * static_cast<double>(net_cap)));
+  // Each GPU's NVLink intake in the round being filled, where the NICs set
+  // the pace (nv_paced: NVLink's own shares instead): kNvPaceSlack times its
+  // NVLink bytes left over the rounds left, at least min_split. A GPU that
+  // is its domain's entry for stripes (NIC in) and takes its peers' stripes
+  // over NVLink has one staging arena for both; unpaced, the NVLink pieces
+  // (placed whole, fast) filled it every other round and the NIC took in
+  // next to nothing there (GLM-4.5-Air -> TP2 DP4 EP x4: the busiest NIC
+  // took in 12-24 MB in rounds 12-18, its median round 173 MB; simulate
+  // 1.087x -> 1.043x of the bound; tools/bench/round_gap.py shows it).
+  std::vector<uint64_t> nv_pace(n, cap_);
   auto repace = [&](size_t r) {
     const double left = static_cast<double>(rounds > r + 1 ? rounds - r : 1);
     for (uint32_t g = 0; g < n; ++g) {
       const auto own = static_cast<uint64_t>(kPaceSlack * static_cast<double>(rem_out[g]) / left);
       pace[g] = net_out[g] <= kUnpacedRounds * net_cap ? net_cap : std::clamp(own, pace_floor, net_cap);
+      nv_pace[g] = std::max(min_split, static_cast<uint64_t>(kNvPaceSlack * static_cast<double>(rem_nv_in[g]) / left));
     }
   };
   // The paced network share left between `from` and `to` in round r (net: whether they talk over a NIC).
   auto share_left = [&](uint32_t from, uint32_t to, size_t r, bool net) -> uint64_t {
     if (!net) {
-      if (!nv_paced) return cap_;
+      if (!nv_paced) return nv_pace[to] - std::min(nv_pace[to], in_nv.At(to, r));
       return std::min(nv_cap - std::min(nv_cap, out_nv.At(from, r)), nv_cap - std::min(nv_cap, in_nv.At(to, r)));
     }
     return std::min(pace[from] - std::min(pace[from], out_net.At(from, r)),
@@ -256,7 +269,7 @@ RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>&
   auto link = [&](uint32_t from, uint32_t to, size_t r, uint64_t bytes) {
     const bool net = is_net(from, to);
     if (net) out_net.At(from, r) += bytes, in_net.At(to, r) += bytes;
-    else if (nv_paced) out_nv.At(from, r) += bytes, in_nv.At(to, r) += bytes;
+    else out_nv.At(from, r) += bytes, in_nv.At(to, r) += bytes;
     traffic.Add(static_cast<uint32_t>(r), from, to, bytes, net);
   };
   auto take = [&](uint32_t idx, size_t r) {
