@@ -11,7 +11,15 @@ has no CPU MoE op and vLLM's CPU FP8 kernels need AMX:
 - moe_backend="triton" (vLLM's own setting) instead of the CPU MoE kernel;
 - the Triton / CUTLASS kernel classes' device and FP8-support checks answer
   "supported" so that selection picks them on a CPU. No kernel runs: these
-  ranks load and hold weights; nothing calls forward().
+  ranks load and hold weights; nothing calls forward();
+- the CPU reads as one without AMX (cpu_without_amx below): on an AMX CPU
+  (Sapphire Rapids and later) vLLM's CPU paths prepack weights with its CPU
+  build's own ops (torch.ops._C.convert_weight_packed in
+  vllm/model_executor/layers/utils.py dispatch_cpu_unquantized_gemm, the
+  AMX_MLA backend chosen in vllm/platforms/cpu.py), which the CUDA wheel
+  does not have: the load failed there (AttributeError: '_OpNamespace' '_C'
+  object has no attribute 'convert_weight_packed'), and a GPU engine never
+  takes those paths at all.
 """
 import os
 import sys
@@ -24,6 +32,18 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 PATCHED = []  # what kernel_selection_for_cpu changed, for the record
+
+
+def cpu_without_amx():
+    """Makes torch report no AMX tiles (nor AMX-FP16), so that vLLM keeps the
+    weights as loaded (oneDNN or torch linear; the reference CPU_MLA backend)
+    on every x86 CPU, AMX or not, as the recorded dumps were made. Returns
+    the names patched."""
+    import torch
+
+    torch.cpu._is_amx_tile_supported = lambda: False
+    torch.cpu._is_amx_fp16_supported = lambda: False
+    return ["torch.cpu._is_amx_tile_supported", "torch.cpu._is_amx_fp16_supported"]
 
 
 def kernel_selection_for_cpu():
@@ -63,9 +83,10 @@ def kernel_selection_for_cpu():
     # per-channel FP8 -> CUTLASS (FlashInfer first where installed; both
     # keep weight.t()); block FP8 -> Triton (CUTLASS block needs 128-wide
     # activation groups, which the tiny models' 16x16 blocks are not).
+    patched = cpu_without_amx()
     linear_kernels._POSSIBLE_FP8_KERNELS[PlatformEnum.CPU] = [CutlassFP8ScaledMMLinearKernel]
     linear_kernels._POSSIBLE_FP8_BLOCK_KERNELS[PlatformEnum.CPU] = [TritonFp8BlockScaledMMKernel]
-    patched = ["_POSSIBLE_FP8_KERNELS[CPU]", "_POSSIBLE_FP8_BLOCK_KERNELS[CPU]"]
+    patched += ["_POSSIBLE_FP8_KERNELS[CPU]", "_POSSIBLE_FP8_BLOCK_KERNELS[CPU]"]
     for cls in (CutlassFP8ScaledMMLinearKernel, TritonFp8BlockScaledMMKernel):
         cls.is_supported = classmethod(lambda c, compute_capability=None: (True, None))
         patched.append(cls.__name__ + ".is_supported")
