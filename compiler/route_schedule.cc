@@ -189,10 +189,11 @@ RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>&
       carry(HolderOf(p, h.parent), h.rank, p.bytes);
     }
   }
-  uint64_t rounds = 1, busiest_net = 0, busiest_nv = 0;
+  uint64_t rounds = 1, busiest_net = 0, busiest_nv = 0, busiest_in = 0;
   for (uint32_t g = 0; g < n; ++g) {
     rounds = std::max<uint64_t>(rounds, static_cast<uint64_t>(std::ceil(held[g] / (fill * cap_))));
     busiest_net = std::max({busiest_net, net_out[g], net_in[g]});
+    busiest_in = std::max(busiest_in, net_in[g]);
     busiest_nv = std::max({busiest_nv, nv_out[g], nv_in[g]});
   }
   const uint64_t net_cap = std::clamp<uint64_t>((busiest_net + rounds - 1) / rounds, kMinSplit, cap_);
@@ -233,13 +234,20 @@ RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>&
   // next to nothing there (GLM-4.5-Air -> TP2 DP4 EP x4: the busiest NIC
   // took in 12-24 MB in rounds 12-18, its median round 173 MB; simulate
   // 1.087x -> 1.043x of the bound; tools/bench/round_gap.py shows it).
+  // Only where the NICs' intake binds (the busiest NIC in carries the most):
+  // where the sources' NICs bind instead, the receivers have staging to
+  // spare, and pacing their NVLink held back the relays the sources feed
+  // (Qwen3-Next-80B-A3B, hf:tp=8 -> vLLM TP2 DP4 EP x2: 1.050x unpaced,
+  // 1.104x paced).
+  const bool nv_intake_paced = !nv_paced && busiest_in == busiest_net;
   std::vector<uint64_t> nv_pace(n, cap_);
   auto repace = [&](size_t r) {
     const double left = static_cast<double>(rounds > r + 1 ? rounds - r : 1);
     for (uint32_t g = 0; g < n; ++g) {
       const auto own = static_cast<uint64_t>(kPaceSlack * static_cast<double>(rem_out[g]) / left);
       pace[g] = net_out[g] <= kUnpacedRounds * net_cap ? net_cap : std::clamp(own, pace_floor, net_cap);
-      nv_pace[g] = std::max(min_split, static_cast<uint64_t>(kNvPaceSlack * static_cast<double>(rem_nv_in[g]) / left));
+      if (nv_intake_paced)
+        nv_pace[g] = std::max(min_split, static_cast<uint64_t>(kNvPaceSlack * static_cast<double>(rem_nv_in[g]) / left));
     }
   };
   // The paced network share left between `from` and `to` in round r (net: whether they talk over a NIC).
