@@ -432,7 +432,7 @@ TEST(SimulateTest, ColocatedRefitsPaceTheirNvlinkAndSpreadTheirCopies) {
 
 // Qwen3-30B-A3B from `reshard init` (every NIC has about as much to move as
 // the busiest): the greedy fill left holes (1.134x and 1.124x of the bound);
-// the proportional fill is chosen and stays within 1.055x and 1.085x. Llama-3.1-70B TP4:
+// the proportional fill is chosen and stays within 1.05x and 1.075x. Llama-3.1-70B TP4:
 // the greedy fill is better there and is kept.
 TEST(SimulateTest, SmallPlansTakeTheBetterRoundFill) {
   TempDir dir;
@@ -441,10 +441,12 @@ TEST(SimulateTest, SmallPlansTakeTheBetterRoundFill) {
     double at_most;
   };
   const Row rows[] = {
-      // 1.0714x before the fill paced NVLink intake, 1.0506x since (issue 32);
-      {"qwen3-30b-a3b.json", "megatron:tp=2,pp=2,ep=8,etp=1,grouped-gemm", "vllm:tp=2,dp=8", "proportional", 1.055},
-      // with EP 1.0768x before, 1.0805x since.
-      {"qwen3-30b-a3b.json", "megatron:tp=2,pp=2,ep=8,etp=1,grouped-gemm", "vllm:tp=2,dp=8,ep", "proportional", 1.085},
+      // 1.0714x before the fill paced NVLink intake, 1.0506x since (issue 32),
+      // 1.0475x since pairs whose pieces are relayed over a NIC go first
+      // (route_schedule.cc, FillRounds: the relays were the refit's tail);
+      {"qwen3-30b-a3b.json", "megatron:tp=2,pp=2,ep=8,etp=1,grouped-gemm", "vllm:tp=2,dp=8", "proportional", 1.05},
+      // with EP 1.0768x, 1.0805x, now 1.0724x.
+      {"qwen3-30b-a3b.json", "megatron:tp=2,pp=2,ep=8,etp=1,grouped-gemm", "vllm:tp=2,dp=8,ep", "proportional", 1.075},
       {"llama-3.1-70b.json", "megatron:tp=8,pp=4,dp=2", "vllm:tp=4,dp=16", "greedy", 1.03},
   };
   for (const Row& row : rows) {
