@@ -417,9 +417,12 @@ RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>&
     // bytes end L rounds after the round that takes them, and placed with
     // the others they were the refit's tail (Qwen3-30B-A3B -> TP2 DP8 EP:
     // the relays' NICs ran 2.5 ms past the busiest one; simulate 1.0805x ->
-    // 1.0724x of the bound, TP2 DP8 1.0506x -> 1.0475x; the 18 other README
-    // rows have no NIC relays and keep their plans. Counting NVLink levels
-    // too moved 9 rows, 5 better and 4 worse, DeepSeek-V3 FP8 by +0.2%.)
+    // 1.0724x of the bound, TP2 DP8 1.0506x -> 1.0475x: 85 of 565 pieces
+    // relayed). Where every piece is relayed alike (Scout, GLM-4.5-Air EP,
+    // DeepSeek-V3 on DGX H100: all of their pieces) or none is, the order is
+    // as before: the 22 other rows checked keep their plans byte for byte.
+    // Counting NVLink levels too moved 9 rows, 5 better and 4 worse,
+    // DeepSeek-V3 FP8 by +0.2%.
     for (Head& h : active) h.key = rem_out[h.a] + rem_in[h.b] + uint64_t{h.relays} * net_cap;
     SortByKeyDescending(active, scratch);
     repace(r);
