@@ -13,7 +13,7 @@ const char* LowerBound::binding() const {
   if (local_s > ingress_s && local_s > egress_s && local_s > nvlink_s) return "a GPU's local copy of what it holds";
   if (ingress_s >= egress_s && ingress_s >= nvlink_s) return "destination NVLink domain ingress over NICs";
   if (egress_s >= nvlink_s) return "source egress over NICs";
-  return "per-GPU ingress over NIC and NVLink";
+  return nvlink_only ? "per-GPU ingress over NVLink" : "per-GPU ingress over NIC and NVLink";
 }
 
 namespace {
@@ -171,6 +171,13 @@ LowerBound ComputeLowerBound(const Plan& plan, const ClusterSpec& cluster) {
 
   LowerBound lb;
   uint32_t source_gpus = 0;
+  // (c) counts a GPU's NIC beside its NVLink port only where the job has GPUs
+  // in another domain: between two GPUs of one domain every path is NVLink
+  // (sim/workload.cc picks the path by domain, as NCCL does), so in a job on
+  // one domain (colocated on one node) the NIC carries nothing.
+  const auto job_domains = std::count_if(in_domain.begin(), in_domain.end(), [](uint32_t k) { return k > 0; });
+  lb.nvlink_only = job_domains <= 1;
+  const double gpu_in_Bps = lb.nvlink_only ? m.nvlink_Bps : m.nic_Bps + m.nvlink_Bps;
   for (uint32_t d = 0; d < ndomains; ++d) {
     if (!gpus_in(d)) continue;
     const double nics = gpus_in(d) * m.nic_Bps;
@@ -181,10 +188,10 @@ LowerBound ComputeLowerBound(const Plan& plan, const ClusterSpec& cluster) {
     uint64_t dom_need = 0;
     for (uint32_t g = d * gpd; g < std::min(n, (d + 1) * gpd); ++g) {
       dom_need += gpu_need[g];
-      lb.nvlink_s = std::max(lb.nvlink_s, gpu_need[g] / (m.nic_Bps + m.nvlink_Bps));
+      lb.nvlink_s = std::max(lb.nvlink_s, gpu_need[g] / gpu_in_Bps);
     }
     lb.needed_bytes += dom_need;
-    lb.nvlink_s = std::max(lb.nvlink_s, dom_need / (gpus_in(d) * (m.nic_Bps + m.nvlink_Bps)));
+    lb.nvlink_s = std::max(lb.nvlink_s, dom_need / (gpus_in(d) * gpu_in_Bps));
   }
   for (uint32_t g = 0; g < n; ++g) {
     const double secs = m.hbm_Bps > 0 ? 2.0 * static_cast<double>(gpu_own[g]) / m.hbm_Bps : 0;  // read, write

@@ -25,8 +25,10 @@ struct LowerBound {
   double egress_s = 0;
   uint64_t egress_bytes = 0;
   /// (c) every GPU of a domain must take in what it needs and does not hold
-  /// over its NIC and NVLink port together (per GPU and per domain).
+  /// over its NIC and NVLink port together (per GPU and per domain); over
+  /// NVLink alone where every GPU of the job is in one domain.
   double nvlink_s = 0;
+  bool nvlink_only = false;   // (c) counts NVLink alone: the job is on one domain
   uint64_t needed_bytes = 0;  // sum over destination GPUs of what they need and do not hold
   /// (d) colocated: a GPU copies what it needs and already holds (its
   /// training buffers into its inference buffers) through its own HBM, each

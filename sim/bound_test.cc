@@ -74,8 +74,18 @@ TEST(BoundTest, WhatTheDomainHoldsNeverCrossesTheNetwork) {
   auto lb = Bound(Layout(4, {{{500, 1000}}, {{0, 500}}, {}, {}}, {{}, {}, {{0, 1000}}, {}}), 4);
   EXPECT_EQ(lb.ingress_bytes, 0u);
   EXPECT_EQ(lb.egress_bytes, 0u);
-  EXPECT_DOUBLE_EQ(lb.nvlink_s, 4e6 / (kNic + kNv));
+  // The job is on one domain: rank 2's NIC has no peer to take anything
+  // from, so it takes all 4 MB in over NVLink.
+  EXPECT_DOUBLE_EQ(lb.nvlink_s, 4e6 / kNv);
   EXPECT_DOUBLE_EQ(lb.latency_s, 2e-6);  // NVLink only
+}
+
+TEST(BoundTest, AGpusNicCountsWhereTheJobSpansDomains) {
+  // The same needs, with an idle rank 4 in a second domain that holds one row:
+  // a plan could bring that row to rank 2 over its NIC, so the NIC counts.
+  std::vector<std::vector<std::pair<uint32_t, uint32_t>>> holds = {{{500, 1000}}, {{0, 500}}, {}, {}, {{0, 1}}};
+  auto lb = Bound(Layout(5, holds, {{}, {}, {{0, 1000}}, {}, {}}), 4);
+  EXPECT_DOUBLE_EQ(lb.nvlink_s, 4e6 / (kNic + kNv));
 }
 
 TEST(BoundTest, ReplicatedSourcesShareTheEgressOfEverySourceNic) {

@@ -154,8 +154,9 @@ void AddSimulateCommand(CLI::App& app, int& exit_code) {
                   Seconds(lb.ingress_s).c_str(), lb.ingress_domain, Bytes(lb.ingress_bytes).c_str());
       std::printf("                      (b) source egress  %s: %s must leave the domains holding it\n",
                   Seconds(lb.egress_s).c_str(), Bytes(lb.egress_bytes).c_str());
-      std::printf("                      (c) GPU ingress    %s: GPUs need %s they do not hold\n",
-                  Seconds(lb.nvlink_s).c_str(), Bytes(lb.needed_bytes).c_str());
+      std::printf("                      (c) GPU ingress    %s: GPUs need %s they do not hold%s\n",
+                  Seconds(lb.nvlink_s).c_str(), Bytes(lb.needed_bytes).c_str(),
+                  lb.nvlink_only ? " (one domain: over NVLink only)" : "");
       if (lb.local_bytes > 0)
         std::printf("                      (d) local copy     %s: GPU %u copies %s it holds itself through its HBM\n",
                     Seconds(lb.local_s).c_str(), lb.local_rank, Bytes(lb.local_bytes).c_str());
