@@ -8,11 +8,16 @@
 namespace reshard {
 namespace {
 
-using Range = std::pair<uint64_t, uint64_t>;  // staging bytes [first, second)
+// Staging bytes [first, second), or a buffer's elements: buffer b's
+// elements [lo, hi) are [b * 2^40 + lo, b * 2^40 + hi) (kBufferSpan).
+using Range = std::pair<uint64_t, uint64_t>;
+constexpr int kBufferShift = 40;
+constexpr uint64_t kBufferSpan = uint64_t{1} << kBufferShift;
+constexpr uint64_t kMostBuffers = uint64_t{1} << (64 - kBufferShift - 1);
 
 struct Footprint {
   std::vector<Range> sread, swrite;
-  std::vector<uint32_t> bread, bwrite;
+  std::vector<Range> bread, bwrite;
 
   void Add(const Footprint& o) {
     sread.insert(sread.end(), o.sread.begin(), o.sread.end());
@@ -21,7 +26,7 @@ struct Footprint {
     bwrite.insert(bwrite.end(), o.bwrite.begin(), o.bwrite.end());
   }
   void Normalize() {
-    for (auto* v : {&sread, &swrite}) {
+    for (auto* v : {&sread, &swrite, &bread, &bwrite}) {
       std::sort(v->begin(), v->end());
       std::vector<Range> out;
       for (const Range& r : *v) {
@@ -33,10 +38,6 @@ struct Footprint {
         }
       }
       *v = std::move(out);
-    }
-    for (auto* v : {&bread, &bwrite}) {
-      std::sort(v->begin(), v->end());
-      v->erase(std::unique(v->begin(), v->end()), v->end());
     }
   }
 };
@@ -55,24 +56,10 @@ bool Overlap(const std::vector<Range>& a, const std::vector<Range>& b) {
   return false;
 }
 
-bool Intersect(const std::vector<uint32_t>& a, const std::vector<uint32_t>& b) {
-  size_t i = 0, j = 0;
-  while (i < a.size() && j < b.size()) {
-    if (a[i] < b[j]) {
-      ++i;
-    } else if (b[j] < a[i]) {
-      ++j;
-    } else {
-      return true;
-    }
-  }
-  return false;
-}
-
 // Normalized footprints conflict when one writes what the other reads or writes.
 bool Conflict(const Footprint& a, const Footprint& b) {
   return Overlap(a.swrite, b.sread) || Overlap(a.swrite, b.swrite) || Overlap(b.swrite, a.sread) ||
-         Intersect(a.bwrite, b.bread) || Intersect(a.bwrite, b.bwrite) || Intersect(b.bwrite, a.bread);
+         Overlap(a.bwrite, b.bread) || Overlap(a.bwrite, b.bwrite) || Overlap(b.bwrite, a.bread);
 }
 
 class Footprinter {
@@ -83,13 +70,26 @@ class Footprinter {
   void Region(uint32_t region, fb::Dtype dtype, bool write, Footprint& f) const {
     if (region == kNone) return;
     const fb::Region& r = *p_.regions()->Get(region);
+    if (RegionElements(r) == 0) return;
     if (r.buffer() != kNone) {
-      std::vector<uint32_t> b = RegionBuffers(r);
+      // In each buffer it addresses, the span from its first element to its
+      // last (a superset of what it touches: regions interleaved in one
+      // buffer still conflict), in the buffer's elements.
+      uint64_t last = r.offset();
+      for (int k = 0; k < r.ndim(); ++k)
+        if (!(r.buffer_modes() & (1u << k))) last += static_cast<uint64_t>(r.shape()->Get(k) - 1) * r.stride()->Get(k);
+      const bool fits = last < kBufferSpan;
       auto& dst = write ? f.bwrite : f.bread;
-      dst.insert(dst.end(), b.begin(), b.end());
+      for (uint32_t b : RegionBuffers(r)) {
+        const uint64_t base = uint64_t{b} << kBufferShift;
+        if (b >= kMostBuffers) {  // past the key space: conflicts with every buffer region
+          dst.push_back({0, ~uint64_t{0}});
+        } else {
+          dst.push_back(fits ? Range{base + r.offset(), base + last + 1} : Range{base, base + kBufferSpan});
+        }
+      }
       return;
     }
-    if (RegionElements(r) == 0) return;
     uint64_t last = r.offset();
     for (int k = 0; k < r.ndim(); ++k) last += static_cast<uint64_t>(r.shape()->Get(k) - 1) * r.stride()->Get(k);
     const uint64_t size = DtypeSize(dtype);

@@ -1,8 +1,9 @@
 // Which local phases of a rank's program may overlap a neighbouring round's
 // messages. The executor runs round r's messages while it unpacks round r-1
 // and packs round r+1, but only where that cannot change a byte: a phase moves
-// next to a round's messages only if their footprints (staging bytes and
-// buffers read and written) do not conflict, and the unpack of round r and the
+// next to a round's messages only if their footprints (staging bytes, and the
+// span of each buffer a region reads or writes: first element to last) do not
+// conflict, and the unpack of round r and the
 // pack of round r+1 (which then swap places) do not conflict either. Otherwise
 // the phase runs in series as before. The plan's serial meaning, which
 // `validate` proves, is therefore the meaning of the pipelined run as well.

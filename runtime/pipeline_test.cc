@@ -29,27 +29,38 @@ using D = fb::Dtype;
 
 constexpr uint32_t kCols = 1024;
 
-// Ranks 0 and 1 swap an fp32 [rounds, kCols] tensor row by row: in round r
+// Where the tensors of a swap sit in a rank's buffers: the held one in
+// buffer `held_buffer` from element 0, the received one in `got_buffer` from
+// element `got`; row r of either at r * width, its elements `step` apart.
+struct SwapLayout {
+  std::vector<testing::BufferSpec> buffers;
+  uint32_t held_buffer, got_buffer;
+  uint64_t got;
+  uint32_t width, step;
+};
+
+// Ranks 0 and 1 swap fp32 [rounds, kCols] tensors row by row: in round r
 // each packs its row r into staging, sends it, receives the peer's row r and
 // unpacks it. Steps are in plan order send-before-receive. `alternate`:
 // round r uses staging arena r % 2 (as the compiler allocates); otherwise
 // every round reuses the same bytes, and no phase may overlap another round.
-PlanSpec SwapPlan(uint32_t rounds, bool alternate) {
+PlanSpec Swap(uint32_t rounds, bool alternate, const std::vector<SwapLayout>& at) {
   PlanSpec spec;
   spec.tensors.push_back({"a", D::fp32, {0, 0}, {rounds, kCols}});
   spec.tensors.push_back({"b", D::fp32, {0, 0}, {rounds, kCols}});
   std::vector<ProgramSpec> p(2);
   const uint64_t row = kCols * 4;
   for (uint32_t k = 0; k < 2; ++k) {
+    const SwapLayout& l = at[k];
     p[k].rank = k;
-    p[k].buffers = {{k == 0 ? "a" : "b", D::fp32, {rounds, kCols}}, {k == 0 ? "b" : "a", D::fp32, {rounds, kCols}}};
-    p[k].fragments.push_back(MakeFragment(k, 0, 0, {0, 0}, {rounds, kCols}, {kCols, 1}, 0));
-    p[k].fragments.push_back(MakeFragment(1 - k, 1, 0, {0, 0}, {rounds, kCols}, {kCols, 1}, 1));
+    p[k].buffers = l.buffers;
+    p[k].fragments.push_back(MakeFragment(k, l.held_buffer, 0, {0, 0}, {rounds, kCols}, {l.width, l.step}, 0));
+    p[k].fragments.push_back(MakeFragment(1 - k, l.got_buffer, l.got, {0, 0}, {rounds, kCols}, {l.width, l.step}, 1));
     p[k].staging_bytes = 4 * row;
     for (uint32_t r = 0; r < rounds; ++r) {
       const uint64_t base = alternate ? (r % 2) * 2 * row : 0;
-      uint32_t src = p[k].Region(MakeRegion(0, uint64_t{r} * kCols, {kCols}, {1}));
-      uint32_t dst = p[k].Region(MakeRegion(1, uint64_t{r} * kCols, {kCols}, {1}));
+      uint32_t src = p[k].Region(MakeRegion(l.held_buffer, uint64_t{r} * l.width, {kCols}, {l.step}));
+      uint32_t dst = p[k].Region(MakeRegion(l.got_buffer, l.got + uint64_t{r} * l.width, {kCols}, {l.step}));
       p[k].Round();
       p[k].Step(MakeStep(K::pack, kNone, src, kNone, base, row, D::fp32));
       p[k].Step(MakeStep(K::send, 1 - k, kNone, kNone, base, row, D::fp32));
@@ -59,6 +70,30 @@ PlanSpec SwapPlan(uint32_t rounds, bool alternate) {
   }
   spec.programs = p;
   return spec;
+}
+
+// Each rank's tensor and the peer's in two buffers of their own.
+PlanSpec SwapPlan(uint32_t rounds, bool alternate) {
+  std::vector<SwapLayout> at;
+  for (uint32_t k = 0; k < 2; ++k)
+    at.push_back({{{k == 0 ? "a" : "b", D::fp32, {rounds, kCols}}, {k == 0 ? "b" : "a", D::fp32, {rounds, kCols}}},
+                  0, 1, 0, kCols, 1});
+  return Swap(rounds, alternate, at);
+}
+
+// Both tensors in one buffer per rank, as a colocated GPU's flat buffer
+// holds its training and inference weights. Apart: rank k holds its tensor
+// in buffer rows [0, rounds) and receives the peer's into rows [rounds, 2
+// rounds). Interleaved: the buffer is [rounds + 1, 2 kCols], the held tensor
+// in the even columns of rows [0, rounds), the received one in the odd
+// columns of rows [1, rounds + 1): round r's unpack and round r+1's pack
+// touch different elements of buffer row r+1, but each one's span (the
+// schedule's footprint) covers the other's.
+PlanSpec OneBufferSwapPlan(uint32_t rounds, bool interleaved) {
+  const uint32_t width = interleaved ? 2 * kCols : kCols;
+  const SwapLayout l{{{"ab", D::fp32, {interleaved ? rounds + 1 : 2 * rounds, width}}},
+                     0, 0, interleaved ? width + 1 : uint64_t{rounds} * kCols, width, interleaved ? 2u : 1u};
+  return Swap(rounds, true, {l, l});
 }
 
 // CPU kernels that log each copy.
@@ -175,6 +210,51 @@ TEST(PipelineTest, OffSwitchRunsInSeries) {
   for (const std::string& log : LogsOf(spec, 3)) EXPECT_EQ(log, want);
   unsetenv("RESHARD_PIPELINE");
   EXPECT_TRUE(PipelineEnabled());
+}
+
+TEST(PipelineTest, DisjointPartsOfOneBufferOverlap) {
+  // Round r unpacks into rows the next round's pack does not read: the
+  // rounds pipeline as if they were two buffers (they were serial while the
+  // schedule compared whole buffers).
+  Plan plan = Plan::from_bytes(BuildPlan(OneBufferSwapPlan(3, false)), "one.rsplan");
+  PipelineSchedule s = SchedulePipeline(plan.program(0));
+  EXPECT_EQ(s.early_pack, (std::vector<uint8_t>{0, 1, 1}));
+  EXPECT_EQ(s.late_unpack, (std::vector<uint8_t>{1, 1, 0}));
+  // And every element arrives: each rank's received rows hold the peer's tensor.
+  const PlanSpec spec = OneBufferSwapPlan(3, false);
+  TempDir dir;
+  std::vector<uint8_t> bytes = BuildPlan(spec);
+  auto res = RunRanks(2, [&](int r) -> std::string {
+    Plan p = Plan::from_bytes(bytes, "one.rsplan");
+    GlooOptions o;
+    o.store_dir = dir.path();
+    o.timeout = std::chrono::seconds(20);
+    GlooTransport t(static_cast<uint32_t>(r), 2, o);
+    const fb::Program& prog = p.program(static_cast<uint32_t>(r));
+    const size_t half = 3 * kCols;
+    std::vector<float> buf(2 * half, -1.0f);
+    for (size_t i = 0; i < half; ++i) buf[i] = static_cast<float>(r * 1000000 + i);
+    std::vector<char> staging(prog.staging_bytes());
+    Executor ex(prog, t);
+    if (ex.schedule().overlapped_packs != 2) return "the executor did not overlap both packs";
+    ex.Run({reinterpret_cast<char*>(buf.data())}, staging.data());
+    for (size_t i = 0; i < half; ++i) {
+      if (buf[i] != static_cast<float>(r * 1000000 + i)) return "held element " + std::to_string(i) + " changed";
+      if (buf[half + i] != static_cast<float>((1 - r) * 1000000 + i))
+        return "received element " + std::to_string(i) + " wrong";
+    }
+    return "";
+  });
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(res[r].exit_code, 0) << res[r].message;
+}
+
+TEST(PipelineTest, InterleavedPartsOfOneBufferRunInSeries) {
+  // The footprint of a strided region is its span: where one round's unpack
+  // and the next round's pack interleave in one buffer row, they do not swap.
+  Plan plan = Plan::from_bytes(BuildPlan(OneBufferSwapPlan(3, true)), "one.rsplan");
+  PipelineSchedule s = SchedulePipeline(plan.program(0));
+  EXPECT_EQ(s.overlapped_packs, 0u);
+  EXPECT_EQ(s.overlapped_unpacks, 0u);
 }
 
 }  // namespace

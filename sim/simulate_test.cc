@@ -409,7 +409,10 @@ TEST(SimulateTest, Qwen3SeedRowStaysNearItsBound) {
 // be balanced only over NICs, so a round lasted as long as its busiest
 // NVLink link (2.30x the bound for Megatron TP2 EP8 -> vLLM TP8); and every
 // local copy ran in round 0, before its sends (FSDP2 -> vLLM TP2 x DP4 EP,
-// 7.58 GB a GPU: 2.48x).
+// 7.58 GB a GPU: 2.48x). Since the bound counts NVLink alone on one domain
+// and the pipeline compares spans of buffers, not whole buffers (a GPU's
+// copies and unpacks into one fused vLLM buffer overlap the next round's
+// messages): 1.20x -> 1.08x -> 1.040x and 1.40x -> 1.224x.
 TEST(SimulateTest, ColocatedRefitsPaceTheirNvlinkAndSpreadTheirCopies) {
   TempDir dir;
   const std::string src = RESHARD_SOURCE_DIR;
@@ -418,8 +421,8 @@ TEST(SimulateTest, ColocatedRefitsPaceTheirNvlinkAndSpreadTheirCopies) {
   const std::string c = dir.File("cluster.json");
   std::ofstream(c) << cluster.dump();
   for (const auto& [train, infer, at_most] :
-       {std::tuple<std::string, std::string, double>{"megatron:tp=2,ep=8,etp=1,grouped-gemm", "vllm:tp=8", 1.25},
-        {"fsdp2:dp_shard=8,master=bf16", "vllm:tp=2,dp=4,ep", 1.45}}) {
+       {std::tuple<std::string, std::string, double>{"megatron:tp=2,ep=8,etp=1,grouped-gemm", "vllm:tp=8", 1.05},
+        {"fsdp2:dp_shard=8,master=bf16", "vllm:tp=2,dp=4,ep", 1.25}}) {
     SCOPED_TRACE(train + " -> " + infer);
     const std::string out = dir.File(infer.substr(5, 4)), plan = out + ".rsplan";
     std::string args;
