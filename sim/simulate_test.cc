@@ -404,6 +404,15 @@ TEST(SimulateTest, Qwen3SeedRowStaysNearItsBound) {
   ExpectNearBound(plan, s + "clusters/dgx-h100.json", 1.03, dir);
 }
 
+// DGX H100 with training and inference on the same GPUs: its path in `dir`.
+std::string ColocatedCluster(const TempDir& dir) {
+  nlohmann::json cluster = LoadJson(std::string(RESHARD_SOURCE_DIR) + "/samples/clusters/dgx-h100.json");
+  cluster["placement"] = "colocated";
+  const std::string c = dir.File("cluster.json");
+  std::ofstream(c) << cluster.dump();
+  return c;
+}
+
 // Qwen3-30B-A3B trained and served on the same 8 GPUs of one DGX H100
 // (colocated): no NIC carries anything, NVLink sets the pace. Rounds used to
 // be balanced only over NICs, so a round lasted as long as its busiest
@@ -415,11 +424,7 @@ TEST(SimulateTest, Qwen3SeedRowStaysNearItsBound) {
 // messages): 1.20x -> 1.08x -> 1.040x and 1.40x -> 1.224x.
 TEST(SimulateTest, ColocatedRefitsPaceTheirNvlinkAndSpreadTheirCopies) {
   TempDir dir;
-  const std::string src = RESHARD_SOURCE_DIR;
-  nlohmann::json cluster = LoadJson(src + "/samples/clusters/dgx-h100.json");
-  cluster["placement"] = "colocated";
-  const std::string c = dir.File("cluster.json");
-  std::ofstream(c) << cluster.dump();
+  const std::string c = ColocatedCluster(dir);
   for (const auto& [train, infer, at_most] :
        {std::tuple<std::string, std::string, double>{"megatron:tp=2,ep=8,etp=1,grouped-gemm", "vllm:tp=8", 1.05},
         {"fsdp2:dp_shard=8,master=bf16", "vllm:tp=2,dp=4,ep", 1.25}}) {
@@ -440,12 +445,9 @@ TEST(SimulateTest, ColocatedRefitsPaceTheirNvlinkAndSpreadTheirCopies) {
 // still delivers every element, pipelined and in series.
 TEST(SimulateTest, ColocatedCopiesOverlapAndStayExact) {
   TempDir dir;
-  const std::string src = RESHARD_SOURCE_DIR;
-  nlohmann::json cluster = LoadJson(src + "/samples/clusters/dgx-h100.json");
-  cluster["placement"] = "colocated";
-  const std::string c = dir.File("cluster.json");
-  std::ofstream(c) << cluster.dump();
-  nlohmann::json config = LoadJson(src + "/tests/data/recorded/vllm-moe-tp2-dp2-ep/config.json");
+  const std::string c = ColocatedCluster(dir);
+  nlohmann::json config =
+      LoadJson(std::string(RESHARD_SOURCE_DIR) + "/tests/data/recorded/vllm-moe-tp2-dp2-ep/config.json");
   config.update({{"hidden_size", 512}, {"moe_intermediate_size", 256}, {"num_experts", 64}});
   const std::string cfg = dir.File("config.json");
   std::ofstream(cfg) << config.dump();
