@@ -54,6 +54,19 @@ CompileInputs LoadInputs(const std::string& model, const std::string& from, cons
                      to, cluster_file);
 }
 
+RoundFill RoundFillOf(const fb::Plan& plan, const std::string& path) {
+  const fb::RoundFill* f = plan.round_fill();
+  if (f == nullptr) {
+    throw Error("--fill-of " + path + ": the plan records no round fill (a gather plan, or one written before " +
+                "reshard recorded it); compile without --fill-of");
+  }
+  if (!(f->staging_fill() > 0 && f->staging_fill() <= 1) || !(f->min_share() >= 0 && f->min_share() < 1)) {
+    throw Error("--fill-of " + path + ": its round fill is out of range (staging fill " +
+                std::to_string(f->staging_fill()) + ", min share " + std::to_string(f->min_share()) + ")");
+  }
+  return {f->proportional(), f->min_share(), f->staging_fill()};
+}
+
 PlanIR BuildPlan(const CompileInputs& in, const CompileOptions& opt) {
   std::optional<Phase> phase(std::in_place, "expand");
   // The two sides expand independently: the training side on a thread of
@@ -87,6 +100,7 @@ PlanIR BuildPlan(const CompileInputs& in, const CompileOptions& opt) {
   ro.nvlink_exchange = opt.nvlink_exchange;
   ro.search_fills = opt.search_fills;
   ro.fill_candidate = opt.fill_candidate;
+  ro.fill_of = opt.fill_of;
   ro.flow_budget = opt.flow_budget;
   ro.quantize_on_sender = opt.quantize_on_sender;
   PlanIR ir = Route(in.model, in.cluster, in.src, src, in.dst, dst, ro);

@@ -2,10 +2,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "compiler/program.h"
+#include "plan_generated.h"
 #include "compiler/spec.h"
 
 namespace reshard {
@@ -24,6 +26,7 @@ struct CompileOptions {
   bool quantize_on_sender = true;
   bool search_fills = false;  // RouteOptions::search_fills
   int fill_candidate = -1;     // RouteOptions::fill_candidate
+  std::optional<RoundFill> fill_of = std::nullopt;  // RouteOptions::fill_of
   uint64_t flow_budget = 0;    // RouteOptions::flow_budget
 };
 
@@ -36,6 +39,11 @@ CompileInputs ParseInputs(const nlohmann::json& model, const nlohmann::json& fro
                           const nlohmann::json& cluster, const std::string& model_file = "model.json",
                           const std::string& from_file = "train.json", const std::string& to_file = "infer.json",
                           const std::string& cluster_file = "cluster.json");
+
+/// The round fill an earlier plan records (`compile --fill-of`: a
+/// recompile filled that way only); `path` names the plan in errors. Throws
+/// reshard::Error where it records none (gather plans, older plans).
+RoundFill RoundFillOf(const fb::Plan& plan, const std::string& path);
 
 /// Passes 2-4. Throws reshard::Error.
 PlanIR BuildPlan(const CompileInputs& in, const CompileOptions& opt);

@@ -217,6 +217,9 @@ std::vector<uint8_t> EmitPlan(const CompileInputs& in, const PlanIR& ir) {
   auto srcg = b.CreateVector(ir.src_global);
   auto dstg = b.CreateVector(ir.dst_global);
   auto domain = b.CreateVector(ir.domain);
+  flatbuffers::Offset<fb::RoundFill> fill;
+  if (ir.fill_candidates > 0)  // a direct plan's Schedule chose it
+    fill = fb::CreateRoundFill(b, ir.proportional_fill, ir.proportional_min_share, ir.staging_fill);
   fb::PlanBuilder pb(b);
   pb.add_schema_version(kSchemaVersion);
   pb.add_compiler_version(version);
@@ -238,6 +241,7 @@ std::vector<uint8_t> EmitPlan(const CompileInputs& in, const PlanIR& ir) {
   pb.add_num_rounds(static_cast<uint32_t>(ir.num_rounds));
   const fb::Digest128 unstamped(0, 0);  // StampContentDigest fills it in below
   pb.add_content_digest(&unstamped);
+  if (!fill.IsNull()) pb.add_round_fill(fill);
   b.Finish(pb.Finish(), fb::PlanIdentifier());
   if (b.GetSize() >= (size_t{2} << 30))
     throw Error("the plan is " + std::to_string(b.GetSize() >> 20) +

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -123,6 +124,15 @@ struct PlanIR {
   std::vector<MemoryWarning> memory_warnings;
 };
 
+/// How a direct plan's rounds are filled (route_schedule.cc; the plan's
+/// RoundFill): greedily or with every pair's proportional share first,
+/// planned for `staging_fill` of the staging budget.
+struct RoundFill {
+  bool proportional = false;
+  double min_share = 0;
+  double staging_fill = kDefaultStagingFill;
+};
+
 struct RouteOptions {
   std::string strategy = "direct";  // or "gather"
   uint64_t staging_bytes = 512ull << 20;
@@ -143,6 +153,9 @@ struct RouteOptions {
   /// search_fills) instead of keeping the fastest by the estimate, so that
   /// `compile --simulate-fills` can compile and simulate each. -1: choose.
   int fill_candidate = -1;
+  /// direct: fill the rounds this way only (an earlier plan's fill,
+  /// `compile --fill-of`): no other fill, no estimate.
+  std::optional<RoundFill> fill_of = std::nullopt;
   /// Steps the flow estimate may take per fill before Schedule falls back on
   /// the replay (round_estimate.h); 0: kFlowBudget. For tests.
   uint64_t flow_budget = 0;

@@ -532,6 +532,15 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
     ir_.proportional_min_share = kept.min_share;
     ir_.staging_fill = kept.fill;
   };
+  if (opt_.fill_of) {  // an earlier plan's fill (compile --fill-of): only it, no estimate
+    const FillMode m{opt_.fill_of->proportional, opt_.fill_of->staging_fill, opt_.fill_of->min_share};
+    ir_.fill_candidates = 1;
+    FillPieces fill(pieces);
+    FillRounds(fill, RotationOrder(pieces), m);
+    fill.ApplyTo(pieces);
+    keep(m);
+    return;
+  }
   if (opt_.fill_candidate >= 0) {  // one fill, asked for: on this router, no copy, no estimate to compare
     const auto c = static_cast<size_t>(opt_.fill_candidate);
     if (c >= candidates.size())

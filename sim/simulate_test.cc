@@ -39,6 +39,12 @@ Result Reshard(const std::string& args, const TempDir& dir) {
   return r;
 }
 
+// A file's bytes.
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
 // Simulates `plan` on `cluster` and checks that the prediction lies between
 // the lower bound and `at_most` times it.
 void ExpectNearBound(const std::string& plan, const std::string& cluster, double at_most, const TempDir& dir) {
@@ -687,6 +693,46 @@ TEST(SimulateTest, SimulateFillsKeepsTheFillPredictedFastest) {
   Result ds = Reshard("simulate -q --json " + dir.File("d.rsplan") + " --cluster " + specs + "/cluster.json", dir);
   ASSERT_EQ(ds.exit_code, 0) << ds.err;
   EXPECT_LE(j["predicted_seconds"].get<double>(), nlohmann::json::parse(ds.out)["predicted_seconds"].get<double>());
+}
+
+// compile --fill-of: the plan records how its rounds were filled, and a
+// recompile with --fill-of it fills them that way only (no other fill, no
+// estimate): the same inputs give the same bytes; another plan's fill gives
+// that fill. Plans that record none, and flags that choose fills, are refused.
+TEST(SimulateTest, FillOfAnEarlierPlanFillsARecompileTheSameWay) {
+  TempDir dir;
+  const std::string specs = dir.File("specs");
+  std::string args;
+  ASSERT_NO_FATAL_FAILURE(InitSpecs("qwen3-30b-a3b.json", "megatron:tp=2,pp=2,ep=8,etp=1,grouped-gemm",
+                                    "vllm:tp=2,dp=8", "dgx-h100", specs, dir, &args));
+  const std::string a = dir.File("a.rsplan"), b = dir.File("b.rsplan"), g = dir.File("g.rsplan");
+  ASSERT_EQ(Reshard("compile -q " + args + " -o " + a, dir).exit_code, 0);
+  Result show = Reshard("show --json " + a, dir);
+  ASSERT_EQ(show.exit_code, 0) << show.err;
+  const auto fill = nlohmann::json::parse(show.out)["round_fill"];
+  EXPECT_EQ(fill["round_fill"], "proportional") << show.out;  // SmallPlansTakeTheBetterRoundFill
+  Result r = Reshard("compile --json --fill-of " + a + " " + args + " -o " + b, dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(ReadFile(a), ReadFile(b));
+  // A greedy plan's fill (tiny-moe keeps the greedy one) fills this plan greedily.
+  const std::string tiny = dir.File("tiny.rsplan");
+  ASSERT_EQ(Reshard("compile -q " + SampleArgs("tiny-moe", "train", "infer", "dgx-h100") + " -o " + tiny, dir).exit_code, 0);
+  Result t = Reshard("compile --json --fill-of " + tiny + " " + args + " -o " + b, dir);
+  ASSERT_EQ(t.exit_code, 0) << t.err;
+  EXPECT_EQ(nlohmann::json::parse(t.out)["round_fill"], "greedy") << t.out;
+  EXPECT_NE(ReadFile(a), ReadFile(b));
+  // Refused: a gather plan (no fill), a gather compile, and fills to choose from.
+  ASSERT_EQ(Reshard("compile -q --strategy gather " + args + " -o " + g, dir).exit_code, 0);
+  Result e1 = Reshard("compile --fill-of " + g + " " + args + " -o " + dir.File("x.rsplan"), dir);
+  EXPECT_NE(e1.exit_code, 0);
+  EXPECT_NE(e1.err.find("the plan records no round fill"), std::string::npos) << e1.err;
+  Result e2 = Reshard("compile --strategy gather --fill-of " + a + " " + args + " -o " + dir.File("x.rsplan"), dir);
+  EXPECT_NE(e2.exit_code, 0);
+  EXPECT_NE(e2.err.find("--fill-of: only direct plans fill rounds"), std::string::npos) << e2.err;
+  Result e3 = Reshard("compile --search-fills --fill-of " + a + " " + args + " -o " + dir.File("x.rsplan"), dir);
+  EXPECT_NE(e3.exit_code, 0);
+  EXPECT_NE(e3.err.find("excludes"), std::string::npos) << e3.err;
+  EXPECT_FALSE(std::filesystem::exists(dir.File("x.rsplan")));
 }
 
 // --simulate-fills refuses gather plans, and a fill that cannot be written

@@ -11,6 +11,7 @@
 #include "compiler/phase_times.h"
 #include "compiler/write_file.h"
 #include "runtime/error.h"
+#include "runtime/plan.h"
 #include "tools/commands.h"
 #include "tools/simulate_fills.h"
 
@@ -24,7 +25,7 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
                                  "      --from samples/tiny-moe/train.json --to samples/tiny-moe/infer.json \\\n"
                                  "      --cluster samples/clusters/dgx-h100.json -o tiny-moe.rsplan");
   struct Opts {
-    std::string model, from, to, cluster, out, strategy = "direct";
+    std::string model, from, to, cluster, out, strategy = "direct", fill_of;
     uint64_t staging_mb = 512;
     bool quiet = false, json = false, no_exchange = false, requantize_on_receiver = false, search_fills = false,
          simulate_fills = false;
@@ -73,8 +74,17 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
                 "estimate's pick, 1.0716x by simulation). Slow: a compile and a simulation per fill (5 or 7),\n"
                 "each in a process of its own, as many at once as the machine has cores; for CI, not for job\n"
                 "start. --json lists every fill's prediction (\"fills\") and the one kept (\"kept_fill\")");
+  auto* fill_of =
+      cmd->add_option("--fill-of", o->fill_of,
+                      "direct: fill the rounds the way PLAN, an earlier plan of this job, was filled (`reshard show`\n"
+                      "prints it), instead of trying three fills and keeping the fastest by an estimate: a\n"
+                      "recompile after an inference-side change (an EPLB step) then runs one fill and no estimate\n"
+                      "(DeepSeek-V3 -> TP8 DP4 EP: about half the compile). Where the change makes another fill\n"
+                      "faster, the plan is the slower one; compile without it in CI")
+          ->check(CLI::ExistingFile);
   cmd->add_flag("-q,--quiet", o->quiet, "print nothing on success");
   cmd->add_flag("--json", o->json, "print the summary as JSON");
+  fill_of->excludes("--search-fills")->excludes("--simulate-fills");
   cmd->callback([o, &exit_code] {
     auto t0 = std::chrono::steady_clock::now();
     std::optional<Phase> load(std::in_place, "read specs");
@@ -86,6 +96,11 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
     opt.nvlink_exchange = !o->no_exchange;
     opt.quantize_on_sender = !o->requantize_on_receiver;
     opt.search_fills = o->search_fills;
+    if (!o->fill_of.empty()) {
+      if (o->strategy != "direct")
+        throw Error("--fill-of: only direct plans fill rounds (this compile is --strategy " + o->strategy + ")");
+      opt.fill_of = RoundFillOf(Plan::open(o->fill_of).root(), o->fill_of);
+    }
     nlohmann::ordered_json j;
     if (o->simulate_fills) {
       const bool show = !o->quiet && !o->json && isatty(STDERR_FILENO);
@@ -143,6 +158,9 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
                       f["predicted_seconds"].get<double>(), f["plan_bytes"].get<size_t>() / 1048576.0,
                       f["fill"] == j["kept_fill"] ? "  (kept)" : "");
         }
+      } else if (!o->fill_of.empty()) {
+        std::printf("  rounds filled %s, planned for %.0f%% of the staging budget, as %s was (--fill-of)\n",
+                    how.c_str(), fill * 100, o->fill_of.c_str());
       } else if (proportional || fill != kDefaultStagingFill) {
         std::printf("  rounds filled %s, planned for %.0f%% of the staging budget (the fastest of the fills tried)\n",
                     how.c_str(), fill * 100);

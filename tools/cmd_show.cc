@@ -94,6 +94,11 @@ void AddShowCommand(CLI::App& app, int& exit_code) {
       j["processes"] = plan.active_ranks().size();
       j["rounds"] = root.num_rounds();
       j["staging_limit"] = root.staging_limit();
+      if (const fb::RoundFill* f = root.round_fill()) {  // how the rounds were filled (compile --fill-of reads it)
+        j["round_fill"] = {{"round_fill", f->proportional() ? "proportional" : "greedy"},
+                           {"min_share", f->min_share()},
+                           {"staging_fill", f->staging_fill()}};
+      }
       j["net"] = {{"bytes", st.bytes[0]}, {"messages", st.messages[0]}};
       j["nvlink"] = {{"bytes", st.bytes[1]}, {"messages", st.messages[1]}};
       auto& jr = j["per_rank"] = nlohmann::ordered_json::array();
@@ -167,6 +172,15 @@ void AddShowCommand(CLI::App& app, int& exit_code) {
                     "ranks: process i plays plan rank Plan.active_ranks[i]: %s\n",
                     active, active, n - active, ProcessMap(plan).c_str());
       }
+    }
+    if (const fb::RoundFill* f = root.round_fill()) {
+      std::printf("  rounds filled %s, planned for %.0f%% of the staging budget (compile --fill-of this plan fills "
+                  "a recompile so)\n",
+                  f->proportional() ? ("with every pair's proportional share, at least " +
+                                       std::to_string(static_cast<int>(f->min_share() * 100 + 0.5)) + "% of a round's")
+                                          .c_str()
+                                    : "greedily",
+                  f->staging_fill() * 100);
     }
     std::printf("  content digest %s%s (every rank's plan must have it: compared at connect)\n",
                 plan.content_digest().hex().c_str(), plan.carries_content_digest() ? "" : ", computed: an older plan file");

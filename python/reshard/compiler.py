@@ -16,7 +16,8 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 def compile(model: PathLike, from_: PathLike, to: PathLike, cluster: PathLike, output: PathLike, *,
             strategy: str = "direct", staging_mb: int = 512, nvlink_exchange: bool = True,
-            requantize_on_receiver: bool = False, search_fills: bool = False) -> Dict[str, Any]:
+            requantize_on_receiver: bool = False, search_fills: bool = False,
+            fill_of: Optional[PathLike] = None) -> Dict[str, Any]:
     """Compiles the refit from the training layout `from_` to the inference
     layout `to` of `model` on `cluster` into the plan file `output` (written
     whole or not at all), with the GIL released.
@@ -25,7 +26,9 @@ def compile(model: PathLike, from_: PathLike, to: PathLike, cluster: PathLike, o
     or "gather"), `staging_mb` (--staging-mb, 2..4095), `nvlink_exchange`
     (False: --no-nvlink-exchange), `requantize_on_receiver`
     (--requantize-on-receiver), `search_fills` (--search-fills: more ways to
-    fill the rounds, the fastest by an estimate kept). ``reshard compile
+    fill the rounds, the fastest by an estimate kept), `fill_of` (--fill-of:
+    an earlier plan of this job whose round fill a recompile reuses, one fill
+    and no estimate: after an EPLB step). ``reshard compile
     --simulate-fills``, which forks a process per fill to simulate it, is
     left to the CLI (a CI step): forking a Python process that runs PyTorch
     threads is not safe. Returns the summary ``reshard compile --json``
@@ -50,9 +53,18 @@ def compile(model: PathLike, from_: PathLike, to: PathLike, cluster: PathLike, o
         raise CompileError(f"--strategy: {strategy} not in {{direct,gather}}")
     if isinstance(staging_mb, bool) or not isinstance(staging_mb, int) or not 2 <= staging_mb <= 4095:
         raise CompileError(f"--staging-mb: Value {staging_mb} not in range 2 to 4095")
+    fill = ""
+    if fill_of is not None:
+        fill = os.fspath(fill_of)
+        if not os.path.isfile(fill):
+            raise CompileError(f"--fill-of: File does not exist: {fill}")
+        if search_fills:
+            raise CompileError("--fill-of excludes --search-fills")
+        if strategy != "direct":
+            raise CompileError(f"--fill-of: only direct plans fill rounds (this compile is --strategy {strategy})")
     text, line = _reshard._compile(paths["--model"], paths["--from"], paths["--to"], paths["--cluster"],
                                    os.fspath(output), strategy, staging_mb, bool(nvlink_exchange),
-                                   not requantize_on_receiver, bool(search_fills))
+                                   not requantize_on_receiver, bool(search_fills), fill)
     summary: Dict[str, Any] = json.loads(text)
     summary["summary"] = line
     for w in summary.get("memory_warnings", []):  # the CLI's stderr warnings, as Python warnings

@@ -9,6 +9,7 @@
 
 #include "compiler/compile.h"
 #include "compiler/write_file.h"
+#include "runtime/plan.h"
 #include "python/src/ext.h"
 
 namespace reshard::py {
@@ -20,7 +21,7 @@ void BindCompile(nb::module_& m) {
       "_compile",
       [](const std::string& model, const std::string& from, const std::string& to, const std::string& cluster,
          const std::string& output, const std::string& strategy, uint64_t staging_mb, bool nvlink_exchange,
-         bool quantize_on_sender, bool search_fills) {
+         bool quantize_on_sender, bool search_fills, const std::string& fill_of) {
         std::string json, line;
         {
           nb::gil_scoped_release release;
@@ -33,6 +34,7 @@ void BindCompile(nb::module_& m) {
             opt.nvlink_exchange = nvlink_exchange;
             opt.quantize_on_sender = quantize_on_sender;
             opt.search_fills = search_fills;
+            if (!fill_of.empty()) opt.fill_of = RoundFillOf(Plan::open(fill_of).root(), fill_of);
             PlanIR ir = BuildPlan(in, opt);
             std::vector<uint8_t> bytes = EmitPlan(in, ir);
             WriteFileAtomic(output, bytes);
@@ -46,7 +48,8 @@ void BindCompile(nb::module_& m) {
         return nb::make_tuple(json, line);
       },
       nb::arg("model"), nb::arg("from_"), nb::arg("to"), nb::arg("cluster"), nb::arg("output"), nb::arg("strategy"),
-      nb::arg("staging_mb"), nb::arg("nvlink_exchange"), nb::arg("quantize_on_sender"), nb::arg("search_fills"));
+      nb::arg("staging_mb"), nb::arg("nvlink_exchange"), nb::arg("quantize_on_sender"), nb::arg("search_fills"),
+      nb::arg("fill_of"));
 }
 
 }  // namespace reshard::py

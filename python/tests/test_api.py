@@ -101,6 +101,12 @@ def test_compile_matches_the_cli(tmp_path):
         assert list(k for k in py if k != "summary") == list(cli_json)
     assert plans[0] != plans[1]
     assert py["staging_fill"] == 0.8  # --search-fills kept a lower staging fill here
+    # fill_of (--fill-of): that plan's round fill, one fill and no estimate, as the CLI does.
+    py = reshard.compile(*q, tmp_path / "fill-of.rsplan", staging_mb=64, fill_of=tmp_path / "py.rsplan")
+    subprocess.run([str(cli), "compile", "-q", "--model", q[0], "--from", q[1], "--to", q[2], "--cluster", q[3],
+                    "--staging-mb", "64", "--fill-of", tmp_path / "py.rsplan", "-o", tmp_path / "cli.rsplan"], check=True)
+    assert (tmp_path / "fill-of.rsplan").read_bytes() == (tmp_path / "cli.rsplan").read_bytes() == plans[1]
+    assert py["staging_fill"] == 0.8
 
 
 def test_compile_errors_carry_the_cli_messages(tmp_path):
@@ -115,6 +121,13 @@ def test_compile_errors_carry_the_cli_messages(tmp_path):
     with pytest.raises(reshard.CompileError) as e:
         reshard.compile(*ok, tmp_path / "p.rsplan", strategy="fastest")
     assert str(e.value) == "--strategy: fastest not in {direct,gather}"
+    reshard.compile(*ok, tmp_path / "g.rsplan", strategy="gather")
+    with pytest.raises(reshard.CompileError) as e:
+        reshard.compile(*ok, tmp_path / "p.rsplan", fill_of=tmp_path / "g.rsplan")
+    assert "the plan records no round fill" in str(e.value)
+    with pytest.raises(reshard.CompileError) as e:
+        reshard.compile(*ok, tmp_path / "p.rsplan", fill_of=tmp_path / "none.rsplan")
+    assert str(e.value) == f"--fill-of: File does not exist: {tmp_path / 'none.rsplan'}"
     broken = tmp_path / "train.json"
     broken.write_text('{"format": "reshard.layout/1", "ranks": }')
     with pytest.raises(reshard.CompileError) as e:

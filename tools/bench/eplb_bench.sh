@@ -3,7 +3,10 @@
 # Megatron PP16 EP16 -> vLLM TP8 x DP4 with EP, 8 engines, on DGX H100. EPLB
 # moves experts between EP ranks, which a layout says with "assign"; here 8
 # pairs of experts swap ranks (seeded), against the linear placement written
-# by `reshard init` and the same placement written as an explicit "assign".
+# by `reshard init` and the same placement written as an explicit "assign";
+# and the EPLB layout again with `--fill-of` the linear layout's plan (its
+# round fill, no other fill tried), said byte-identical to its default
+# compile or not.
 # Prints compile medians of REPS runs, plan sizes and `simulate` against the
 # lower bound. Usage: tools/bench/eplb_bench.sh [REPS]   (BUILD=build-dir)
 # With BASE=path/to/an/older/reshard, that binary compiles each layout too,
@@ -42,22 +45,28 @@ for name, assign in (("assign", linear), ("eplb", [sorted(r) for r in moved])):
 EOF
 
 median() { sort -g | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
-# compile BINARY LAYOUT PLAN: prints its wall seconds
+# compile BINARY LAYOUT PLAN [FLAGS...]: prints its wall seconds
 compile() {
-  local s e
+  local s e bin=$1 layout=$2 plan=$3
+  shift 3
   s=$(date +%s.%N)
-  "$1" compile -q --model "$d/model.json" --from "$d/train.json" --to "$d/$2.json" --cluster "$d/cluster.json" -o "$3"
+  "$bin" compile -q --model "$d/model.json" --from "$d/train.json" --to "$d/$layout.json" --cluster "$d/cluster.json" \
+    -o "$plan" "$@"
   e=$(date +%s.%N)
   python3 -c "print($e - $s)"
 }
 
 echo "| inference layout | compile (median of $REPS)${BASE:+ | previous binary (median, run for run)} | plan | predicted refit | lower bound | predicted / bound |"
 echo "|---|---|${BASE:+---|}---|---|---|---|"
-for f in infer infer-assign infer-eplb; do
-  ts=() bs=()
+# The last row: the EPLB step's layout recompiled with --fill-of the linear
+# layout's plan (one fill, no estimate; the previous binary has no --fill-of
+# and compiles it as the row before).
+for f in infer infer-assign infer-eplb infer-eplb--fill-of; do
+  ts=() bs=() flags=() layout=$f
+  if [ "$f" = infer-eplb--fill-of ]; then layout=infer-eplb flags=(--fill-of "$d/infer.rsplan"); fi
   for _ in $(seq "$REPS"); do
-    ts+=("$(compile "$BIN" "$f" "$d/$f.rsplan")")
-    if [ -n "${BASE:-}" ]; then bs+=("$(compile "$BASE" "$f" "$d/base.rsplan")"); fi
+    ts+=("$(compile "$BIN" "$layout" "$d/$f.rsplan" "${flags[@]}")")
+    if [ -n "${BASE:-}" ]; then bs+=("$(compile "$BASE" "$layout" "$d/base.rsplan")"); fi
   done
   med=$(printf '%s\n' "${ts[@]}" | median)
   base=""
@@ -69,3 +78,8 @@ j = json.load(sys.stdin)
 print(f\"| $f | {float('$med'):.2f} s |$base {$(stat -c %s "$d/$f.rsplan") / 2**20:.1f} MiB | {j['predicted_seconds']:.3f} s | \"
       f\"{j['lower_bound_seconds']:.3f} s | {j['ratio_to_bound']:.3f}x |\")"
 done
+if cmp -s "$d/infer-eplb.rsplan" "$d/infer-eplb--fill-of.rsplan"; then
+  echo "infer-eplb with --fill-of: byte-identical to its default compile"
+else
+  echo "infer-eplb with --fill-of: differs from its default compile (another fill)"
+fi
