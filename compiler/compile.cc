@@ -64,10 +64,13 @@ RoundFill RoundFillOf(const fb::Plan& plan, const std::string& path) {
     throw Error("--fill-of " + path + ": its round fill is out of range (staging fill " +
                 std::to_string(f->staging_fill()) + ", min share " + std::to_string(f->min_share()) + ")");
   }
-  return {f->proportional(), f->min_share(), f->staging_fill()};
+  return {f->proportional(), f->staging_fill(), f->min_share()};
 }
 
 PlanIR BuildPlan(const CompileInputs& in, const CompileOptions& opt) {
+  if (opt.fill_of && opt.strategy != "direct")
+    throw Error("--fill-of: only direct plans fill rounds (this compile is --strategy " + opt.strategy + ")");
+  if (opt.fill_of && opt.search_fills) throw Error("--fill-of excludes --search-fills");
   std::optional<Phase> phase(std::in_place, "expand");
   // The two sides expand independently: the training side on a thread of
   // its own. An error in it is reported first, as it was when they ran in turn.
@@ -128,11 +131,11 @@ nlohmann::ordered_json CompileSummary(const std::string& out, const std::string&
   j["shared_packs"] = {
       {"steps", ir.shared_packs.packs}, {"quantizing", ir.shared_packs.quant_packs}, {"bytes", ir.shared_packs.bytes}};
   // How the rounds were filled: "greedy" pair by pair, or "proportional" (every pair its share of each round).
-  j["round_fill"] = ir.proportional_fill ? "proportional" : "greedy";
+  j["round_fill"] = ir.round_fill.proportional ? "proportional" : "greedy";
   // Proportional fills: no pair's share of a round below this part of the round's share (0: the smallest split).
-  j["min_share"] = ir.proportional_min_share;
+  j["min_share"] = ir.round_fill.min_share;
   // The share of the staging budget the rounds were planned to fill.
-  j["staging_fill"] = ir.staging_fill;
+  j["staging_fill"] = ir.round_fill.staging_fill;
   // Ranks whose weights exceed the cluster's gpu_memory_GB: one entry per side, its heaviest rank.
   j["memory_warnings"] = MemoryWarningsJson(ir.memory_warnings);
   return j;

@@ -97,6 +97,14 @@ struct SharedPacks {
   uint64_t packs = 0, quant_packs = 0, bytes = 0;
 };
 
+/// How a direct plan's rounds are filled (route_schedule.cc FillRounds; the
+/// plan's RoundFill).
+struct RoundFill {
+  bool proportional = false;                  // every net pair first gets its proportional share of each round
+  double staging_fill = kDefaultStagingFill;  // the share of the staging budget the rounds are planned for
+  double min_share = 0;                       // proportional: no share below this part of the round's share
+};
+
 struct PlanIR {
   std::string strategy;
   uint64_t staging_limit = 0;
@@ -111,26 +119,13 @@ struct PlanIR {
   /// in a frame, or quantized with scales from partial amaxes (quant_route.h).
   size_t frame_assemblies = 0, amax_assemblies = 0;
   SharedPacks shared_packs;
-  /// Rounds filled with every pair's proportional share first (route_schedule.cc), not greedily.
-  bool proportional_fill = false;
-  /// Proportional fills: no pair's share of a round below this part of the round's share.
-  double proportional_min_share = 0;
-  /// The share of the staging budget the rounds were planned to fill (route_schedule.cc).
-  double staging_fill = kDefaultStagingFill;
+  /// How the rounds were filled (direct plans: the fill Schedule kept).
+  RoundFill round_fill;
   /// direct: how many ways to fill the rounds Schedule had to choose from
   /// (RouteOptions::fill_candidate counts in this list).
   size_t fill_candidates = 0;
   /// Ranks whose weights exceed the cluster's gpu_memory_GB (memory_check.h).
   std::vector<MemoryWarning> memory_warnings;
-};
-
-/// How a direct plan's rounds are filled (route_schedule.cc; the plan's
-/// RoundFill): greedily or with every pair's proportional share first,
-/// planned for `staging_fill` of the staging budget.
-struct RoundFill {
-  bool proportional = false;
-  double min_share = 0;
-  double staging_fill = kDefaultStagingFill;
 };
 
 struct RouteOptions {

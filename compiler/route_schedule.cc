@@ -133,7 +133,7 @@ std::vector<uint32_t> Router::RotationOrder(const std::vector<DPiece>& pieces) c
 // split to fill the round.
 RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>& order,
                                 const FillMode& mode) {
-  const double fill = mode.fill;
+  const double fill = mode.staging_fill;
   const uint32_t n = static_cast<uint32_t>(ir_.ranks.size());
   struct Pair {
     uint32_t a, b;
@@ -527,18 +527,13 @@ std::vector<FillMode> FillCandidates(size_t pieces, bool search_fills) {
 void Router::Schedule(std::vector<DPiece>& pieces) {
   std::vector<FillMode> candidates = FillCandidates(pieces.size(), opt_.search_fills);
   ir_.fill_candidates = candidates.size();
-  auto keep = [this](const FillMode& kept) {
-    ir_.proportional_fill = kept.proportional;
-    ir_.proportional_min_share = kept.min_share;
-    ir_.staging_fill = kept.fill;
-  };
+  auto keep = [this](const FillMode& kept) { ir_.round_fill = kept; };
   if (opt_.fill_of) {  // an earlier plan's fill (compile --fill-of): only it, no estimate
-    const FillMode m{opt_.fill_of->proportional, opt_.fill_of->staging_fill, opt_.fill_of->min_share};
     ir_.fill_candidates = 1;
     FillPieces fill(pieces);
-    FillRounds(fill, RotationOrder(pieces), m);
+    FillRounds(fill, RotationOrder(pieces), *opt_.fill_of);
     fill.ApplyTo(pieces);
-    keep(m);
+    keep(*opt_.fill_of);
     return;
   }
   if (opt_.fill_candidate >= 0) {  // one fill, asked for: on this router, no copy, no estimate to compare

@@ -58,11 +58,7 @@ StridedRegion StagingRegion(const Box& whole, const Box& sub, uint64_t base);
 std::vector<Box> SliceOuter(const Box& b);
 
 // How FillRounds fills the rounds (route_schedule.cc).
-struct FillMode {
-  bool proportional = false;  // every net pair first gets its proportional share of each round
-  double fill = kFill;        // the share of the staging budget the rounds are planned for
-  double min_share = 0;       // proportional: no share below this part of the round's share
-};
+using FillMode = RoundFill;
 
 // The fills Schedule tries besides its default ones with
 // RouteOptions::search_fills: greedy at lower staging fills, and coarser or

@@ -20,12 +20,12 @@ TEST(ScheduleTest, FallsBackToTheReplayPastTheFlowBudget) {
   const CompileInputs in = Qwen3Tp8();
   CompileOptions opt;
   const PlanIR flows = BuildPlan(in, opt);
-  EXPECT_TRUE(flows.proportional_fill);
-  EXPECT_DOUBLE_EQ(flows.proportional_min_share, 0.25);
+  EXPECT_TRUE(flows.round_fill.proportional);
+  EXPECT_DOUBLE_EQ(flows.round_fill.min_share, 0.25);
   opt.flow_budget = 1;
   const PlanIR replay = BuildPlan(in, opt);
-  EXPECT_FALSE(replay.proportional_fill);
-  EXPECT_DOUBLE_EQ(replay.staging_fill, 0.9);
+  EXPECT_FALSE(replay.round_fill.proportional);
+  EXPECT_DOUBLE_EQ(replay.round_fill.staging_fill, 0.9);
 }
 
 }  // namespace

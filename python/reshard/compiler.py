@@ -58,10 +58,6 @@ def compile(model: PathLike, from_: PathLike, to: PathLike, cluster: PathLike, o
         fill = os.fspath(fill_of)
         if not os.path.isfile(fill):
             raise CompileError(f"--fill-of: File does not exist: {fill}")
-        if search_fills:
-            raise CompileError("--fill-of excludes --search-fills")
-        if strategy != "direct":
-            raise CompileError(f"--fill-of: only direct plans fill rounds (this compile is --strategy {strategy})")
     text, line = _reshard._compile(paths["--model"], paths["--from"], paths["--to"], paths["--cluster"],
                                    os.fspath(output), strategy, staging_mb, bool(nvlink_exchange),
                                    not requantize_on_receiver, bool(search_fills), fill)
