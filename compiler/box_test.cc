@@ -1,10 +1,12 @@
 // Box algebra, strided regions and layout expansion.
 #include <algorithm>
+#include <random>
 
 #include <gtest/gtest.h>
 
 #include "compiler/box.h"
 #include "compiler/expand.h"
+#include "compiler/program.h"
 #include "compiler/test.h"
 
 namespace reshard {
@@ -81,6 +83,44 @@ TEST(Region, OfFragmentFollowsItsAffineMap) {
   EXPECT_EQ(r.buffer, 11u);
   EXPECT_EQ(r.offset, 128u);
   EXPECT_EQ(r.Coalesced().str(), "(2,128):(b1,1)");
+}
+
+// ModesFit never says yes where the coalesced region does not fit, over
+// random fragments (buffer modes, strides up to past 2^32) and sub-boxes of
+// up to kMaxDims dims; and it leaves to the full check the regions that fit
+// only once coalesced (extent-1 modes of a 5-dim box, strides past 2^32 on
+// an extent-1 mode).
+TEST(Expand, ModesFitOnlyWhereTheCoalescedRegionFits) {
+  std::mt19937_64 rng(11);
+  int yes = 0, left = 0;
+  for (int trial = 0; trial < 20000; ++trial) {
+    Fragment f;
+    const int ndim = 1 + static_cast<int>(rng() % kMaxDims);
+    std::vector<int64_t> lo(ndim), hi(ndim), slo(ndim), shi(ndim);
+    for (int d = 0; d < ndim; ++d) {
+      const int64_t extent = rng() % 4 == 0 ? 1 : 1 + static_cast<int64_t>(rng() % 6);
+      lo[d] = 0, hi[d] = extent;
+      slo[d] = static_cast<int64_t>(rng() % static_cast<uint64_t>(extent));
+      shi[d] = slo[d] + 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(extent - slo[d]));
+    }
+    f.box = B(lo, hi);
+    f.buffer_dims = static_cast<uint32_t>(rng() % (1u << ndim));
+    int64_t s = 1;  // row-major, with a chance of a huge stride on some dim
+    for (int d = ndim - 1; d >= 0; --d) {
+      f.stride[d] = rng() % 8 == 0 ? (int64_t{1} << 32) + static_cast<int64_t>(rng() % 8) : s;
+      s = f.stride[d] * f.box.extent(d);
+    }
+    const Box sub = B(slo, shi);
+    const bool fits = RegionFits(f.RegionOf(sub).Coalesced());
+    if (f.ModesFit(sub)) {
+      ++yes;
+      EXPECT_TRUE(fits) << f.box.str() << " sub " << sub.str();
+    } else if (fits) {
+      ++left;
+    }
+  }
+  EXPECT_GT(yes, 1000);  // both answers occur
+  EXPECT_GT(left, 100);
 }
 
 // Golden fragments of the tiny dense Megatron layout: fused QKV interleaved in

@@ -31,6 +31,17 @@ struct Fragment {
 
   /// The strided region of `sub` (a box inside this fragment), modes in logical dim order.
   StridedRegion RegionOf(const Box& sub) const;
+  /// True if RegionOf(sub)'s modes fit the plan's Region format before they
+  /// are coalesced - at most 4, every extent and stride under 2^32 - and so
+  /// surely after (coalescing drops modes, merges extents only below 2^32
+  /// and keeps some of the strides). False says nothing: the coalesced
+  /// region may still fit.
+  bool ModesFit(const Box& sub) const {
+    if (sub.ndim > 4) return false;
+    for (int d = 0; d < sub.ndim; ++d)
+      if (sub.extent(d) >= (int64_t{1} << 32) || stride[d] >= (int64_t{1} << 32)) return false;
+    return true;
+  }
 };
 
 struct RankLayout {

@@ -65,7 +65,7 @@ void Router::AddPieces(int t, const Cell& cell, const Box& piece, const Fragment
     work.pop_back();
     StridedRegion rs = SrcRegion(sf, x), rd = DstRegion(df, x);
     bool fits = RegionFits(rs) && RegionFits(rd);
-    for (const Hop& h : hops) fits = fits && RegionFits(DstRegion(h.to, x));
+    for (const Hop& h : hops) fits = fits && DstFits(h.to, x);
     if (!fits) {
       std::vector<Box> slices = SliceOuter(x);
       work.insert(work.end(), slices.rbegin(), slices.rend());

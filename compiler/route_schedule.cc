@@ -51,8 +51,8 @@ bool Router::SplitFront(FillPieces& pieces, uint32_t idx, uint64_t avail, std::v
     }
   }
   for (const Box& x : parts) {
-    bool ok = RegionFits(SrcRegion(p.s, x)) && RegionFits(DstRegion(p.d, x));
-    for (uint32_t k = 0; ok && k < p.hop_count; ++k) ok = RegionFits(DstRegion(hop_pool_[p.hop_begin + k].to, x));
+    bool ok = SrcFits(p.s, x) && DstFits(p.d, x);
+    for (uint32_t k = 0; ok && k < p.hop_count; ++k) ok = DstFits(hop_pool_[p.hop_begin + k].to, x);
     if (!ok) return false;
   }
   std::vector<uint32_t> ids;
