@@ -72,7 +72,11 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
   // out, so a holder forwards, per receiver, every run of pieces that lie
   // contiguous in its staging - whichever messages brought them - as one message.
   std::vector<size_t> staged;
-  std::vector<std::vector<uint64_t>> at;
+  // Where staged piece s of the round lies: at[at_begin[s]] at b, then at
+  // each hop (one array for the round: a vector per piece was an allocation
+  // per staged piece).
+  std::vector<uint64_t> at;
+  std::vector<size_t> at_begin;
   uint32_t depth = 0;
   size_t batch_round = 0;
   // An assembly's frame and grid area, allocated in its receiver's staging with its first part.
@@ -131,7 +135,7 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
         const DPiece& p = pieces[staged[s]];
         for (uint32_t h = 0; h < p.hop_count; ++h) {
           const Hop& hop = hop_pool_[p.hop_begin + h];
-          if (hop.level == level) parts.push_back({HolderOf(p, hop.parent), hop.rank, at[s][hop.parent + 1], s, h});
+          if (hop.level == level) parts.push_back({HolderOf(p, hop.parent), hop.rank, at[at_begin[s] + hop.parent + 1], s, h});
         }
       }
       std::sort(parts.begin(), parts.end(), [](const Part& x, const Part& y) {
@@ -161,7 +165,7 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
         for (size_t w = u; w < v; ++w) {
           const DPiece& p = pieces[staged[parts[w].s]];
           const uint64_t off = og + (parts[w].off - begin);
-          at[parts[w].s][parts[w].h + 1] = off;
+          at[at_begin[parts[w].s] + parts[w].h + 1] = off;
           if (p.quant >= 0) {
             quant_.EmitUnpack(p.tensor, qpieces_[p.quant], hop_pool_[p.hop_begin + parts[w].h].to, G, round, off);
             continue;
@@ -175,6 +179,7 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
     }
     staged.clear();
     at.clear();
+    at_begin.clear();
     depth = 0;
   };
   for (size_t i = 0; i < order.size();) {
@@ -248,8 +253,9 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
           B.round(p.round).unpack.push_back(up);
         }
         staged.push_back(order[k]);
-        at.push_back(std::vector<uint64_t>(p.hop_count + 1, 0));
-        at.back()[0] = ob + pos;
+        at_begin.push_back(at.size());
+        at.push_back(ob + pos);
+        at.resize(at.size() + p.hop_count, 0);
         for (uint32_t h = 0; h < p.hop_count; ++h) depth = std::max(depth, hop_pool_[p.hop_begin + h].level);
         pos += AlignUp(p.bytes);
       }
