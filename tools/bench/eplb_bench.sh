@@ -59,14 +59,19 @@ compile() {
 echo "| inference layout | compile (median of $REPS)${BASE:+ | previous binary (median, run for run)} | plan | predicted refit | lower bound | predicted / bound |"
 echo "|---|---|${BASE:+---|}---|---|---|---|"
 # The last row: the EPLB step's layout recompiled with --fill-of the linear
-# layout's plan (one fill, no estimate; the previous binary has no --fill-of
-# and compiles it as the row before).
+# layout's plan (one fill, no estimate); a previous binary without --fill-of
+# compiles it as the row before.
+base_fill_of=0
+if [ -n "${BASE:-}" ] && [[ $("$BASE" compile --help) == *--fill-of* ]]; then base_fill_of=1; fi
 for f in infer infer-assign infer-eplb infer-eplb--fill-of; do
   ts=() bs=() flags=() layout=$f
   if [ "$f" = infer-eplb--fill-of ]; then layout=infer-eplb flags=(--fill-of "$d/infer.rsplan"); fi
   for _ in $(seq "$REPS"); do
     ts+=("$(compile "$BIN" "$layout" "$d/$f.rsplan" "${flags[@]}")")
-    if [ -n "${BASE:-}" ]; then bs+=("$(compile "$BASE" "$layout" "$d/base.rsplan")"); fi
+    if [ -n "${BASE:-}" ]; then
+      if [ "$base_fill_of" = 1 ]; then bs+=("$(compile "$BASE" "$layout" "$d/base.rsplan" "${flags[@]}")")
+      else bs+=("$(compile "$BASE" "$layout" "$d/base.rsplan")"); fi
+    fi
   done
   med=$(printf '%s\n' "${ts[@]}" | median)
   base=""
