@@ -135,7 +135,8 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
         const DPiece& p = pieces[staged[s]];
         for (uint32_t h = 0; h < p.hop_count; ++h) {
           const Hop& hop = hop_pool_[p.hop_begin + h];
-          if (hop.level == level) parts.push_back({HolderOf(p, hop.parent), hop.rank, at[at_begin[s] + hop.parent + 1], s, h});
+          if (hop.level == level)
+            parts.push_back({HolderOf(p, hop.parent), hop.rank, at[at_begin[s] + hop.parent + 1], s, h});
         }
       }
       std::sort(parts.begin(), parts.end(), [](const Part& x, const Part& y) {
