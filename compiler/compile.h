@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "compiler/program.h"
-#include "plan_generated.h"
 #include "compiler/spec.h"
+#include "plan_generated.h"
 
 namespace reshard {
 

@@ -132,7 +132,7 @@ std::vector<uint32_t> Router::RotationOrder(const std::vector<DPiece>& pieces) c
 // converged on by many senders at once. A piece that does not fit whole is
 // split to fill the round.
 RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>& order,
-                                const FillMode& mode) {
+                                const RoundFill& mode) {
   const double fill = mode.staging_fill;
   const uint32_t n = static_cast<uint32_t>(ir_.ranks.size());
   struct Pair {
@@ -511,13 +511,13 @@ RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>&
 // staging in use and assemblies), as many at once as the machine has
 // threads, and the kept one is moved back. The plan does not depend on
 // their timing.
-std::vector<FillMode> FillCandidates(size_t pieces, bool search_fills) {
-  std::vector<FillMode> candidates = {{false, kFill, 0}};
+std::vector<RoundFill> FillCandidates(size_t pieces, bool search_fills) {
+  std::vector<RoundFill> candidates = {{false, kFill, 0}};
   candidates.push_back({true, kFill, pieces <= kProportionalMaxPieces ? 0 : kCoarseShare});
   candidates.push_back({false, kFillHigh, 0});
   assert(candidates.size() == kDefaultFills);
   if (search_fills) {
-    for (const FillMode& m : kSearchedFills) {
+    for (const RoundFill& m : kSearchedFills) {
       if (!m.proportional || pieces > kProportionalMaxPieces) candidates.push_back(m);
     }
   }
@@ -525,26 +525,26 @@ std::vector<FillMode> FillCandidates(size_t pieces, bool search_fills) {
 }
 
 void Router::Schedule(std::vector<DPiece>& pieces) {
-  std::vector<FillMode> candidates = FillCandidates(pieces.size(), opt_.search_fills);
-  ir_.fill_candidates = candidates.size();
-  auto keep = [this](const FillMode& kept) { ir_.round_fill = kept; };
-  if (opt_.fill_of) {  // an earlier plan's fill (compile --fill-of): only it, no estimate
-    ir_.fill_candidates = 1;
+  // One fill on this router (no copy, no estimate to compare), kept.
+  auto fill_once = [this, &pieces](const RoundFill& mode, const std::vector<uint32_t>& order) {
     FillPieces fill(pieces);
-    FillRounds(fill, RotationOrder(pieces), *opt_.fill_of);
+    FillRounds(fill, order, mode);
     fill.ApplyTo(pieces);
-    keep(*opt_.fill_of);
+    ir_.round_fill = mode;
+  };
+  if (opt_.fill_of) {  // an earlier plan's fill (compile --fill-of): only it
+    ir_.fill_candidates = 1;
+    fill_once(*opt_.fill_of, RotationOrder(pieces));
     return;
   }
-  if (opt_.fill_candidate >= 0) {  // one fill, asked for: on this router, no copy, no estimate to compare
+  std::vector<RoundFill> candidates = FillCandidates(pieces.size(), opt_.search_fills);
+  ir_.fill_candidates = candidates.size();
+  if (opt_.fill_candidate >= 0) {  // one fill, asked for
     const auto c = static_cast<size_t>(opt_.fill_candidate);
     if (c >= candidates.size())
       throw Error("fill " + std::to_string(c) + " does not exist: this plan's rounds can be filled " +
                   std::to_string(candidates.size()) + " ways (0-" + std::to_string(candidates.size() - 1) + ")");
-    FillPieces fill(pieces);
-    FillRounds(fill, RotationOrder(pieces), candidates[c]);
-    fill.ApplyTo(pieces);
-    keep(candidates[c]);
+    fill_once(candidates[c], RotationOrder(pieces));
     return;
   }
   // A fill's result: what FillRounds changes in the router and the pieces.
@@ -615,17 +615,13 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
     // one kept is filled again here (a fill is deterministic).
     std::vector<double> seconds;
     for (const RoundTraffic& t : traffic) seconds.push_back(t.ReplaySeconds(nic, nvlink));
-    const size_t kept = std::min_element(seconds.begin(), seconds.end()) - seconds.begin();
-    FillPieces fill(pieces);
-    FillRounds(fill, order, candidates[kept]);
-    fill.ApplyTo(pieces);
-    keep(candidates[kept]);
+    fill_once(candidates[std::min_element(seconds.begin(), seconds.end()) - seconds.begin()], order);
     return;
   }
   best.fill->ApplyTo(pieces);  // (the fills are over: nothing reads `input` any more)
   used_ = std::move(best.used);
   assemblies_ = std::move(best.assemblies);
-  keep(candidates[best.candidate]);
+  ir_.round_fill = candidates[best.candidate];
 }
 
 }  // namespace reshard::routing

@@ -57,20 +57,17 @@ StridedRegion StagingRegion(const Box& whole, const Box& sub, uint64_t base);
 // Splits `b` into unit slices along its outermost dim of extent > 1.
 std::vector<Box> SliceOuter(const Box& b);
 
-// How FillRounds fills the rounds (route_schedule.cc).
-using FillMode = RoundFill;
-
 // The fills Schedule tries besides its default ones with
 // RouteOptions::search_fills: greedy at lower staging fills, and coarser or
 // finer proportional shares on large plans.
-inline constexpr FillMode kSearchedFills[] = {
+inline constexpr RoundFill kSearchedFills[] = {
     {false, 0.8, 0}, {false, 0.85, 0}, {true, kFill, 0.125}, {true, kFill, 0.375}};
 
 // The fills Schedule chooses from for a plan of `pieces` pieces, in order
 // (RouteOptions::fill_candidate counts in this list): kDefaultFills, then
 // with search_fills kSearchedFills.
 inline constexpr size_t kDefaultFills = 3;
-std::vector<FillMode> FillCandidates(size_t pieces, bool search_fills);
+std::vector<RoundFill> FillCandidates(size_t pieces, bool search_fills);
 
 struct Cell {
   Box box;
@@ -221,7 +218,7 @@ class Router {
   uint32_t HolderOf(const DPiece& p, int32_t hop) const;
   void Schedule(std::vector<DPiece>& pieces);
   /// Returns the rounds' messages, for the estimates (round_estimate.h).
-  RoundTraffic FillRounds(FillPieces& pieces, const std::vector<uint32_t>& order, const FillMode& mode);
+  RoundTraffic FillRounds(FillPieces& pieces, const std::vector<uint32_t>& order, const RoundFill& mode);
   std::vector<uint32_t> RotationOrder(const std::vector<DPiece>& pieces) const;
   bool SplitFront(FillPieces& pieces, uint32_t idx, uint64_t avail, std::vector<uint32_t>& queue,
                   size_t head);

@@ -13,6 +13,7 @@
 #include "runtime/error.h"
 #include "runtime/plan.h"
 #include "tools/commands.h"
+#include "tools/plan_report.h"
 #include "tools/simulate_fills.h"
 
 namespace reshard::cli {
@@ -137,15 +138,11 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
                     j["shared_packs"]["bytes"].get<uint64_t>() / 1e9);
       }
       const bool proportional = j["round_fill"] == "proportional";
-      const double share = j["min_share"], fill = j["staging_fill"];
-      const std::string how = !proportional ? "greedily"
-                              : share > 0   ? "with every pair's proportional share, at least " +
-                                                std::to_string(static_cast<int>(share * 100 + 0.5)) + "% of a round's"
-                                            : "with every pair's proportional share";
+      const double fill = j["staging_fill"];
+      const std::string filled = report::RoundFillText(proportional, j["min_share"], fill);
       if (o->simulate_fills) {
-        std::printf("  rounds filled %s, planned for %.0f%% of the staging budget: predicted %.5g s (%.3fx of the "
-                    "bound), the fastest of %zu fills simulated:\n",
-                    how.c_str(), fill * 100, j["predicted_seconds"].get<double>(),
+        std::printf("  %s: predicted %.5g s (%.3fx of the bound), the fastest of %zu fills simulated:\n",
+                    filled.c_str(), j["predicted_seconds"].get<double>(),
                     j["predicted_seconds"].get<double>() / j["lower_bound_seconds"].get<double>(), j["fills"].size());
         for (const auto& f : j["fills"]) {
           std::printf("    fill %zu: %-12s planned for %3.0f%%, min share %.3f: %.5g s, plan %.2f MiB%s\n",
@@ -155,11 +152,9 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
                       f["fill"] == j["kept_fill"] ? "  (kept)" : "");
         }
       } else if (!o->fill_of.empty()) {
-        std::printf("  rounds filled %s, planned for %.0f%% of the staging budget, as %s was (--fill-of)\n",
-                    how.c_str(), fill * 100, o->fill_of.c_str());
+        std::printf("  %s, as %s was (--fill-of)\n", filled.c_str(), o->fill_of.c_str());
       } else if (proportional || fill != kDefaultStagingFill) {
-        std::printf("  rounds filled %s, planned for %.0f%% of the staging budget (the fastest of the fills tried)\n",
-                    how.c_str(), fill * 100);
+        std::printf("  %s (the fastest of the fills tried)\n", filled.c_str());
       }
     }
     exit_code = 0;

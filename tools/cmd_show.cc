@@ -174,13 +174,8 @@ void AddShowCommand(CLI::App& app, int& exit_code) {
       }
     }
     if (const fb::RoundFill* f = root.round_fill()) {
-      std::printf("  rounds filled %s, planned for %.0f%% of the staging budget (compile --fill-of this plan fills "
-                  "a recompile so)\n",
-                  f->proportional() ? ("with every pair's proportional share, at least " +
-                                       std::to_string(static_cast<int>(f->min_share() * 100 + 0.5)) + "% of a round's")
-                                          .c_str()
-                                    : "greedily",
-                  f->staging_fill() * 100);
+      std::printf("  %s (compile --fill-of this plan fills a recompile so)\n",
+                  report::RoundFillText(f->proportional(), f->min_share(), f->staging_fill()).c_str());
     }
     std::printf("  content digest %s%s (every rank's plan must have it: compared at connect)\n",
                 plan.content_digest().hex().c_str(), plan.carries_content_digest() ? "" : ", computed: an older plan file");

@@ -6,9 +6,9 @@
 // (madvise: this machine's kernel gives huge pages only where asked, so
 // without it every 4 KiB page of a large compile's 400 MB faulted in on its
 // own). Medians, interleaved with the binary without it: DeepSeek-V3 TP32
-// 168k page faults -> 11k, 2.52 -> 2.34 s (11 runs each), peak 375 -> 470
-// MB; Kimi-K2 326k -> 14k faults, 4.78 -> 3.88 s (5 runs), peak 627 -> 785
-// MB (README, issue 32).
+// 168k page faults -> 11k, 2.52 -> 2.34 s (11 runs each); Kimi-K2 326k ->
+// 14k faults, 4.78 -> 3.88 s (5 runs). Peak memory (one run each): 367 ->
+// 459 MiB and 612 -> 766 MiB (README, issue 32).
 
 extern "C" {
 // NOLINTNEXTLINE: the name and type are jemalloc's

@@ -169,6 +169,17 @@ std::string TensorLayout(const fb::Tensor& t) {
 const char* StrategyName(fb::Strategy s) { return s == fb::Strategy::gather ? "gather" : "direct"; }
 const char* ChannelName(fb::Channel c) { return c == fb::Channel::nvlink ? "nvlink" : "net"; }
 
+std::string RoundFillText(bool proportional, double min_share, double staging_fill) {
+  const std::string how = !proportional ? "greedily"
+                          : min_share > 0
+                              ? "with every pair's proportional share, at least " +
+                                    std::to_string(static_cast<int>(min_share * 100 + 0.5)) + "% of a round's"
+                              : "with every pair's proportional share";
+  char pct[32];
+  std::snprintf(pct, sizeof pct, "%.0f%%", staging_fill * 100);
+  return "rounds filled " + how + ", planned for " + pct + " of the staging budget";
+}
+
 std::string Side(const fb::Program& p) {
   std::string s;
   if (p.src_rank() >= 0) s += "train " + std::to_string(p.src_rank());

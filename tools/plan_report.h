@@ -41,6 +41,9 @@ const char* StrategyName(fb::Strategy s);
 const char* ChannelName(fb::Channel c);
 /// "train 3", "infer 1", "train 3 + infer 1" or "-" for a rank on neither side.
 std::string Side(const fb::Program& p);
+/// How a direct plan's rounds were filled, for `compile` and `show`: "rounds
+/// filled greedily, planned for 90% of the staging budget".
+std::string RoundFillText(bool proportional, double min_share, double staging_fill);
 
 /// Per-rank totals. Index 0 is the net channel, 1 nvlink.
 struct RankStats {

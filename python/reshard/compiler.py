@@ -41,23 +41,22 @@ def compile(model: PathLike, from_: PathLike, to: PathLike, cluster: PathLike, o
     is also a Python ``UserWarning``. Raises CompileError with the CLI's
     message (naming the file and JSON path).
     """
-    paths = {"--cluster": os.fspath(cluster)}  # a file or a bundled name ("dgx-h100"): the compiler resolves it
-    for flag, value in (("--model", model), ("--from", from_), ("--to", to)):
+    def existing_file(flag: str, value: PathLike) -> str:  # the CLI's check (CLI11 ExistingFile), its messages
         p = os.fspath(value)
         if not os.path.exists(p):
             raise CompileError(f"{flag}: File does not exist: {p}")
         if os.path.isdir(p):
             raise CompileError(f"{flag}: File is actually a directory: {p}")
-        paths[flag] = p
+        return p
+
+    paths = {"--cluster": os.fspath(cluster)}  # a file or a bundled name ("dgx-h100"): the compiler resolves it
+    for flag, value in (("--model", model), ("--from", from_), ("--to", to)):
+        paths[flag] = existing_file(flag, value)
     if strategy not in ("direct", "gather"):
         raise CompileError(f"--strategy: {strategy} not in {{direct,gather}}")
     if isinstance(staging_mb, bool) or not isinstance(staging_mb, int) or not 2 <= staging_mb <= 4095:
         raise CompileError(f"--staging-mb: Value {staging_mb} not in range 2 to 4095")
-    fill = ""
-    if fill_of is not None:
-        fill = os.fspath(fill_of)
-        if not os.path.isfile(fill):
-            raise CompileError(f"--fill-of: File does not exist: {fill}")
+    fill = "" if fill_of is None else existing_file("--fill-of", fill_of)
     text, line = _reshard._compile(paths["--model"], paths["--from"], paths["--to"], paths["--cluster"],
                                    os.fspath(output), strategy, staging_mb, bool(nvlink_exchange),
                                    not requantize_on_receiver, bool(search_fills), fill)
