@@ -269,6 +269,7 @@ void Router::Direct() {
     route_all(1);
   }
   for (const Assembly& as : assemblies_) ++(as.amax() ? ir_.amax_assemblies : ir_.frame_assemblies);
+  Unstage(pieces);
   phase.emplace("route: schedule");
   Schedule(pieces);
   phase.emplace("route: emit");

@@ -33,6 +33,8 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
   // of a one-fill DeepSeek-V3 compile); only runs of equal keys are sorted by
   // their trees.
   auto rotation = [n](const DPiece& x) { return (x.b + n - x.a) % n; };
+  // Staged at both ends: in the pair's one staged message.
+  auto in_message = [](const DPiece& x) { return x.staged && x.direct == 0; };
   uint64_t rounds = 0;
   for (const DPiece& p : pieces) rounds = std::max<uint64_t>(rounds, p.round + 1);
   auto bits = [](uint64_t x) { return x ? 64 - __builtin_clzll(x) : 0; };
@@ -47,7 +49,7 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
     for (size_t i = 0; i < pieces.size(); ++i) {
       const DPiece& x = pieces[i];
       const uint64_t key =
-          ((((static_cast<uint64_t>(x.round) << rank_bits) | rotation(x)) << rank_bits | x.a) << 1) | (x.staged ? 0 : 1);
+          ((((static_cast<uint64_t>(x.round) << rank_bits) | rotation(x)) << rank_bits | x.a) << 1) | (in_message(x) ? 0 : 1);
       keyed[i] = {all - key, i};  // descending by all - key: ascending by key
     }
     SortByKeyDescending(keyed, scratch);
@@ -61,7 +63,7 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
       k = e;
     }
   } else {  // too many ranks and rounds for one key: the same order by comparison
-    auto fields = [&](const DPiece& x) { return std::make_tuple(x.round, rotation(x), x.a, !x.staged); };
+    auto fields = [&](const DPiece& x) { return std::make_tuple(x.round, rotation(x), x.a, !in_message(x)); };
     std::stable_sort(order.begin(), order.end(), [&](size_t i, size_t j) {
       const auto fx = fields(pieces[i]), fy = fields(pieces[j]);
       return fx != fy ? fx < fy : tree_less(pieces[i], pieces[j]);
@@ -222,13 +224,13 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
     // Staged pieces: one message, contiguous in both staging areas.
     uint64_t total = 0;
     for (size_t k = i; k < j; ++k)
-      if (pieces[order[k]].staged) total += AlignUp(pieces[order[k]].bytes);
+      if (in_message(pieces[order[k]])) total += AlignUp(pieces[order[k]].bytes);
     if (total > 0) {
       uint64_t oa = Alloc(first.a, first.round, total), ob = Alloc(first.b, first.round, total);
       uint64_t pos = 0;
       for (size_t k = i; k < j; ++k) {
         const DPiece& p = pieces[order[k]];
-        if (!p.staged) continue;
+        if (!in_message(p)) continue;
         if (p.grid >= 0) {
           // A partial-amax grid (amax path) travels with the pair's values and is copied into the area.
           quant_.EmitAmax(p.tensor, assemblies_[p.assembly].cover, p.box, p.s, A, p.round, oa + pos);
@@ -272,15 +274,29 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
     }
     for (size_t k = i; k < j; ++k) {
       const DPiece& p = pieces[order[k]];
-      if (p.staged) continue;
+      if (in_message(p)) continue;
       Step snd, rcv;
       snd.kind = StepKind::send, rcv.kind = StepKind::recv;
       snd.channel = rcv.channel = ch;
       snd.wire = rcv.wire = model_.tensors[p.tensor].dtype;
       snd.peer = p.b, rcv.peer = p.a;
       snd.bytes = rcv.bytes = p.bytes;
-      snd.src = region(first.a, order[k], kSrc);
-      rcv.dst = region(first.b, order[k], kDst);
+      // Each end straight from / into its buffer, or through staging: a
+      // pack before the send (kDirectDst), an unpack after the receive (kDirectSrc).
+      auto end = [&](Step& s, uint32_t rank, bool through_staging, StepKind kind, int32_t of,
+                     std::vector<Step>& steps) {
+        uint32_t& direct = of == kSrc ? s.src : s.dst;
+        if (!through_staging) {
+          direct = region(rank, order[k], of);
+          return;
+        }
+        s.staging = Alloc(rank, p.round, p.bytes);
+        Step x = StagedStep(kind, s.wire, s.staging, p.bytes);
+        (of == kSrc ? x.src : x.dst) = region(rank, order[k], of);
+        steps.push_back(x);
+      };
+      end(snd, first.a, p.direct == kDirectDst, StepKind::pack, kSrc, A.round(p.round).local);
+      end(rcv, first.b, p.direct == kDirectSrc, StepKind::unpack, kDst, B.round(p.round).unpack);
       A.round(p.round).comm.push_back(snd);
       B.round(p.round).comm.push_back(rcv);
       Count(p.a, p.b, p.bytes);

@@ -36,6 +36,7 @@
 
 namespace reshard::routing {
 
+inline constexpr uint8_t kDirectSrc = 1, kDirectDst = 2;  // DPiece::direct
 inline constexpr uint64_t kMinSplit = 4ull << 20;  // smallest part split off a piece to fill a round
 inline constexpr size_t kTreeDomains = 2;          // destination domains one source send reaches (relay trees)
 inline constexpr size_t kTreeFanout = 1;           // domains each entry GPU forwards a piece to
@@ -48,6 +49,7 @@ inline constexpr double kNvPaceSlack = 3.0;  // a GPU's NVLink intake in a round
 inline constexpr uint64_t kUnpacedRounds = 2;      // senders with at most this many rounds' share are not paced
 inline constexpr size_t kProportionalMaxPieces = 16384;  // larger plans: coarse shares (kCoarseShare) only
 inline constexpr double kCoarseShare = 0.25;  // larger plans' proportional shares: at least this part of a round's
+inline constexpr uint64_t kMinDirectSlice = 256ull << 10;  // smallest buffer's slice Unstage sends as a message of its own
 
 // A pack or unpack step of `bytes` at byte `staging` of the rank's staging.
 Step StagedStep(StepKind kind, Dtype wire, uint64_t staging, uint64_t bytes);
@@ -224,6 +226,8 @@ class Router {
                   size_t head);
   void EmitDirect(const std::vector<DPiece>& pieces);
   double RelaysSpare(const std::vector<DPiece>& pieces) const;
+  bool HbmBinds(const std::vector<DPiece>& pieces) const;
+  void Unstage(std::vector<DPiece>& pieces);
   void Direct();
   void Gather();
 
@@ -246,6 +250,7 @@ class Router {
   std::vector<uint64_t> odd_base_;            // per rank: where the odd rounds' staging arena starts
   std::vector<std::vector<uint64_t>> used_;   // per global rank, per round: bytes scheduled
   std::vector<std::vector<uint64_t>> arena_;  // per global rank, per round: bytes allocated
+  bool hbm_binds_ = false;                    // a GPU's HBM traffic outlasts every link's (Unstage)
 };
 
 struct DPiece {
@@ -255,6 +260,11 @@ struct DPiece {
   uint32_t a, b;  // global ranks
   uint64_t bytes;
   bool staged;
+  // A staged piece one end of which is contiguous (Unstage): it is its
+  // own message, sent straight from the sender's buffer (kDirectSrc:
+  // staged and unpacked at b only) or received straight into the
+  // receiver's (kDirectDst: packed and staged at a only).
+  uint8_t direct = 0;
   size_t round = 0;
   uint32_t hop_begin = 0, hop_count = 0;  // its tree beyond b (hop_pool_)
   int32_t quant = -1;                     // a quantized tensor's piece: index into qpieces_

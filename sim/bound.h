@@ -13,7 +13,7 @@
 namespace reshard::sim {
 
 struct LowerBound {
-  double seconds = 0;  // max(ingress, egress, nvlink, local) + one latency
+  double seconds = 0;  // max(max(ingress, egress, nvlink) + one latency, local)
   /// (a) a destination NVLink domain must take in, over its own NICs, every
   /// byte its GPUs need that no GPU of the domain holds.
   double ingress_s = 0;

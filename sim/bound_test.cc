@@ -129,5 +129,22 @@ TEST(BoundTest, ARankCopiesWhatItHoldsInOtherMemoryThroughItsHbm) {
   EXPECT_STREQ(lb.binding(), "a GPU's local copy of what it holds");
 }
 
+TEST(BoundTest, ALocalCopyThatBindsTakesNoLatency) {
+  // Rank 0 copies rows 0..1000 into its inference buffer at 1 GB/s of HBM
+  // (8 ms) and sends 10 rows to rank 1 over NVLink meanwhile (0.44 us and
+  // a 2 us latency): the copy alone sets the bound.
+  PlanSpec spec = Layout(2, {{{0, 1000}}, {}}, {{}, {{0, 10}}});
+  spec.programs[0].buffers.push_back({"w_infer", fb::Dtype::fp32, {1000, 1000}});
+  spec.programs[0].fragments.push_back(testing::MakeFragment(0, 1, 0, {0, 0}, {1000, 1000}, {1000, 1}, 1));
+  ClusterSpec c = Cluster(2);
+  c.hbm_GBps = 1;
+  Plan plan = Plan::from_bytes(testing::BuildPlan(spec), "b.rsplan");
+  auto lb = sim::ComputeLowerBound(plan, c);
+  EXPECT_DOUBLE_EQ(lb.latency_s, 2e-6);
+  EXPECT_DOUBLE_EQ(lb.local_s, 2 * 4e6 / 1e9);
+  EXPECT_DOUBLE_EQ(lb.seconds, lb.local_s);
+  EXPECT_STREQ(lb.binding(), "a GPU's local copy of what it holds");
+}
+
 }  // namespace
 }  // namespace reshard
