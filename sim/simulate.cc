@@ -39,6 +39,7 @@ struct Shared {
   std::vector<std::vector<Slice>> slices;  // per rank (each actor writes its own)
   uint32_t done = 0;
   double hbm_seconds = 0;
+  uint32_t hbm_rank = 0;
   uint64_t comms = 0;
   uint32_t overlap_depth = 0;  // SimOptions'
 };
@@ -98,6 +99,11 @@ void Land(Shared& sh, uint32_t g, const RankRound& rr, Path p, Posted& posted) {
   }
 }
 
+// Rank g's HBM work took `hbm` seconds: the busiest so far (ties: the lowest rank)?
+void Busiest(Shared& sh, uint32_t g, double hbm) {
+  if (hbm > sh.hbm_seconds || (hbm == sh.hbm_seconds && hbm > 0 && g < sh.hbm_rank)) sh.hbm_seconds = hbm, sh.hbm_rank = g;
+}
+
 void Local(Shared& sh, uint32_t g, uint32_t round, uint64_t bytes, bool unpack, double& hbm) {
   if (!bytes) return;
   const double t0 = sg4::Engine::get_clock();
@@ -154,7 +160,7 @@ void RankActor(Shared* sh, uint32_t g, sg4::Host* nvhost) {
     }
     if (!(k + 1 < rounds.size() && rr.late_unpack)) Local(*sh, g, rr.round, rr.unpack_bytes, true, hbm);
   }
-  sh->hbm_seconds = std::max(sh->hbm_seconds, hbm);
+  Busiest(*sh, g, hbm);
   ++sh->done;
 }
 
@@ -218,7 +224,7 @@ void OverlappedRankActor(Shared* sh, uint32_t g, sg4::Host* nvhost) {
       if (nic) Local(*sh, g, rr.round, rr.unpack_bytes, true, hbm);
       if (i + sh->overlap_depth < mine.size()) post_early(i + sh->overlap_depth);
     }
-    if (nic) sh->hbm_seconds = std::max(sh->hbm_seconds, hbm);
+    if (nic) Busiest(*sh, g, hbm);
   };
   const bool has_nv = std::any_of(rounds.begin(), rounds.end(), [](const RankRound& r) { return !r.nvlink.empty(); });
   if (has_nv) sg4::Actor::create("nv" + std::to_string(g), nvhost, [path_actor] { path_actor(Path::nvlink); });
@@ -344,6 +350,7 @@ SimResult Simulate(const Workload& w, const ClusterSpec& cluster, const SimOptio
   SimResult res;
   res.seconds = sg4::Engine::get_clock();
   res.hbm_seconds = sh.hbm_seconds;
+  res.hbm_rank = sh.hbm_rank;
   res.comms = sh.comms / 2;  // both ends counted
   // Link loads over the refit.
   std::vector<LinkLoad> loads;
@@ -370,14 +377,23 @@ SimResult Simulate(const Workload& w, const ClusterSpec& cluster, const SimOptio
 
 GapToBound GapOf(const SimResult& r, double bound_seconds, const LinkModel& m) {
   GapToBound g;
-  if (r.busiest.empty() || bound_seconds <= 0 || r.seconds <= 0) return g;
-  g.link = r.busiest.front();
-  const double bw = g.link.path == Path::net ? m.nic_Bps : m.nvlink_Bps;
-  if (g.link.bytes == 0 || bw <= 0) return g;
-  g.has_link = true;
-  g.link_seconds = static_cast<double>(g.link.bytes) / bw;
-  g.bytes = g.link_seconds / bound_seconds;
-  g.idle = r.seconds / g.link_seconds;
+  if (bound_seconds <= 0 || r.seconds <= 0) return g;
+  if (!r.busiest.empty()) {
+    const double bw = r.busiest.front().path == Path::net ? m.nic_Bps : m.nvlink_Bps;
+    if (r.busiest.front().bytes > 0 && bw > 0) {
+      g.has_link = true;
+      g.link = r.busiest.front();
+      g.link_seconds = static_cast<double>(g.link.bytes) / bw;
+    }
+  }
+  // The resource read off: the busiest GPU's HBM where its work outlasts
+  // the busiest link's bytes, else that link.
+  g.hbm = r.hbm_seconds > g.link_seconds;
+  const double busy = g.hbm ? r.hbm_seconds : g.link_seconds;
+  if (busy <= 0) return g;
+  g.has_split = true;
+  g.bytes = busy / bound_seconds;
+  g.idle = r.seconds / busy;
   return g;
 }
 

@@ -41,6 +41,7 @@ struct LinkLoad {
 struct SimResult {
   double seconds = 0;        // predicted refit time: the last rank's end
   double hbm_seconds = 0;    // longest pack+copy+unpack time of one rank
+  uint32_t hbm_rank = 0;     // that rank
   uint64_t comms = 0;        // simulated flows
   double wall_seconds = 0;   // time the simulation itself took
   std::vector<LinkLoad> busiest;  // up to 8, most utilized first
@@ -56,9 +57,15 @@ SimResult Simulate(const Workload& w, const ClusterSpec& cluster, const SimOptio
 /// (bytes spread unevenly over a domain's NICs, or more bytes than needed,
 /// e.g. BF16 values a receiver quantizes); `idle` above 1: the link waits
 /// for its partners (1 / its utilization), inside rounds, while other flows
-/// finish. Nothing (has_link false) where no link carries anything.
+/// finish. Where the busiest GPU's HBM work (packs, copies, unpacks: H
+/// seconds) outlasts that link's bytes, the split is read off the HBM
+/// instead: bytes = H / L (above 1: packs and unpacks beyond the copies
+/// the bound counts), idle = T / H. Nothing (has_split false) where no link
+/// carries anything and no GPU copies.
 struct GapToBound {
-  bool has_link = false;
+  bool has_split = false;
+  bool hbm = false;         // read off r.hbm_rank's HBM, not the link
+  bool has_link = false;    // the busiest link (where any carries bytes)
   LinkLoad link;
   double link_seconds = 0;  // B / bw
   double bytes = 1, idle = 1;

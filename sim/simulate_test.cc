@@ -54,10 +54,18 @@ void ExpectNearBound(const std::string& plan, const std::string& cluster, double
   const double ratio = j["ratio_to_bound"].get<double>();
   EXPECT_LE(ratio, at_most) << r.out;
   EXPECT_GE(ratio, 1.0) << r.out;
-  // Where the rest goes: the busiest link's bytes times its idle time.
+  // Where the rest goes: the busiest link's bytes (or, where it outlasts
+  // them, the busiest GPU's HBM work) times its idle time.
   ASSERT_TRUE(j["gap"].is_object()) << r.out;
-  EXPECT_EQ(j["gap"]["link"], j["busiest_links"][0]["link"]);
   EXPECT_NEAR(j["gap"]["bytes_factor"].get<double>() * j["gap"]["idle_factor"].get<double>(), ratio, 1e-9 * ratio);
+  if (j["gap"]["resource"] == "hbm") {
+    EXPECT_EQ(j["gap"]["hbm_seconds"], j["hbm_seconds_max_rank"]);
+    EXPECT_GT(j["gap"]["hbm_seconds"].get<double>(),
+              j["busiest_links"][0]["utilization"].get<double>() * j["predicted_seconds"].get<double>());
+    return;
+  }
+  EXPECT_EQ(j["gap"]["resource"], "link");
+  EXPECT_EQ(j["gap"]["link"], j["busiest_links"][0]["link"]);
   EXPECT_NEAR(1 / j["gap"]["idle_factor"].get<double>(), j["busiest_links"][0]["utilization"].get<double>(), 1e-9);
 }
 
@@ -206,7 +214,7 @@ TEST(SimulateTest, GapToTheBoundIsTheBusiestLinksBytesTimesItsIdleTime) {
   m.nic_Bps = kNic, m.nvlink_Bps = kNvlink;
   sim::SimResult r;
   r.seconds = 2.0;
-  EXPECT_FALSE(sim::GapOf(r, 0.8, m).has_link);  // no traffic: nothing to split
+  EXPECT_FALSE(sim::GapOf(r, 0.8, m).has_split);  // no traffic, no copies: nothing to split
   // 10 GB through a NIC: 1 s of it in a 2 s refit whose bound is 0.8 s.
   r.busiest.push_back({3, sim::Path::net, false, 10 * kGB, 0.5});
   sim::GapToBound g = sim::GapOf(r, 0.8, m);
@@ -220,6 +228,21 @@ TEST(SimulateTest, GapToTheBoundIsTheBusiestLinksBytesTimesItsIdleTime) {
   r.busiest.front().path = sim::Path::nvlink;
   EXPECT_DOUBLE_EQ(sim::GapOf(r, 0.8, m).link_seconds, 0.1);
   EXPECT_FALSE(sim::GapOf(r, 0, m).has_link);
+  EXPECT_FALSE(sim::GapOf(r, 0.8, m).hbm);
+  // Where a GPU's HBM work (1.6 s) outlasts the busiest link's bytes (0.1
+  // s over NVLink), the split is read off that HBM.
+  r.hbm_seconds = 1.6, r.hbm_rank = 5;
+  g = sim::GapOf(r, 0.8, m);
+  ASSERT_TRUE(g.has_split);
+  EXPECT_TRUE(g.hbm);
+  EXPECT_DOUBLE_EQ(g.bytes, 2.0);  // twice the copies the bound counts
+  EXPECT_DOUBLE_EQ(g.idle, 1.25);  // busy 80% of the refit
+  EXPECT_DOUBLE_EQ(g.bytes * g.idle, r.seconds / 0.8);
+  // No link carries anything, a GPU copies: still read off its HBM.
+  r.busiest.clear();
+  g = sim::GapOf(r, 0.8, m);
+  EXPECT_TRUE(g.has_split && g.hbm && !g.has_link);
+  EXPECT_DOUBLE_EQ(g.bytes, 2.0);
 }
 
 TEST(SimulateTest, NetAndNvlinkTransfersOfARoundOverlap) {

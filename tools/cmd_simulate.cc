@@ -51,7 +51,8 @@ void AddSimulateCommand(CLI::App& app, int& exit_code) {
       "Prints the predicted time beside the physical lower bound of any plan for the same layouts,\n"
       "and splits their ratio at the busiest link: bytes (what it carries at its bandwidth, over the\n"
       "bound: above 1 where bytes are spread unevenly or more move than needed) x idle (1 / its\n"
-      "utilization: time it waits on partners inside rounds).\n"
+      "utilization: time it waits on partners inside rounds); where a GPU's HBM work (packs, copies,\n"
+      "unpacks) outlasts that link's bytes, at that GPU's HBM instead (colocated placements).\n"
       "Example:\n"
       "  reshard simulate qwen3.rsplan --cluster samples/clusters/dgx-h100.json --trace qwen3.trace.json\n"
       "  (open the trace in https://ui.perfetto.dev: one track per rank and channel)");
@@ -127,12 +128,18 @@ void AddSimulateCommand(CLI::App& app, int& exit_code) {
             {"local_rank", lb.local_rank},
             {"local_bytes", lb.local_bytes},
             {"latency_seconds", lb.latency_s}}},
-          {"gap", gap.has_link ? nlohmann::ordered_json{{"link", gap.link.name()},
-                                                         {"link_bytes", gap.link.bytes},
-                                                         {"link_seconds", gap.link_seconds},
-                                                         {"bytes_factor", gap.bytes},
-                                                         {"idle_factor", gap.idle}}
-                               : nlohmann::ordered_json(nullptr)},
+          {"gap", !gap.has_split ? nlohmann::ordered_json(nullptr)
+                  : gap.hbm      ? nlohmann::ordered_json{{"resource", "hbm"},
+                                                          {"rank", r.hbm_rank},
+                                                          {"hbm_seconds", r.hbm_seconds},
+                                                          {"bytes_factor", gap.bytes},
+                                                          {"idle_factor", gap.idle}}
+                                 : nlohmann::ordered_json{{"resource", "link"},
+                                                          {"link", gap.link.name()},
+                                                          {"link_bytes", gap.link.bytes},
+                                                          {"link_seconds", gap.link_seconds},
+                                                          {"bytes_factor", gap.bytes},
+                                                          {"idle_factor", gap.idle}}},
           {"bytes", {{"net", w.net_bytes}, {"nvlink", w.nvlink_bytes}, {"hbm_local", w.local_bytes},
                      {"hbm_unpack", w.unpack_bytes}}},
           {"hbm_seconds_max_rank", r.hbm_seconds},
@@ -161,7 +168,11 @@ void AddSimulateCommand(CLI::App& app, int& exit_code) {
         std::printf("                      (d) local copy     %s: GPU %u copies %s it holds itself through its HBM\n",
                     Seconds(lb.local_s).c_str(), lb.local_rank, Bytes(lb.local_bytes).c_str());
       std::printf("  plan / bound      %.2fx\n", ratio);
-      if (gap.has_link)
+      if (gap.has_split && gap.hbm)
+        std::printf("                      = HBM work %.3fx (GPU %u's packs, copies and unpacks: %s)\n"
+                    "                      x idle %.3fx (its HBM is busy %.1f%% of the refit)\n",
+                    gap.bytes, r.hbm_rank, Seconds(r.hbm_seconds).c_str(), gap.idle, 100 / gap.idle);
+      else if (gap.has_split)
         std::printf("                      = bytes %.3fx (the busiest link, %s, carries %s: %s at its bandwidth)\n"
                     "                      x idle %.3fx (it is busy %.1f%% of the refit, waiting on partners)\n",
                     gap.bytes, gap.link.name().c_str(), Bytes(gap.link.bytes).c_str(), Seconds(gap.link_seconds).c_str(),

@@ -6,6 +6,8 @@
 #          the bound's bytes are spread evenly over its links)
 #   idle:  the prediction against that link's busy time (1 / its
 #          utilization): waiting on partners inside rounds
+# Where the busiest GPU's HBM work (packs, copies, unpacks) outlasts that
+# link's bytes (colocated rows), both are read off that HBM instead.
 # Usage: tools/bench/bound_gap.sh   (BUILD=build-dir, default build)
 . "$(dirname "$0")/gap_rows.sh"
 
@@ -14,7 +16,9 @@ report() {  # LABEL PLAN CLUSTER
 import json, sys
 s = json.load(sys.stdin)
 g = s['gap']
-print(f\"| $1 | {s['ratio_to_bound']:.3f}x | {s['bound']['binding']} | {g['link']}: {g['link_bytes'] / 1e9:.2f} GB | \"
+what = (f\"GPU {g['rank']} HBM: {g['hbm_seconds'] * 1e3:.3f} ms\" if g['resource'] == 'hbm'
+        else f\"{g['link']}: {g['link_bytes'] / 1e9:.2f} GB\")
+print(f\"| $1 | {s['ratio_to_bound']:.3f}x | {s['bound']['binding']} | {what} | \"
       f\"{g['bytes_factor']:.3f} | {g['idle_factor']:.3f} ({100 / g['idle_factor']:.1f}% busy) |\")"
 }
 
