@@ -24,7 +24,7 @@ namespace reshard::routing {
 // NVLink - while its NIC already receives the next round.
 
 uint32_t Router::HolderOf(const DPiece& p, int32_t h) const {
-  return h < 0 ? p.b : hop_pool_[p.hop_begin + h].rank;
+  return h == kFromSender ? p.a : h < 0 ? p.b : hop_pool_[p.hop_begin + h].rank;
 }
 
 void Router::AddPieces(int t, const Cell& cell, const Box& piece, const FragmentRef& df,

@@ -300,6 +300,18 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
       A.round(p.round).comm.push_back(snd);
       B.round(p.round).comm.push_back(rcv);
       Count(p.a, p.b, p.bytes);
+      // What a packed for b, sent to its other receivers too (Unstage: hops
+      // from the sender), each received straight into its buffer.
+      for (uint32_t h = 0; h < p.hop_count; ++h) {
+        const Hop& hop = hop_pool_[p.hop_begin + h];
+        Step s2 = snd, r2 = rcv;
+        s2.peer = hop.rank, r2.peer = first.a;
+        s2.channel = r2.channel = ChannelOf(first.a, hop.rank);
+        r2.dst = region(hop.rank, order[k], static_cast<int32_t>(h));
+        A.round(p.round).comm.push_back(s2);
+        ir_.ranks[hop.rank].round(p.round).comm.push_back(r2);
+        Count(p.a, hop.rank, p.bytes);
+      }
     }
     i = j;
   }

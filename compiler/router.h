@@ -106,7 +106,10 @@ class FillPieces;  // the pieces as one fill sees them (fill_pieces.h)
 
 // A delivery of a piece beyond its first receiver: the holder `parent` (an
 // index into the piece's hops, or -1 for the piece's receiver b) forwards its
-// staged copy to `to` in round (the piece's round + level).
+// staged copy to `to` in round (the piece's round + level). Or (parent
+// kFromSender, level 0; Unstage) the sender sends what it packed for b to
+// `to` as well, in the same round: one pack, several receivers.
+inline constexpr int32_t kFromSender = -2;
 struct Hop {
   FragmentRef to;
   uint32_t rank;
