@@ -27,7 +27,7 @@ compile() {  # LABEL MODEL TRAIN INFER CLUSTER
   report "$1" "$tmp/p.rsplan" "$5"
 }
 
-echo "| row | predicted / bound | binding term | busiest link | bytes | idle |"
+echo "| row | predicted / bound | binding term | busiest link (or GPU HBM) | bytes | idle |"
 echo "|---|---|---|---|---|---|"
 gap_rows compile
 # Training and inference on the same 8 GPUs (the README's colocated rows).
