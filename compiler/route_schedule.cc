@@ -465,8 +465,8 @@ RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>&
   // back round 0's sends (FSDP2 -> vLLM TP2 x DP4 EP colocated: 7.58 GB per
   // GPU ahead of the first message; with NVLink paced, 1.75x the bound with
   // the copies in round 0, 1.40x spread).
-  RoundRows copied(n);
   if (!hbm_binds_) {
+    RoundRows copied(n);
     for (uint32_t i : copies) {
       const DPiece& p = pieces[i];
       size_t best = 0;
@@ -518,7 +518,6 @@ RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>&
       }
       pieces.SetRound(i, best);
       local[p.a * rounds + best] += 2.0 * static_cast<double>(p.bytes) / hbm_Bps;
-      copied.At(p.a, best) += p.bytes;
     }
   }
   for (uint32_t g = 0; g < n; ++g) {
