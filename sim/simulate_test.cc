@@ -454,13 +454,15 @@ std::string ColocatedCluster(const TempDir& dir) {
 // GPUs copy more through their HBM than NVLink carries: since each layer's
 // slice goes straight from buffer to buffer where it can, packed once for
 // all its receivers where it must be (Unstage), and the copies fill the
-// GPUs' HBM gaps, a round after the last message included, 1.224x -> 1.067x.
+// GPUs' HBM gaps, a round after the last message included, 1.224x -> 1.067x;
+// since a round's gap counts its partners' previous round too (a GPU with
+// no messages in a round waits for its partners in the next), 1.030x.
 TEST(SimulateTest, ColocatedRefitsPaceTheirNvlinkAndSpreadTheirCopies) {
   TempDir dir;
   const std::string c = ColocatedCluster(dir);
   for (const auto& [train, infer, at_most] :
        {std::tuple<std::string, std::string, double>{"megatron:tp=2,ep=8,etp=1,grouped-gemm", "vllm:tp=8", 1.05},
-        {"fsdp2:dp_shard=8,master=bf16", "vllm:tp=2,dp=4,ep", 1.07}}) {
+        {"fsdp2:dp_shard=8,master=bf16", "vllm:tp=2,dp=4,ep", 1.04}}) {
     SCOPED_TRACE(train + " -> " + infer);
     const std::string out = dir.File(infer.substr(5, 4)), plan = out + ".rsplan";
     std::string args;
