@@ -493,11 +493,12 @@ RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>&
     // round made refits 1-1.5% slower: Megatron and FSDP2 -> vLLM TP8.
     const size_t rounds = filled + 1;
     const double hbm_Bps = cluster_.hbm_GBps * 1e9;
+    auto hbm_seconds = [hbm_Bps](uint64_t bytes) { return 2.0 * static_cast<double>(bytes) / hbm_Bps; };  // read + write
     std::vector<double> local(size_t{n} * rounds, 0.0), comm(size_t{n} * rounds, 0.0);  // seconds, [rank][round]
     for (uint32_t i = 0; i < pieces.size(); ++i) {
       const DPiece& p = pieces[i];
       if (p.a != p.b && p.staged && !(p.direct & kDirectSrc))  // packed by its sender
-        local[p.a * rounds + pieces.Round(i)] += 2.0 * static_cast<double>(p.bytes) / hbm_Bps;
+        local[p.a * rounds + pieces.Round(i)] += hbm_seconds(p.bytes);
     }
     for (uint32_t g = 0; g < n; ++g) {
       for (size_t r = 0; r < filled; ++r) {
@@ -543,7 +544,7 @@ RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>&
         if (gap < least) least = gap, best = r;
       }
       pieces.SetRound(i, best);
-      local[p.a * rounds + best] += 2.0 * static_cast<double>(p.bytes) / hbm_Bps;
+      local[p.a * rounds + best] += hbm_seconds(p.bytes);
     }
   }
   for (uint32_t g = 0; g < n; ++g) {
