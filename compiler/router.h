@@ -47,6 +47,7 @@ inline constexpr double kPaceSlack = 1.3;          // a sender's pace: this time
 inline constexpr double kPaceFloor = 0.8;          //   and at least this share of the busiest NIC's
 inline constexpr double kNvPaceSlack = 3.0;  // a GPU's NVLink intake in a round: this times its NVLink bytes left per round left
 inline constexpr uint64_t kUnpacedRounds = 2;      // senders with at most this many rounds' share are not paced
+inline constexpr uint64_t kEndGameRounds = 2;      // a pair's relayed pieces go first this many rounds before the last share (and their relays')
 inline constexpr size_t kProportionalMaxPieces = 16384;  // larger plans: coarse shares (kCoarseShare) only
 inline constexpr double kCoarseShare = 0.25;  // larger plans' proportional shares: at least this part of a round's
 inline constexpr uint64_t kMinDirectSlice = 256ull << 10;  // smallest buffer's slice Unstage sends as a message of its own
