@@ -165,8 +165,11 @@ def _megatron_rank(rank, case_name, a, timed_runs=TIMED_RUNS):
         tiny_gpt.fill(model, salt=k)  # a different model each round, as after training steps
         d = os.path.join(a["work"], f"round{k}")
         os.makedirs(d, exist_ok=True)
+        # written whole, then renamed: the reader (megatron_checkpoints) never sees a part-written file
+        path = os.path.join(d, f"megatron{rank}.pt")
         torch.save({"coords": tiny_gpt.coords(), "params": {n: t.clone() for n, t in tiny_gpt.named_params(model).items()}},
-                   os.path.join(d, f"megatron{rank}.pt"))
+                   path + ".part")
+        os.replace(path + ".part", path)
         if refit is None:  # connected once round 0's checkpoint is being written (the vLLM ranks start slower)
             plan = reshard.Plan.open(a["plan"])
             session = reshard.Session(plan, rank, reshard.GlooTransport(rank, plan.num_ranks, store=a["store"],
@@ -191,7 +194,6 @@ def megatron_checkpoints(case_name, case, work, world, config, vllm_python, erro
                 if time.time() - t0 > TIMEOUT_S:
                     raise TimeoutError(f"round {k}: the Megatron ranks did not save their parameters")
                 time.sleep(0.2)
-            time.sleep(0.5)  # torch.save of the last file: complete once its size settles
             ranks = {}
             for r, f in enumerate(files):
                 g = torch.load(f, weights_only=False)
