@@ -60,11 +60,18 @@ RoundFill RoundFillOf(const fb::Plan& plan, const std::string& path) {
     throw Error("--fill-of " + path + ": the plan records no round fill (a gather plan, or one written before " +
                 "reshard recorded it); compile without --fill-of");
   }
-  if (!(f->staging_fill() > 0 && f->staging_fill() <= 1) || !(f->min_share() >= 0 && f->min_share() < 1)) {
+  // Plans written before the split share was recorded (-1): the fills then
+  // split finely in the proportional fill with no min share, else coarsely.
+  const double split = f->split_share() >= 0                            ? f->split_share()
+                       : f->proportional() && f->min_share() == 0 ? 0.0
+                                                                  : kCoarseSplit;
+  if (!(f->staging_fill() > 0 && f->staging_fill() <= 1) || !(f->min_share() >= 0 && f->min_share() < 1) ||
+      !(split >= 0 && split < 1)) {
     throw Error("--fill-of " + path + ": its round fill is out of range (staging fill " +
-                std::to_string(f->staging_fill()) + ", min share " + std::to_string(f->min_share()) + ")");
+                std::to_string(f->staging_fill()) + ", min share " + std::to_string(f->min_share()) +
+                ", split share " + std::to_string(split) + ")");
   }
-  return {f->proportional(), f->staging_fill(), f->min_share()};
+  return {f->proportional(), f->staging_fill(), f->min_share(), split};
 }
 
 PlanIR BuildPlan(const CompileInputs& in, const CompileOptions& opt) {
@@ -134,6 +141,8 @@ nlohmann::ordered_json CompileSummary(const std::string& out, const std::string&
   j["round_fill"] = ir.round_fill.proportional ? "proportional" : "greedy";
   // Proportional fills: no pair's share of a round below this part of the round's share (0: the smallest split).
   j["min_share"] = ir.round_fill.min_share;
+  // No part split off a piece below this part of a round's share (nor 4 MiB; 0: 4 MiB).
+  j["split_share"] = ir.round_fill.split_share;
   // The share of the staging budget the rounds were planned to fill.
   j["staging_fill"] = ir.round_fill.staging_fill;
   // Ranks whose weights exceed the cluster's gpu_memory_GB: one entry per side, its heaviest rank.

@@ -21,6 +21,9 @@ constexpr uint32_t kNoRegion = 0xFFFFFFFFu;
 /// The share of each rank's staging budget rounds are planned to fill first
 /// (route_schedule.cc tries others too).
 constexpr double kDefaultStagingFill = 0.9;
+/// The smallest part the fills split off a piece, as a part of a round's
+/// share, where they split coarsely (route_schedule.cc FillRounds).
+constexpr double kCoarseSplit = 1.0 / 16;
 constexpr uint32_t kStaging = 0xFFFFFFFFu;  // StridedRegion::buffer naming the staging area
 
 /// Staged pieces start at multiples of kAlign bytes (for vectorized kernels).
@@ -103,6 +106,7 @@ struct RoundFill {
   bool proportional = false;                  // every net pair first gets its proportional share of each round
   double staging_fill = kDefaultStagingFill;  // the share of the staging budget the rounds are planned for
   double min_share = 0;                       // proportional: no share below this part of the round's share
+  double split_share = kCoarseSplit;  // no part split off a piece below this part of a round's share (nor kMinSplit)
 };
 
 struct PlanIR {

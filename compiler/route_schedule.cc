@@ -224,8 +224,8 @@ RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>&
   // little (DeepSeek-V3 TP32: 2.15 -> 2.96 s for 1.038x -> 1.021x; its plan
   // 9.8 -> 15.9 MiB), and in the greedy fills it made DeepSeek-V3 FP8
   // 1.042x -> 1.049x.
-  const bool fine_splits = mode.proportional && mode.min_share == 0;
-  const uint64_t min_split = fine_splits ? kMinSplit : std::max(kMinSplit, net_cap / 16);
+  const uint64_t min_split =
+      std::max(kMinSplit, static_cast<uint64_t>(mode.split_share * static_cast<double>(net_cap)));
   std::vector<std::vector<uint64_t>> out_used(n), in_used(n);
   PlaceAssemblies(pieces, rounds, out_used, in_used);
   // From here on, what every GPU has committed to a round is kept round by
@@ -638,10 +638,12 @@ RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>&
 // threads, and the kept one is moved back. The plan does not depend on
 // their timing.
 std::vector<RoundFill> FillCandidates(size_t pieces, bool search_fills) {
-  std::vector<RoundFill> candidates = {{false, kFill, 0}};
-  candidates.push_back({true, kFill, pieces <= kProportionalMaxPieces ? 0 : kCoarseShare});
-  candidates.push_back({false, kFillHigh, 0});
-  assert(candidates.size() == kDefaultFills);
+  const bool small = pieces <= kProportionalMaxPieces;
+  std::vector<RoundFill> candidates = {{false, kFill, 0, kCoarseSplit}};
+  candidates.push_back({true, kFill, small ? 0 : kCoarseShare, small ? 0 : kCoarseSplit});
+  candidates.push_back({false, kFillHigh, 0, kCoarseSplit});
+  if (small) candidates.push_back({true, kFill, 0, kCoarseSplit});
+  assert(candidates.size() == kDefaultFills + (small ? 1 : 0));
   if (search_fills) {
     for (const RoundFill& m : kSearchedFills) {
       if (!m.proportional || pieces > kProportionalMaxPieces) candidates.push_back(m);
@@ -687,7 +689,8 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
   const size_t n = candidates.size();
   // The default fills run all at once, even on fewer cores: in waves of
   // two on a 2-core machine, the third ran alone with a core idle.
-  const size_t workers = std::max<size_t>(std::thread::hardware_concurrency(), kDefaultFills);
+  const size_t workers =
+      std::max<size_t>(std::thread::hardware_concurrency(), FillCandidates(pieces.size(), false).size());
   // Each thread copies the router (which nothing changes until the last
   // wave ends), fills the copy and keeps only what the fill changed: the
   // copies and their destruction (6.5% of DeepSeek-V3's compile CPU time,

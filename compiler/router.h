@@ -67,8 +67,9 @@ inline constexpr RoundFill kSearchedFills[] = {
     {false, 0.8, 0}, {false, 0.85, 0}, {true, kFill, 0.125}, {true, kFill, 0.375}};
 
 // The fills Schedule chooses from for a plan of `pieces` pieces, in order
-// (RouteOptions::fill_candidate counts in this list): kDefaultFills, then
-// with search_fills kSearchedFills.
+// (RouteOptions::fill_candidate counts in this list): kDefaultFills (small
+// plans, of up to kProportionalMaxPieces pieces: one more, the proportional
+// fill with coarse splits), then with search_fills kSearchedFills.
 inline constexpr size_t kDefaultFills = 3;
 std::vector<RoundFill> FillCandidates(size_t pieces, bool search_fills);
 

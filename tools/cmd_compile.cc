@@ -59,9 +59,10 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
                 "values plus scales: about half the bytes). Blocks that several training ranks hold parts of\n"
                 "are quantized by the receiver either way, from the parts' partial amaxes");
   cmd->add_flag("--search-fills", o->search_fills,
-                "direct: besides the three default fills (greedy for 90% and for 95% of the staging budget,\n"
-                "and every pair's proportional share: on plans of more than 16384 pieces at least a quarter\n"
-                "of a round's), also fill the rounds greedily for 80% and 85% of the staging budget and, on\n"
+                "direct: besides the default fills (greedy for 90% and for 95% of the staging budget, and\n"
+                "every pair's proportional share: on plans of more than 16384 pieces at least a quarter of a\n"
+                "round's; on smaller plans twice, with pieces split down to 4 MiB and down to 1/16 of a\n"
+                "round's share), also fill the rounds greedily for 80% and 85% of the staging budget and, on\n"
                 "large plans, with shares of at least 1/8 and 3/8 of a round's; keep the fill an estimate of\n"
                 "the refit (its rounds replayed as messages sharing links, as `reshard simulate` does) finds\n"
                 "fastest. Costs a fill each, as many at once as the machine has threads (DeepSeek-V3: about\n"
@@ -139,16 +140,16 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
       }
       const bool proportional = j["round_fill"] == "proportional";
       const double fill = j["staging_fill"];
-      const std::string filled = report::RoundFillText(proportional, j["min_share"], fill);
+      const std::string filled = report::RoundFillText(proportional, j["min_share"], fill, j["split_share"]);
       if (o->simulate_fills) {
         std::printf("  %s: predicted %.5g s (%.3fx of the bound), the fastest of %zu fills simulated:\n",
                     filled.c_str(), j["predicted_seconds"].get<double>(),
                     j["predicted_seconds"].get<double>() / j["lower_bound_seconds"].get<double>(), j["fills"].size());
         for (const auto& f : j["fills"]) {
-          std::printf("    fill %zu: %-12s planned for %3.0f%%, min share %.3f: %.5g s, plan %.2f MiB%s\n",
+          std::printf("    fill %zu: %-12s planned for %3.0f%%, min share %.3f, split share %.4f: %.5g s, plan %.2f MiB%s\n",
                       f["fill"].get<size_t>(), f["round_fill"].get<std::string>().c_str(),
                       f["staging_fill"].get<double>() * 100, f["min_share"].get<double>(),
-                      f["predicted_seconds"].get<double>(), f["plan_bytes"].get<size_t>() / 1048576.0,
+                      f["split_share"].get<double>(), f["predicted_seconds"].get<double>(), f["plan_bytes"].get<size_t>() / 1048576.0,
                       f["fill"] == j["kept_fill"] ? "  (kept)" : "");
         }
       } else if (!o->fill_of.empty()) {

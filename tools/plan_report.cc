@@ -169,12 +169,19 @@ std::string TensorLayout(const fb::Tensor& t) {
 const char* StrategyName(fb::Strategy s) { return s == fb::Strategy::gather ? "gather" : "direct"; }
 const char* ChannelName(fb::Channel c) { return c == fb::Channel::nvlink ? "nvlink" : "net"; }
 
-std::string RoundFillText(bool proportional, double min_share, double staging_fill) {
-  const std::string how = !proportional ? "greedily"
-                          : min_share > 0
-                              ? "with every pair's proportional share, at least " +
-                                    std::to_string(static_cast<int>(min_share * 100 + 0.5)) + "% of a round's"
-                              : "with every pair's proportional share";
+std::string RoundFillText(bool proportional, double min_share, double staging_fill, double split_share) {
+  std::string how = !proportional ? "greedily"
+                    : min_share > 0
+                        ? "with every pair's proportional share, at least " +
+                              std::to_string(static_cast<int>(min_share * 100 + 0.5)) + "% of a round's"
+                        : "with every pair's proportional share";
+  if (split_share == 0) {
+    how += ", pieces split down to 4 MiB";
+  } else if (split_share > 0) {
+    char s[64];
+    std::snprintf(s, sizeof s, ", pieces split down to %.3g%% of a round's share", split_share * 100);
+    how += s;
+  }
   char pct[32];
   std::snprintf(pct, sizeof pct, "%.0f%%", staging_fill * 100);
   return "rounds filled " + how + ", planned for " + pct + " of the staging budget";

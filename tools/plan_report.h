@@ -43,7 +43,8 @@ const char* ChannelName(fb::Channel c);
 std::string Side(const fb::Program& p);
 /// How a direct plan's rounds were filled, for `compile` and `show`: "rounds
 /// filled greedily, planned for 90% of the staging budget".
-std::string RoundFillText(bool proportional, double min_share, double staging_fill);
+// split_share: the fill's RoundFill::split_share (-1: a plan written before it was recorded).
+std::string RoundFillText(bool proportional, double min_share, double staging_fill, double split_share);
 
 /// Per-rank totals. Index 0 is the net channel, 1 nvlink.
 struct RankStats {

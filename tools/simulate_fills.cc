@@ -234,6 +234,7 @@ nlohmann::ordered_json SimulateFills(const CompileInputs& in, const CompileOptio
                      {"round_fill", r["round_fill"]},
                      {"staging_fill", r["staging_fill"]},
                      {"min_share", r["min_share"]},
+                     {"split_share", r["split_share"]},
                      {"plan_bytes", r["plan_bytes"]},
                      {"predicted_seconds", r["predicted_seconds"]}});
   }
