@@ -43,6 +43,7 @@ inline constexpr size_t kTreeFanout = 1;           // domains each entry GPU for
 inline constexpr double kRelayOnlyAbove = 0.75;    // no relay trees where the sources have this much to spare (RelaysSpare)
 inline constexpr double kFill = kDefaultStagingFill;  // staging share the pace of rounds plans for
 inline constexpr double kFillHigh = 0.95;  // and the greedy fill Schedule also tries
+inline constexpr double kFillLow = 0.8;    // and small plans' second proportional fill
 inline constexpr double kPaceSlack = 1.3;          // a sender's pace: this times its bytes left per round left,
 inline constexpr double kPaceFloor = 0.8;          //   and at least this share of the busiest NIC's
 inline constexpr double kNvPaceSlack = 3.0;  // a GPU's NVLink intake in a round: this times its NVLink bytes left per round left
@@ -69,7 +70,8 @@ inline constexpr RoundFill kSearchedFills[] = {
 // The fills Schedule chooses from for a plan of `pieces` pieces, in order
 // (RouteOptions::fill_candidate counts in this list): kDefaultFills (small
 // plans, of up to kProportionalMaxPieces pieces: one more, the proportional
-// fill with coarse splits), then with search_fills kSearchedFills.
+// fill planned for kFillLow of the staging budget), then with search_fills
+// kSearchedFills.
 inline constexpr size_t kDefaultFills = 3;
 std::vector<RoundFill> FillCandidates(size_t pieces, bool search_fills);
 
