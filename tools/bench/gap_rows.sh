@@ -38,6 +38,14 @@ gap_rows() {
   init_row "$fn" "DeepSeek-V3 -> TP8 DP4 EP x8" $S/deepseek-v3/config.json \
     megatron:pp=16,ep=16,etp=1,grouped-gemm,pp-layers=3,4,4,4,4,4,4,4,4,4,4,4,4,4,4,2 \
     vllm:tp=8,dp=4,ep,engines=8,quant=none
+  # The FP8-serving rows issue 32 names, from `reshard init` (the Qwen3-235B
+  # config: samples/qwen3-235b's with the FP8 release's quantization_config).
+  init_row "$fn" "DeepSeek-V3 FP8 -> TP16 x16, GB200 NVL72" $S/deepseek-v3/config.json \
+    megatron:pp=16,ep=16,etp=1,grouped-gemm,pp-layers=3,4,4,4,4,4,4,4,4,4,4,4,4,4,4,2 vllm:tp=16,engines=16 gb200-nvl72
+  init_row "$fn" "Qwen3-235B FP8 checkpoint -> TP4 x32" $C/qwen3-235b-a22b-fp8.json \
+    megatron:tp=4,pp=8,ep=16,etp=1,grouped-gemm,pp-layers=11,12,12,12,12,12,12,11 vllm:tp=4,engines=32
   "$fn" "Kimi-K2 1024 -> 512" $S/kimi-k2/model.json $S/kimi-k2/train-1024.json $S/kimi-k2/infer-512.json $H
+  init_row "$fn" "Kimi-K2 FP8 serving, 1024 -> TP8 DP16 EP x4" $S/kimi-k2/config.json \
+    megatron:tp=4,pp=16,ep=64,etp=1,grouped-gemm,pp-layers=3,4,4,4,4,4,4,4,4,4,4,4,4,4,4,2 vllm:tp=8,dp=16,ep,engines=4
   "$fn" "MoE 2.4T 1024 -> 512" $S/moe-2.4t/model.json $S/moe-2.4t/train-1024.json $S/moe-2.4t/infer-512.json $H
 }
