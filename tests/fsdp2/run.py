@@ -389,11 +389,10 @@ def main():
     try:
         paths = {c["name"]: prepare(c, build, tmp, a.hand_layouts) for c in cases}
         t_prep = time.time() - t0
-        import socket
         import torch.multiprocessing as mp
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        sys.path.insert(0, os.path.join(HERE, ".."))
+        from free_port import free_port  # tests/free_port.py: below the ephemeral range
+        port = free_port()
         # fork: the ranks inherit torch, transformers and reshard imported once here
         # (4 spawned interpreters importing them on 2 cores took 15-20 s).
         _preload()

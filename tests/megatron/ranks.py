@@ -1,7 +1,6 @@
 """Runs a function on every rank of a Gloo group of CPU processes
 (torch.multiprocessing), one process per Megatron rank."""
 import os
-import socket
 import sys
 
 import torch
@@ -9,12 +8,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, os.path.join(HERE, ".."))
+from free_port import free_port  # noqa: E402  (tests/free_port.py: below the ephemeral range)
 
 
 def _entry(rank, world, port, fn, args):
@@ -33,5 +28,5 @@ def _entry(rank, world, port, fn, args):
 def spawn(world, fn, *args, join=True):
     """fn(rank, *args) on `world` processes; with join=False returns the
     context (call .join() until it returns True)."""
-    return mp.start_processes(_entry, args=(world, _free_port(), fn, args), nprocs=world, join=join,
+    return mp.start_processes(_entry, args=(world, free_port(), fn, args), nprocs=world, join=join,
                               start_method="spawn")

@@ -4,16 +4,12 @@ when one rank fails or the time runs out, every other rank is killed, so no
 process outlives a test."""
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from free_port import free_port  # noqa: E402  (tests/free_port.py: below the ephemeral range)
 
 
 def run(world, argv, timeout_s=600.0, env=None, python=sys.executable, label="ranks", log_dir=None, abort=None):
