@@ -66,12 +66,12 @@ RoundFill RoundFillOf(const fb::Plan& plan, const std::string& path) {
                        : f->proportional() && f->min_share() == 0 ? 0.0
                                                                   : kCoarseSplit;
   if (!(f->staging_fill() > 0 && f->staging_fill() <= 1) || !(f->min_share() >= 0 && f->min_share() < 1) ||
-      !(split >= 0 && split < 1)) {
+      !(split >= 0 && split < 1) || !(f->nic_reserve() >= 0 && f->nic_reserve() <= 16)) {
     throw Error("--fill-of " + path + ": its round fill is out of range (staging fill " +
                 std::to_string(f->staging_fill()) + ", min share " + std::to_string(f->min_share()) +
-                ", split share " + std::to_string(split) + ")");
+                ", split share " + std::to_string(split) + ", NIC reserve " + std::to_string(f->nic_reserve()) + ")");
   }
-  return {f->proportional(), f->staging_fill(), f->min_share(), split};
+  return {f->proportional(), f->staging_fill(), f->min_share(), split, f->nic_reserve()};
 }
 
 PlanIR BuildPlan(const CompileInputs& in, const CompileOptions& opt) {
@@ -143,6 +143,8 @@ nlohmann::ordered_json CompileSummary(const std::string& out, const std::string&
   j["min_share"] = ir.round_fill.min_share;
   // No part split off a piece below this part of a round's share (nor 4 MiB; 0: 4 MiB).
   j["split_share"] = ir.round_fill.split_share;
+  // Staging kept for NIC intake: this times a GPU's NIC bytes left per round left (0: none; RoundFill::nic_reserve).
+  j["nic_reserve"] = ir.round_fill.nic_reserve;
   // The share of the staging budget the rounds were planned to fill.
   j["staging_fill"] = ir.round_fill.staging_fill;
   // Ranks whose weights exceed the cluster's gpu_memory_GB: one entry per side, its heaviest rank.

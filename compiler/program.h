@@ -107,6 +107,11 @@ struct RoundFill {
   double staging_fill = kDefaultStagingFill;  // the share of the staging budget the rounds are planned for
   double min_share = 0;                       // proportional: no share below this part of the round's share
   double split_share = kCoarseSplit;  // no part split off a piece below this part of a round's share (nor kMinSplit)
+  // Staging kept, in each round, for the NIC intake of every GPU whose NIC
+  // takes in at least as much as its NVLink port: NVLink pieces may not use
+  // this times its NIC bytes left per round left (at most the round's share),
+  // less what its NIC already takes in that round. 0: none.
+  double nic_reserve = 0;
 };
 
 struct PlanIR {

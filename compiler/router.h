@@ -51,6 +51,7 @@ inline constexpr uint64_t kUnpacedRounds = 2;      // senders with at most this 
 inline constexpr uint64_t kEndGameRounds = 2;      // a pair's relayed pieces go first this many rounds before the last share (and their relays')
 inline constexpr size_t kProportionalMaxPieces = 16384;  // larger plans: coarse shares (kCoarseShare) only
 inline constexpr double kCoarseShare = 0.25;  // larger plans' proportional shares: at least this part of a round's
+inline constexpr double kNicReserve = 1.3;    // larger plans' fills keep staging for NIC intake (RoundFill::nic_reserve)
 inline constexpr uint64_t kMinDirectSlice = 256ull << 10;  // smallest buffer's slice Unstage sends as a message of its own
 
 // A pack or unpack step of `bytes` at byte `staging` of the rank's staging.

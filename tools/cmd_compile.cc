@@ -140,16 +140,16 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
       }
       const bool proportional = j["round_fill"] == "proportional";
       const double fill = j["staging_fill"];
-      const std::string filled = report::RoundFillText(proportional, j["min_share"], fill, j["split_share"]);
+      const std::string filled = report::RoundFillText(proportional, j["min_share"], fill, j["split_share"], j["nic_reserve"]);
       if (o->simulate_fills) {
         std::printf("  %s: predicted %.5g s (%.3fx of the bound), the fastest of %zu fills simulated:\n",
                     filled.c_str(), j["predicted_seconds"].get<double>(),
                     j["predicted_seconds"].get<double>() / j["lower_bound_seconds"].get<double>(), j["fills"].size());
         for (const auto& f : j["fills"]) {
-          std::printf("    fill %zu: %-12s planned for %3.0f%%, min share %.3f, split share %.4f: %.5g s, plan %.2f MiB%s\n",
+          std::printf("    fill %zu: %-12s planned for %3.0f%%, min share %.3f, split share %.4f, NIC reserve %.2g: %.5g s, plan %.2f MiB%s\n",
                       f["fill"].get<size_t>(), f["round_fill"].get<std::string>().c_str(),
                       f["staging_fill"].get<double>() * 100, f["min_share"].get<double>(),
-                      f["split_share"].get<double>(), f["predicted_seconds"].get<double>(), f["plan_bytes"].get<size_t>() / 1048576.0,
+                      f["split_share"].get<double>(), f["nic_reserve"].get<double>(), f["predicted_seconds"].get<double>(), f["plan_bytes"].get<size_t>() / 1048576.0,
                       f["fill"] == j["kept_fill"] ? "  (kept)" : "");
         }
       } else if (!o->fill_of.empty()) {

@@ -169,7 +169,8 @@ std::string TensorLayout(const fb::Tensor& t) {
 const char* StrategyName(fb::Strategy s) { return s == fb::Strategy::gather ? "gather" : "direct"; }
 const char* ChannelName(fb::Channel c) { return c == fb::Channel::nvlink ? "nvlink" : "net"; }
 
-std::string RoundFillText(bool proportional, double min_share, double staging_fill, double split_share) {
+std::string RoundFillText(bool proportional, double min_share, double staging_fill, double split_share,
+                          double nic_reserve) {
   std::string how = !proportional ? "greedily"
                     : min_share > 0
                         ? "with every pair's proportional share, at least " +
@@ -180,6 +181,11 @@ std::string RoundFillText(bool proportional, double min_share, double staging_fi
   } else if (split_share > 0) {
     char s[64];
     std::snprintf(s, sizeof s, ", pieces split down to %.3g%% of a round's share", split_share * 100);
+    how += s;
+  }
+  if (nic_reserve > 0) {
+    char s[96];
+    std::snprintf(s, sizeof s, ", staging kept for NIC intake (%.3gx a GPU's NIC bytes left per round)", nic_reserve);
     how += s;
   }
   char pct[32];

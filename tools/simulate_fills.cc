@@ -235,6 +235,7 @@ nlohmann::ordered_json SimulateFills(const CompileInputs& in, const CompileOptio
                      {"staging_fill", r["staging_fill"]},
                      {"min_share", r["min_share"]},
                      {"split_share", r["split_share"]},
+                     {"nic_reserve", r["nic_reserve"]},
                      {"plan_bytes", r["plan_bytes"]},
                      {"predicted_seconds", r["predicted_seconds"]}});
   }
