@@ -278,9 +278,6 @@ RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>&
                     net_cap - std::min(net_cap, in_net.At(to, r)));
   };
   auto net_room = [&](uint32_t from, uint32_t to, size_t r) { return share_left(from, to, r, is_net(from, to)); };
-  // The bytes piece p can take in round r at every GPU it touches: staging
-  // (hard) and the paced network share (soft).
-  // Stops early, with what it has so far, once that is below `floor`.
   // The staging a GPU keeps in round r for its NIC intake (mode.nic_reserve),
   // where its NIC takes in at least what its NVLink port does: the pace of
   // its NIC bytes left (set each round), less what its NIC already takes in
@@ -288,7 +285,7 @@ RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>&
   // a GPU whose NIC was nearly the busiest let its peers' NVLink stripes
   // fill its staging in the early rounds and took in over its NIC three
   // rounds after the busiest NIC's last (Kimi-K2 FP8 serving, rank 1476:
-  // 77-156 MB a round in rounds 1-14, the round's share 176 MB).
+  // 77-167 MB a round in rounds 1-14, the round's share 176 MB).
   // simulate: Kimi-K2 FP8 serving 1.087x -> 1.048x of the bound, Kimi-K2
   // 1.045x -> 1.014x, DeepSeek-V3 TP8 DP4 EP 1.039x -> 1.034x, MoE 2.4T
   // 1.014x -> 1.010x. Where NVLink intake is the larger (DeepSeek-V3 FP8 on
@@ -296,14 +293,22 @@ RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>&
   // starved the fan-out (1.111x -> 1.132x) and is not done. Small plans
   // (GLM-4.5-Air EP 1.029x -> 1.056x, Qwen3-30B-A3B EP 1.045x -> 1.053x)
   // do not keep it.
+  // Which GPUs keep it is fixed by their bytes; how much, each round.
   std::vector<uint64_t> nic_reserve(n, 0);
-  const bool reserving = mode.nic_reserve > 0;
+  std::vector<uint32_t> keepers;
+  if (mode.nic_reserve > 0)
+    for (uint32_t g = 0; g < n; ++g)
+      if (net_in[g] >= nv_in[g]) keepers.push_back(g);
+  const bool reserving = !keepers.empty();
   auto nv_room = [&](uint32_t x, size_t r, bool with_net) {
     const uint64_t free = room(x, r);
     if (!with_net || !reserving) return free;
     const uint64_t kept = nic_reserve[x] - std::min(nic_reserve[x], in_net.At(x, r));
     return free - std::min(free, kept);
   };
+  // The bytes piece p can take in round r at every GPU it touches: staging
+  // (hard) and the paced network share (soft).
+  // Stops early, with what it has so far, once that is below `floor`.
   auto avail = [&](const DPiece& p, size_t r, bool with_net, uint64_t floor = 0) {
     uint64_t v = std::min(room(p.a, r), is_net(p.a, p.b) ? room(p.b, r) : nv_room(p.b, r, with_net));
     if (with_net) v = std::min(v, net_room(p.a, p.b, r));
@@ -509,11 +514,9 @@ RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>&
     }
     SortByKeyDescending(active, scratch);
     repace(r);
-    if (reserving) {
-      for (uint32_t g = 0; g < n; ++g) {
-        const double pace = mode.nic_reserve * static_cast<double>(rem_in[g]) / static_cast<double>(rounds_left);
-        nic_reserve[g] = net_in[g] < nv_in[g] ? 0 : std::min(net_cap, static_cast<uint64_t>(pace));
-      }
+    for (uint32_t g : keepers) {
+      const double pace = mode.nic_reserve * static_cast<double>(rem_in[g]) / static_cast<double>(rounds_left);
+      nic_reserve[g] = std::min(net_cap, static_cast<uint64_t>(pace));
     }
     size_t placed = 0;
     if (mode.proportional) {

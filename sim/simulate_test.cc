@@ -621,7 +621,7 @@ TEST(SimulateTest, SearchFillsKeepsTheFasterStagingFill) {
 // sanitizers: 1536-rank fills and a simulation take minutes there.
 TEST(SimulateTest, LargePlansKeepStagingForNicIntake) {
 #ifdef RESHARD_SANITIZE
-  GTEST_SKIP() << "three 1536-rank fills, twice, and a simulation: minutes under AddressSanitizer";
+  GTEST_SKIP() << "three 1536-rank fills, one more for --fill-of, and a simulation: minutes under AddressSanitizer";
 #endif
   TempDir dir;
   const std::string args = SampleArgs("kimi-k2", "train-1024", "infer-512", "dgx-h100");
