@@ -1,12 +1,14 @@
 // Random layouts end to end: plans compiled (both strategies) from
 // MakeRandomSpecs for many seeds are run with `reshard run --local`, one
-// process per rank over Gloo, and every destination element is checked.
+// process per rank over Gloo, and every destination element is checked;
+// and, with the same harness, plans whose fills keep staging for NIC intake.
 #include <gtest/gtest.h>
 #include <stdio.h>
 #include <sys/wait.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -14,6 +16,9 @@
 
 #include "compiler/compile.h"
 #include "compiler/random_specs.h"
+#include "compiler/router.h"
+#include "compiler/validate.h"
+#include "runtime/plan.h"
 #include "runtime/test.h"
 
 namespace reshard {
@@ -174,6 +179,64 @@ TEST(RandomE2eTest, RandomQuantLayoutsRunWithEveryValueAndScaleRight) {
     c.strategy = opt.quantize_on_sender ? "direct-quant" : "direct-quant-on-receiver";
     CompileCase(MakeRandomQuantSpecs(static_cast<uint64_t>(seed)), opt, dir, c);
     cases.push_back(std::move(c));
+  }
+  RunCases(cases, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+// Fills that keep staging for NIC intake (RoundFill::nic_reserve): by
+// default only plans of more than 16,384 pieces get them, too large for
+// `run --local`. A small Qwen3-MoE (tests/data/tiny-qwen3-moe, 37M
+// parameters) from Megatron TP2 PP2 EP4 to vLLM layouts that span two NVLink
+// domains (replicas and EP; 17 rounds with 2 MiB of staging), is compiled
+// here with the reserve asked for (as `--fill-of` a large plan does), greedy
+// and proportional. The reserve only moves pieces between rounds; every plan it
+// changed (compared with the same fill without it) must still move every
+// element right, and it must change some, or this tests nothing.
+TEST(NicReserveE2eTest, ChangedPlansRunWithEveryElementRight) {
+  testing::TempDir dir;
+  std::vector<Case> cases;
+  int compiled = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string config = std::string(RESHARD_SOURCE_DIR) + "/tests/data/tiny-qwen3-moe/config.json";
+  int layout = 0;
+  for (const char* infer : {"vllm:tp=2,dp=8", "vllm:tp=2,dp=8,ep"}) {
+    const std::string specs = dir.File("specs" + std::to_string(++layout));
+    const std::string init = kBinary + " init -q --hf-config " + config +
+                             " --train megatron:tp=2,pp=2,ep=4,etp=1,grouped-gemm --infer " + infer +
+                             " --cluster dgx-h100 -o " + specs;
+    ASSERT_EQ(std::system(init.c_str()), 0) << init;
+    const CompileInputs in = LoadInputs(specs + "/model.json", specs + "/train.json", specs + "/infer.json",
+                                        specs + "/cluster.json");
+    for (const bool proportional : {false, true}) {
+      RoundFill fill;
+      fill.proportional = proportional;
+      CompileOptions opt{"direct", 2};
+      Case plain, c;
+      plain.seed = c.seed = layout;
+      plain.strategy = std::string(infer) + (proportional ? " proportional" : " greedy");
+      c.strategy = plain.strategy + " with the NIC reserve";
+      for (Case* x : {&plain, &c}) {
+        fill.nic_reserve = x == &c ? routing::kNicReserve : 0;
+        opt.fill_of = fill;
+        x->plan = dir.File("p" + std::to_string(compiled++) + ".rsplan");
+        PlanIR ir = BuildPlan(in, opt);
+        testing::WriteFile(x->plan, EmitPlan(in, ir));
+        x->ranks = static_cast<uint32_t>(ir.ranks.size());
+      }
+      // `reshard diff` exits 1 where some rank's program differs step for
+      // step (the recorded fill itself does not count).
+      const int diff = std::system((kBinary + " diff " + plain.plan + " " + c.plan + " >/dev/null").c_str());
+      ASSERT_TRUE(WIFEXITED(diff) && WEXITSTATUS(diff) <= 1) << Describe(c) << ": reshard diff failed";
+      std::printf("%s: %s\n", c.strategy.c_str(), WEXITSTATUS(diff) == 1 ? "changed" : "the same");
+      if (WEXITSTATUS(diff) == 1) cases.push_back(std::move(c));
+    }
+  }
+  EXPECT_GE(cases.size(), 3u) << "the NIC reserve changed too few plans to test it";
+  for (const Case& c : cases) {
+    Plan plan = Plan::open(c.plan);
+    const ValidateReport v =
+        ValidatePlan(plan.root(), [&](uint32_t r) -> const fb::Program& { return plan.program(r); });
+    EXPECT_TRUE(v.ok()) << Describe(c);
   }
   RunCases(cases, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
