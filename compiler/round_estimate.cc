@@ -296,10 +296,24 @@ class FlowReplay {
 
 }  // namespace
 
-RoundTraffic::RoundTraffic(uint32_t ranks) : ranks_(ranks) {}
+RoundTraffic::RoundTraffic(uint32_t ranks) : ranks_(ranks), recent_(kRecent, kNoEdge) {}
 
 void RoundTraffic::Add(uint32_t round, uint32_t from, uint32_t to, uint64_t bytes, bool net) {
   if (from == to || bytes == 0) return;
+  // A message like one added lately (the fill places a pair's pieces one
+  // after another, and their trees alike) joins it: both estimates sum a
+  // round's bytes per pair and path anyway.
+  uint64_t h = ((uint64_t{round} * 0x9E3779B1u + from) * 0x85EBCA77u + to) * 2 + (net ? 1 : 0);
+  h = (h ^ (h >> 29)) * 0xBF58476D1CE4E5B9ull;
+  uint32_t& slot = recent_[h >> (64 - kRecentBits)];
+  if (slot != kNoEdge) {
+    Edge& e = edges_[slot];
+    if (e.round == round && e.a == from && e.b == to && e.net == net) {
+      e.bytes += bytes;
+      return;
+    }
+  }
+  slot = static_cast<uint32_t>(edges_.size());
   edges_.push_back({round, from, to, bytes, net});
 }
 

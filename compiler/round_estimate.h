@@ -55,8 +55,12 @@ class RoundTraffic {
     uint64_t bytes;
     bool net;
   };
+  static constexpr int kRecentBits = 12;
+  static constexpr size_t kRecent = size_t{1} << kRecentBits;
+  static constexpr uint32_t kNoEdge = UINT32_MAX;
   uint32_t ranks_;
-  std::vector<Edge> edges_;
+  std::vector<Edge> edges_;      // one per round, pair and path, but where a repeat missed `recent_`
+  std::vector<uint32_t> recent_;  // edges_ lately added, by a hash of round, pair and path
 };
 
 /// How far a change of rates is followed: flows on the links that changed,
