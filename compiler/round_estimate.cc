@@ -313,7 +313,7 @@ void RoundTraffic::Add(uint32_t round, uint32_t from, uint32_t to, uint64_t byte
       return;
     }
   }
-  slot = static_cast<uint32_t>(edges_.size());
+  slot = edges_.size() < kNoEdge ? static_cast<uint32_t>(edges_.size()) : kNoEdge;
   edges_.push_back({round, from, to, bytes, net});
 }
 
