@@ -122,6 +122,13 @@ class FlowReplay {
     for (uint32_t l = 0; l < cap_.size(); ++l) cap_[l] = l % kLinksPerRank < 2 ? nic_Bps : nvlink_Bps;
   }
 
+  // Room for `flows` flows (Add without reallocating: copies grown by
+  // doubling landed in fresh pages each time).
+  void Reserve(size_t flows) {
+    flows_.reserve(flows);
+    round_.reserve(flows);
+  }
+
   // Flows (bytes from a to b over the NIC or NVLink) in round order; each
   // rank's rounds are the runs of its flows with one round number.
   void Add(uint32_t round, uint32_t a, uint32_t b, double bytes, bool net) {
@@ -366,6 +373,7 @@ std::optional<double> RoundTraffic::FlowSeconds(double nic_Bps, double nvlink_Bp
   for (const Edge& e : edges_) keyed.push_back({((e.round * n + e.a) * n + e.b) * 2 + (e.net ? 1 : 0), e.bytes});
   SortByKeyDescending(keyed, scratch);
   FlowReplay replay(ranks_, nic_Bps, nvlink_Bps, budget);
+  replay.Reserve(keyed.size());  // at most one flow a message
   for (size_t e = keyed.size(); e > 0;) {
     const uint64_t key = keyed[e - 1].key;
     uint64_t bytes = 0;
