@@ -103,8 +103,9 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
   };
   constexpr int32_t kSrc = -2, kDst = -1;
   std::vector<RegionJob> region_jobs;
-  // Room for each rank's regions, at most one per end of each piece and
-  // each hop of its tree: grown by doubling, every copy of a large rank's
+  // Room for each rank's regions, one per end of each piece and each hop
+  // of its tree (quantized pieces' scales and assemblies add a few more,
+  // grown as before): grown by doubling, every copy of a large rank's
   // regions (128 bytes each) landed in fresh pages (DeepSeek-V3: 131.4k ->
   // 126.4k page faults with 4 KiB pages).
   {
