@@ -112,6 +112,7 @@ PlanIR BuildPlan(const CompileInputs& in, const CompileOptions& opt) {
   ro.fill_candidate = opt.fill_candidate;
   ro.fill_of = opt.fill_of;
   ro.flow_budget = opt.flow_budget;
+  ro.emit_threads = opt.emit_threads;
   ro.quantize_on_sender = opt.quantize_on_sender;
   PlanIR ir = Route(in.model, in.cluster, in.src, src, in.dst, dst, ro);
   phase.emplace("share packs");

@@ -163,6 +163,9 @@ struct RouteOptions {
   /// Steps the flow estimate may take per fill before Schedule falls back on
   /// the replay (round_estimate.h); 0: kFlowBudget. For tests.
   uint64_t flow_budget = 0;
+  /// direct: threads the steps are emitted on (route_emit.cc); 0: the
+  /// machine's. The plan is the same on any number. For tests.
+  size_t emit_threads = 0;
 };
 
 /// The fewest fills a direct plan's Schedule chooses from with search_fills

@@ -3,6 +3,7 @@
 #include "compiler/router.h"
 
 #include <algorithm>
+#include <map>
 #include <numeric>
 #include <tuple>
 
@@ -69,6 +70,64 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
       return fx != fy ? fx < fy : tree_less(pieces[i], pieces[j]);
     });
   }
+  // The walk below runs on as many threads as the machine has, each
+  // writing the steps, regions and staging sizes of the ranks it owns
+  // (every T-th): a rank's steps and regions come in the order of the walk
+  // as before, so the plan is the same on any number of threads. Every
+  // thread makes every staging allocation (bump pointers, cheap) in its own
+  // arenas, since forwards read where their holders staged what they
+  // forward. The steps' vectors and regions (fresh memory) were most of a
+  // large plan's emit: Kimi-K2's took 0.43 s of its 0.58 s on one thread.
+  std::map<size_t, std::vector<uint32_t>> assembled;  // per round: its assemblies
+  for (uint32_t k = 0; k < assemblies_.size(); ++k) assembled[assemblies_[k].round].push_back(k);
+  // Room for each rank's regions, one per end of each piece and each hop
+  // of its tree (quantized pieces' scales and assemblies add a few more,
+  // grown as before): grown by doubling, every copy of a large rank's
+  // regions (128 bytes each) landed in fresh pages (DeepSeek-V3: 131.4k ->
+  // 126.4k page faults with 4 KiB pages).
+  std::vector<size_t> ends(n, 0);
+  for (const DPiece& p : pieces) {
+    ++ends[p.a], ++ends[p.b];
+    for (uint32_t k = 0; k < p.hop_count; ++k) ++ends[hop_pool_[p.hop_begin + k].rank];
+  }
+  const size_t threads = opt_.emit_threads > 0 ? opt_.emit_threads : ThreadsFor(n);
+  OnThreads(threads, [&](size_t t) { EmitWalk(pieces, order, assembled, ends, t, threads); });
+}
+
+void Router::EmitWalk(const std::vector<DPiece>& pieces, const std::vector<size_t>& order,
+                      const std::map<size_t, std::vector<uint32_t>>& assembled, const std::vector<size_t>& ends,
+                      size_t thread, size_t threads) {
+  const auto n = static_cast<uint32_t>(ir_.ranks.size());
+  auto mine = [thread, threads](uint32_t rank) { return rank % threads == thread; };
+  // This thread's staging arenas, per rank, per round: bytes allocated.
+  std::vector<std::vector<uint64_t>> arena(n);
+  auto alloc = [&](uint32_t rank, size_t round, uint64_t bytes) {
+    uint64_t& bump = At(arena[rank], round);
+    const uint64_t off = (round % 2 ? odd_base_[rank] : 0) + bump;
+    bump += AlignUp(bytes);
+    if (mine(rank)) ir_.ranks[rank].staging_bytes = std::max(ir_.ranks[rank].staging_bytes, off + AlignUp(bytes));
+    return off;
+  };
+  // Where each assembly lies in its receiver's staging, once emitted: the
+  // frame, the grids and (amax path) the need's values.
+  constexpr uint64_t kUnset = ~uint64_t{0};
+  struct AssemblyAt {
+    uint64_t frame = kUnset, area = kUnset, values = kUnset;
+  };
+  std::vector<AssemblyAt> as_at(assemblies_.size());
+  // An assembly's frame and grid area, allocated in its receiver's staging with its first part.
+  auto frame = [&](const DPiece& p) {
+    const Assembly& as = assemblies_[p.assembly];
+    AssemblyAt& x = as_at[p.assembly];
+    if (x.frame == kUnset) x.frame = alloc(as.b, as.round, as.frame_bytes);
+    return x.frame;
+  };
+  auto grid_at = [&](const DPiece& p) {
+    const Assembly& as = assemblies_[p.assembly];
+    AssemblyAt& x = as_at[p.assembly];
+    if (x.area == kUnset) x.area = alloc(as.b, as.round, as.grids * as.slot);
+    return x.area + static_cast<uint64_t>(p.grid) * as.slot;
+  };
   // The staged pieces of one round, with their staging offsets at b and at
   // each hop; their trees are emitted together once the round's messages are
   // out, so a holder forwards, per receiver, every run of pieces that lie
@@ -81,21 +140,10 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
   std::vector<size_t> at_begin;
   uint32_t depth = 0;
   size_t batch_round = 0;
-  // An assembly's frame and grid area, allocated in its receiver's staging with its first part.
-  auto frame = [&](const DPiece& p) {
-    Assembly& as = assemblies_[p.assembly];
-    if (as.frame == ~uint64_t{0}) as.frame = Alloc(as.b, as.round, as.frame_bytes);
-    return as.frame;
-  };
-  auto grid_at = [&](const DPiece& p) {
-    Assembly& as = assemblies_[p.assembly];
-    if (as.area == ~uint64_t{0}) as.area = Alloc(as.b, as.round, as.grids * as.slot);
-    return as.area + static_cast<uint64_t>(p.grid) * as.slot;
-  };
-  // The regions of plain pieces' steps are worked out after the walk, on
-  // as many threads as the machine has: the walk leaves a placeholder where
-  // each goes (so that every region keeps its index) and a note of which
-  // it is. (Fragment::RegionOf and Coalesced were a third of the walk.)
+  // The regions of plain pieces' steps are worked out after the walk: the
+  // walk leaves a placeholder where each goes (so that every region keeps
+  // its index) and a note of which it is. (Fragment::RegionOf and Coalesced
+  // were a third of the walk.)
   struct RegionJob {
     uint32_t rank, region;  // where it goes
     uint32_t piece;         // whose box
@@ -103,19 +151,13 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
   };
   constexpr int32_t kSrc = -2, kDst = -1;
   std::vector<RegionJob> region_jobs;
-  // Room for each rank's regions, one per end of each piece and each hop
-  // of its tree (quantized pieces' scales and assemblies add a few more,
-  // grown as before): grown by doubling, every copy of a large rank's
-  // regions (128 bytes each) landed in fresh pages (DeepSeek-V3: 131.4k ->
-  // 126.4k page faults with 4 KiB pages).
   {
-    std::vector<size_t> ends(n, 0);
-    for (const DPiece& p : pieces) {
-      ++ends[p.a], ++ends[p.b];
-      for (uint32_t k = 0; k < p.hop_count; ++k) ++ends[hop_pool_[p.hop_begin + k].rank];
-    }
     size_t jobs = 0;
-    for (uint32_t g = 0; g < n; ++g) ir_.ranks[g].regions.reserve(ir_.ranks[g].regions.size() + ends[g]), jobs += ends[g];
+    for (uint32_t g = 0; g < n; ++g) {
+      if (!mine(g)) continue;
+      ir_.ranks[g].regions.reserve(ir_.ranks[g].regions.size() + ends[g]);
+      jobs += ends[g];
+    }
     region_jobs.reserve(jobs);
   }
   auto region = [&](uint32_t rank, size_t piece, int32_t of) {
@@ -123,19 +165,23 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
     region_jobs.push_back({rank, static_cast<uint32_t>(prog.regions.size()), static_cast<uint32_t>(piece), of});
     return prog.AddRegion(StridedRegion{});
   };
-  std::map<size_t, std::vector<uint32_t>> assembled;  // per round: its assemblies
-  for (uint32_t k = 0; k < assemblies_.size(); ++k) assembled[assemblies_[k].round].push_back(k);
+  // The messages' bytes, counted once (by thread 0).
+  auto count = [&](uint32_t a, uint32_t b, uint64_t bytes) {
+    if (thread == 0) Count(a, b, bytes);
+  };
   auto flush = [&] {
     // The round's assemblies are complete once its messages and their unpacks are: quantize each frame.
     if (auto it = assembled.find(batch_round); it != assembled.end()) {
       for (uint32_t k : it->second) {
         const Assembly& as = assemblies_[k];
+        if (!mine(as.b)) continue;
+        const AssemblyAt& x = as_at[k];
         if (as.amax()) {
-          const uint64_t values = as.frame_bytes ? as.frame : as.values;
-          quant_.EmitScaledQuantize(as.tensor, as.need, as.grids, as.area, as.slot, values, as.d, ir_.ranks[as.b],
+          const uint64_t values = as.frame_bytes ? x.frame : x.values;
+          quant_.EmitScaledQuantize(as.tensor, as.need, as.grids, x.area, as.slot, values, as.d, ir_.ranks[as.b],
                                     as.round);
         } else {
-          quant_.EmitUnpack(as.tensor, quant_.Assembled(as.tensor, as.need), as.d, ir_.ranks[as.b], as.round, as.frame);
+          quant_.EmitUnpack(as.tensor, quant_.Assembled(as.tensor, as.need), as.d, ir_.ranks[as.b], as.round, x.frame);
         }
       }
     }
@@ -167,23 +213,25 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
           end += AlignUp(pieces[staged[parts[v].s]].bytes), ++v;
         const uint32_t from = parts[u].from, to = parts[u].to;
         const uint64_t begin = parts[u].off, len = end - begin;
-        RankProgram& F = ir_.ranks[from];
-        RankProgram& G = ir_.ranks[to];
-        const uint64_t og = Alloc(to, round, len);
+        const uint64_t og = alloc(to, round, len);
         Step fw, fr;
         fw.kind = StepKind::forward, fr.kind = StepKind::recv;
         fw.channel = fr.channel = ChannelOf(from, to);
         fw.peer = to, fr.peer = from;
         fw.staging = begin, fr.staging = og;
         fw.bytes = fr.bytes = len;
-        F.round(round).comm.push_back(fw);
-        G.round(round).comm.push_back(fr);
-        send_load_[from] += len;
-        Count(from, to, len);
+        if (mine(from)) {
+          ir_.ranks[from].round(round).comm.push_back(fw);
+          send_load_[from] += len;
+        }
+        if (mine(to)) ir_.ranks[to].round(round).comm.push_back(fr);
+        count(from, to, len);
         for (size_t w = u; w < v; ++w) {
           const DPiece& p = pieces[staged[parts[w].s]];
           const uint64_t off = og + (parts[w].off - begin);
           at[at_begin[parts[w].s] + parts[w].h + 1] = off;
+          if (!mine(to)) continue;
+          RankProgram& G = ir_.ranks[to];
           if (p.quant >= 0) {
             quant_.EmitUnpack(p.tensor, qpieces_[p.quant], hop_pool_[p.hop_begin + parts[w].h].to, G, round, off);
             continue;
@@ -200,6 +248,8 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
     at_begin.clear();
     depth = 0;
   };
+  // Staged at both ends: in the pair's one staged message.
+  auto in_message = [](const DPiece& x) { return x.staged && x.direct == 0; };
   for (size_t i = 0; i < order.size();) {
     const DPiece& first = pieces[order[i]];
     if (first.round != batch_round) flush(), batch_round = first.round;
@@ -209,18 +259,24 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
       ++j;
     RankProgram& A = ir_.ranks[first.a];
     RankProgram& B = ir_.ranks[first.b];
+    const bool mine_a = mine(first.a), mine_b = mine(first.b);
     Channel ch = ChannelOf(first.a, first.b);
     if (first.a == first.b) {
       for (size_t k = i; k < j; ++k) {
         const DPiece& p = pieces[order[k]];
         if (p.assembly >= 0) {
           const Assembly& as = assemblies_[p.assembly];
-          if (p.grid >= 0)
-            quant_.EmitAmax(p.tensor, as.cover, p.box, p.s, A, p.round, grid_at(p));
-          else
-            quant_.EmitPartCopy(p.tensor, as.amax() ? as.need : as.cover, p.box, p.s, A, p.round, frame(p));
+          // (The frame and grids are allocated on every thread, the steps emitted on a's.)
+          if (p.grid >= 0) {
+            const uint64_t grid = grid_at(p);
+            if (mine_a) quant_.EmitAmax(p.tensor, as.cover, p.box, p.s, A, p.round, grid);
+          } else {
+            const uint64_t f = frame(p);
+            if (mine_a) quant_.EmitPartCopy(p.tensor, as.amax() ? as.need : as.cover, p.box, p.s, A, p.round, f);
+          }
           continue;
         }
+        if (!mine_a) continue;
         if (p.quant >= 0) {
           quant_.EmitCopy(p.tensor, qpieces_[p.quant], p.s, p.d, A, p.round);
           continue;
@@ -241,34 +297,41 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
     for (size_t k = i; k < j; ++k)
       if (in_message(pieces[order[k]])) total += AlignUp(pieces[order[k]].bytes);
     if (total > 0) {
-      uint64_t oa = Alloc(first.a, first.round, total), ob = Alloc(first.b, first.round, total);
+      uint64_t oa = alloc(first.a, first.round, total), ob = alloc(first.b, first.round, total);
       uint64_t pos = 0;
       for (size_t k = i; k < j; ++k) {
         const DPiece& p = pieces[order[k]];
         if (!in_message(p)) continue;
         if (p.grid >= 0) {
           // A partial-amax grid (amax path) travels with the pair's values and is copied into the area.
-          quant_.EmitAmax(p.tensor, assemblies_[p.assembly].cover, p.box, p.s, A, p.round, oa + pos);
-          quant_.EmitGridUnpack(p.bytes, B, p.round, ob + pos, grid_at(p));
+          const uint64_t grid = grid_at(p);
+          if (mine_a) quant_.EmitAmax(p.tensor, assemblies_[p.assembly].cover, p.box, p.s, A, p.round, oa + pos);
+          if (mine_b) quant_.EmitGridUnpack(p.bytes, B, p.round, ob + pos, grid);
         } else if (p.assembly >= 0) {
-          Assembly& as = assemblies_[p.assembly];
-          quant_.EmitPack(p.tensor, qpieces_[p.quant], p.s, A, p.round, oa + pos);
+          const Assembly& as = assemblies_[p.assembly];
+          if (mine_a) quant_.EmitPack(p.tensor, qpieces_[p.quant], p.s, A, p.round, oa + pos);
           // The need's values as the amax path receives them: a part into the frame, or the one part as is.
-          if (as.frame_bytes == 0)
-            as.values = ob + pos;
-          else
-            quant_.EmitPartUnpack(p.tensor, as.amax() ? as.need : as.cover, p.box, B, p.round, ob + pos, frame(p));
+          if (as.frame_bytes == 0) {
+            as_at[p.assembly].values = ob + pos;
+          } else {
+            const uint64_t f = frame(p);
+            if (mine_b) quant_.EmitPartUnpack(p.tensor, as.amax() ? as.need : as.cover, p.box, B, p.round, ob + pos, f);
+          }
         } else if (p.quant >= 0) {
-          quant_.EmitPack(p.tensor, qpieces_[p.quant], p.s, A, p.round, oa + pos);
-          quant_.EmitUnpack(p.tensor, qpieces_[p.quant], p.d, B, p.round, ob + pos);
+          if (mine_a) quant_.EmitPack(p.tensor, qpieces_[p.quant], p.s, A, p.round, oa + pos);
+          if (mine_b) quant_.EmitUnpack(p.tensor, qpieces_[p.quant], p.d, B, p.round, ob + pos);
         } else {
           Dtype w = model_.tensors[p.tensor].dtype;
-          Step pk = StagedStep(StepKind::pack, w, oa + pos, p.bytes);
-          pk.src = region(first.a, order[k], kSrc);
-          A.round(p.round).local.push_back(pk);
-          Step up = StagedStep(StepKind::unpack, w, ob + pos, p.bytes);
-          up.dst = region(first.b, order[k], kDst);
-          B.round(p.round).unpack.push_back(up);
+          if (mine_a) {
+            Step pk = StagedStep(StepKind::pack, w, oa + pos, p.bytes);
+            pk.src = region(first.a, order[k], kSrc);
+            A.round(p.round).local.push_back(pk);
+          }
+          if (mine_b) {
+            Step up = StagedStep(StepKind::unpack, w, ob + pos, p.bytes);
+            up.dst = region(first.b, order[k], kDst);
+            B.round(p.round).unpack.push_back(up);
+          }
         }
         staged.push_back(order[k]);
         at_begin.push_back(at.size());
@@ -283,9 +346,9 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
       snd.peer = first.b, rcv.peer = first.a;
       snd.staging = oa, rcv.staging = ob;
       snd.bytes = rcv.bytes = total;
-      A.round(first.round).comm.push_back(snd);
-      B.round(first.round).comm.push_back(rcv);
-      Count(first.a, first.b, total);
+      if (mine_a) A.round(first.round).comm.push_back(snd);
+      if (mine_b) B.round(first.round).comm.push_back(rcv);
+      count(first.a, first.b, total);
     }
     for (size_t k = i; k < j; ++k) {
       const DPiece& p = pieces[order[k]];
@@ -298,23 +361,25 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
       snd.bytes = rcv.bytes = p.bytes;
       // Each end straight from / into its buffer, or through staging: a
       // pack before the send (kDirectDst), an unpack after the receive (kDirectSrc).
-      auto end = [&](Step& s, uint32_t rank, bool through_staging, StepKind kind, int32_t of,
-                     std::vector<Step>& steps) {
+      auto end = [&](Step& s, uint32_t rank, bool through_staging, StepKind kind, int32_t of) {
+        const bool own = mine(rank);
         uint32_t& direct = of == kSrc ? s.src : s.dst;
         if (!through_staging) {
-          direct = region(rank, order[k], of);
+          if (own) direct = region(rank, order[k], of);
           return;
         }
-        s.staging = Alloc(rank, p.round, p.bytes);
+        s.staging = alloc(rank, p.round, p.bytes);
+        if (!own) return;
         Step x = StagedStep(kind, s.wire, s.staging, p.bytes);
         (of == kSrc ? x.src : x.dst) = region(rank, order[k], of);
-        steps.push_back(x);
+        Round& steps = ir_.ranks[rank].round(p.round);
+        (of == kSrc ? steps.local : steps.unpack).push_back(x);
       };
-      end(snd, first.a, p.direct == kDirectDst, StepKind::pack, kSrc, A.round(p.round).local);
-      end(rcv, first.b, p.direct == kDirectSrc, StepKind::unpack, kDst, B.round(p.round).unpack);
-      A.round(p.round).comm.push_back(snd);
-      B.round(p.round).comm.push_back(rcv);
-      Count(p.a, p.b, p.bytes);
+      end(snd, first.a, p.direct == kDirectDst, StepKind::pack, kSrc);
+      end(rcv, first.b, p.direct == kDirectSrc, StepKind::unpack, kDst);
+      if (mine_a) A.round(p.round).comm.push_back(snd);
+      if (mine_b) B.round(p.round).comm.push_back(rcv);
+      count(p.a, p.b, p.bytes);
       // What a packed for b, sent to its other receivers too (Unstage: hops
       // from the sender), each received straight into its buffer.
       for (uint32_t h = 0; h < p.hop_count; ++h) {
@@ -322,28 +387,25 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
         Step s2 = snd, r2 = rcv;
         s2.peer = hop.rank, r2.peer = first.a;
         s2.channel = r2.channel = ChannelOf(first.a, hop.rank);
-        r2.dst = region(hop.rank, order[k], static_cast<int32_t>(h));
-        A.round(p.round).comm.push_back(s2);
-        ir_.ranks[hop.rank].round(p.round).comm.push_back(r2);
-        Count(p.a, hop.rank, p.bytes);
+        if (mine_a) A.round(p.round).comm.push_back(s2);
+        if (mine(hop.rank)) {
+          r2.dst = region(hop.rank, order[k], static_cast<int32_t>(h));
+          ir_.ranks[hop.rank].round(p.round).comm.push_back(r2);
+        }
+        count(p.a, hop.rank, p.bytes);
       }
     }
     i = j;
   }
   flush();
-  // The regions: each thread fills every T-th placeholder (the programs'
-  // region lists no longer grow).
-  const size_t threads = ThreadsFor(region_jobs.size());
-  OnThreads(threads, [&](size_t t) {
-    for (size_t k = t; k < region_jobs.size(); k += threads) {
-      const RegionJob& job = region_jobs[k];
-      const DPiece& p = pieces[job.piece];
-      ir_.ranks[job.rank].regions[job.region] =
-          job.of == kSrc   ? SrcRegion(p.s, p.box)
-          : job.of == kDst ? DstRegion(p.d, p.box)
-                           : DstRegion(hop_pool_[p.hop_begin + static_cast<uint32_t>(job.of)].to, p.box);
-    }
-  });
+  // The regions of this thread's ranks (their lists no longer grow).
+  for (const RegionJob& job : region_jobs) {
+    const DPiece& p = pieces[job.piece];
+    ir_.ranks[job.rank].regions[job.region] =
+        job.of == kSrc   ? SrcRegion(p.s, p.box)
+        : job.of == kDst ? DstRegion(p.d, p.box)
+                         : DstRegion(hop_pool_[p.hop_begin + static_cast<uint32_t>(job.of)].to, p.box);
+  }
 }
 
 }  // namespace reshard::routing

@@ -233,6 +233,11 @@ class Router {
   bool SplitFront(FillPieces& pieces, uint32_t idx, uint64_t avail, std::vector<uint32_t>& queue,
                   size_t head);
   void EmitDirect(const std::vector<DPiece>& pieces);
+  // EmitDirect's walk over the pieces in `order`, writing the steps of the
+  // ranks thread `thread` of `threads` owns.
+  void EmitWalk(const std::vector<DPiece>& pieces, const std::vector<size_t>& order,
+                const std::map<size_t, std::vector<uint32_t>>& assembled, const std::vector<size_t>& ends,
+                size_t thread, size_t threads);
   double RelaysSpare(const std::vector<DPiece>& pieces) const;
   bool HbmBinds(const std::vector<DPiece>& pieces) const;
   void Unstage(std::vector<DPiece>& pieces);
