@@ -136,10 +136,7 @@ struct Assembly {
   uint64_t frame_bytes = 0;     // the frame: the cover's image, or (amax path) the need's; 0: none
   size_t grids = 0;             // amax path: grids, one per part of the cover
   uint64_t slot = 0;            // amax path: bytes between grids in the area
-  size_t round = 0;
-  uint64_t frame = ~uint64_t{0};   // bytes in b's staging once emitted: the frame,
-  uint64_t area = ~uint64_t{0};    // the grids,
-  uint64_t values = ~uint64_t{0};  // and (amax path) the need's values
+  size_t round = 0;  // (where it lies in b's staging: EmitWalk's)
   bool amax() const { return grids > 0; }  // the amax path
 };
 
