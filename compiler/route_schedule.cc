@@ -7,6 +7,7 @@
 #include "compiler/router.h"
 
 #include "compiler/fill_pieces.h"
+#include "compiler/on_threads.h"
 #include "compiler/phase_times.h"
 #include "compiler/radix_sort.h"
 #include "compiler/round_estimate.h"
@@ -14,9 +15,11 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
+#include <condition_variable>
 #include <future>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <optional>
 #include <thread>
@@ -739,14 +742,10 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
   const double nic = cluster_.nic_gbps * 1e9 / 8, nvlink = cluster_.nvlink_GBps * 1e9;
   const uint64_t budget = opt_.flow_budget > 0 ? opt_.flow_budget : kFlowBudget;
   const size_t n = candidates.size();
-  // The default fills run all at once, even on fewer cores: in waves of
-  // two on a 2-core machine, the third ran alone with a core idle.
-  const size_t workers =
-      std::max<size_t>(std::thread::hardware_concurrency(), FillCandidates(pieces.size(), false).size());
-  // Each thread copies the router (which nothing changes until the last
-  // wave ends), fills the copy and keeps only what the fill changed: the
-  // copies and their destruction (6.5% of DeepSeek-V3's compile CPU time,
-  // by perf, when the main thread did them) run beside each other too.
+  // Each fill copies the router (which nothing changes until the last fill
+  // ends), fills the copy and keeps only what the fill changed: the copies
+  // and their destruction (6.5% of DeepSeek-V3's compile CPU time, by perf,
+  // when the main thread did them) run beside each other too.
   const std::vector<DPiece>& input = pieces;
   const std::vector<uint32_t> order = RotationOrder(pieces);
   // The fills read of the programs only where each rank's inference
@@ -755,40 +754,88 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
   std::vector<RankProgram> programs = std::move(ir_.ranks);
   ir_.ranks.assign(programs.size(), RankProgram{});
   for (size_t g = 0; g < programs.size(); ++g) ir_.ranks[g].dst_buffer_base = programs[g].dst_buffer_base;
-  auto run = [this, &input, &order, &candidates, nic, nvlink, budget](size_t c) {
-    Trial t{FillPieces(input), {}, {}, RoundTraffic(0), std::nullopt, c};
+  std::vector<Trial> trials(n);
+  auto fill_job = [this, &input, &order, &candidates, &trials](size_t c) {
+    Trial& t = trials[c];
+    t.fill.emplace(input);
+    t.candidate = c;
     static constexpr const char* kFillPhase[] = {"fill 0", "fill 1", "fill 2", "fill 3+"};
-    static constexpr const char* kEstimatePhase[] = {"flow estimate 0", "flow estimate 1", "flow estimate 2",
-                                                     "flow estimate 3+"};
     std::unique_ptr<Router> router;
     {
       Phase phase("router copy");
       router = std::make_unique<Router>(*this);
     }
-    {
-      Phase phase(kFillPhase[std::min<size_t>(c, 3)]);
-      t.traffic = router->FillRounds(*t.fill, order, candidates[c]);
-    }
-    Phase phase(kEstimatePhase[std::min<size_t>(c, 3)]);
-    t.flow = t.traffic.FlowSeconds(nic, nvlink, budget);
+    Phase phase(kFillPhase[std::min<size_t>(c, 3)]);
+    t.traffic = router->FillRounds(*t.fill, order, candidates[c]);
     t.used = std::move(router->used_);
     t.assemblies = std::move(router->assemblies_);
-    return t;
   };
-  // The fastest by the flow estimate is kept as the fills end (ties: the
-  // earlier); the others' pieces go, their messages stay for the replay.
+  auto estimate_job = [&trials, nic, nvlink, budget](size_t c) {
+    static constexpr const char* kEstimatePhase[] = {"flow estimate 0", "flow estimate 1", "flow estimate 2",
+                                                     "flow estimate 3+"};
+    Phase phase(kEstimatePhase[std::min<size_t>(c, 3)]);
+    trials[c].flow = trials[c].traffic.FlowSeconds(nic, nvlink, budget);
+  };
+  // The fills and their estimates as jobs for the machine's threads (at
+  // least one), each taking the next fill while any is left, then the
+  // estimates of the fills done, the longest first: the proportional fills
+  // (splitting more, the slowest) and theirs. With a thread per job it is
+  // every fill at once, each followed by its estimate. On 2 cores, the 3
+  // default fills all at once shared them until the slowest's estimate ran
+  // alone; before that, in waves of two, the third ran alone with a core
+  // idle.
+  std::vector<size_t> fill_order(n);
+  std::iota(fill_order.begin(), fill_order.end(), 0);
+  std::stable_partition(fill_order.begin(), fill_order.end(), [&](size_t c) { return candidates[c].proportional; });
+  std::mutex mu;
+  std::condition_variable ready;
+  size_t next_fill = 0, estimates_taken = 0;
+  std::vector<size_t> estimates;  // fills done whose estimates wait, in the order of fill_order
+  bool failed = false;
+  const size_t workers = std::min(n, std::max<size_t>(1, std::thread::hardware_concurrency()));
+  OnThreads(workers, [&](size_t) {
+    for (;;) {
+      size_t c = 0;
+      bool fill = false;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        ready.wait(lock, [&] { return failed || next_fill < n || !estimates.empty() || estimates_taken == n; });
+        if (failed || (next_fill == n && estimates.empty())) return;
+        if (next_fill < n) {
+          c = fill_order[next_fill++], fill = true;
+        } else {
+          // The longest first: the earliest in fill_order.
+          auto first = std::min_element(estimates.begin(), estimates.end(), [&](size_t x, size_t y) {
+            return std::find(fill_order.begin(), fill_order.end(), x) < std::find(fill_order.begin(), fill_order.end(), y);
+          });
+          c = *first;
+          estimates.erase(first);
+          ++estimates_taken;
+        }
+      }
+      try {
+        if (fill) fill_job(c);
+        else estimate_job(c);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        failed = true;
+        ready.notify_all();
+        throw;
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      if (fill) estimates.push_back(c);
+      ready.notify_all();
+    }
+  });
+  // The fastest by the flow estimate is kept (ties: the earlier); the
+  // others' pieces go, their messages stay for the replay.
   Trial best;
   bool flows = true;
   std::vector<RoundTraffic> traffic;
-  for (size_t wave = 0; wave < n; wave += workers) {
-    std::vector<std::future<Trial>> futures;
-    for (size_t c = wave; c < std::min(n, wave + workers); ++c) futures.push_back(std::async(std::launch::async, run, c));
-    for (std::future<Trial>& f : futures) {
-      Trial t = f.get();
-      flows = flows && t.flow.has_value();
-      traffic.push_back(std::move(t.traffic));
-      if (flows && (t.candidate == 0 || *t.flow < *best.flow)) best = std::move(t);
-    }
+  for (Trial& t : trials) {
+    flows = flows && t.flow.has_value();
+    traffic.push_back(std::move(t.traffic));
+    if (flows && (t.candidate == 0 || *t.flow < *best.flow)) best = std::move(t);
   }
   ir_.ranks = std::move(programs);
   if (!flows) {
