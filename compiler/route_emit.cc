@@ -102,11 +102,7 @@ void Router::EmitWalk(const std::vector<DPiece>& pieces, const std::vector<size_
   // This thread's staging arenas, per rank, per round: bytes allocated.
   std::vector<std::vector<uint64_t>> arena(n);
   auto alloc = [&](uint32_t rank, size_t round, uint64_t bytes) {
-    uint64_t& bump = At(arena[rank], round);
-    const uint64_t off = (round % 2 ? odd_base_[rank] : 0) + bump;
-    bump += AlignUp(bytes);
-    if (mine(rank)) ir_.ranks[rank].staging_bytes = std::max(ir_.ranks[rank].staging_bytes, off + AlignUp(bytes));
-    return off;
+    return AllocIn(arena, rank, round, bytes, mine(rank));
   };
   // Where each assembly lies in its receiver's staging, once emitted: the
   // frame, the grids and (amax path) the need's values.

@@ -787,10 +787,12 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
   std::vector<size_t> fill_order(n);
   std::iota(fill_order.begin(), fill_order.end(), 0);
   std::stable_partition(fill_order.begin(), fill_order.end(), [&](size_t c) { return candidates[c].proportional; });
+  std::vector<size_t> position(n);  // per candidate, its place in fill_order
+  for (size_t k = 0; k < n; ++k) position[fill_order[k]] = k;
   std::mutex mu;
   std::condition_variable ready;
   size_t next_fill = 0, estimates_taken = 0;
-  std::vector<size_t> estimates;  // fills done whose estimates wait, in the order of fill_order
+  std::vector<size_t> estimates;  // fills done whose estimates wait (taken in the order of fill_order)
   bool failed = false;
   const size_t workers = std::min(n, std::max<size_t>(1, std::thread::hardware_concurrency()));
   OnThreads(workers, [&](size_t) {
@@ -805,9 +807,8 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
           c = fill_order[next_fill++], fill = true;
         } else {
           // The longest first: the earliest in fill_order.
-          auto first = std::min_element(estimates.begin(), estimates.end(), [&](size_t x, size_t y) {
-            return std::find(fill_order.begin(), fill_order.end(), x) < std::find(fill_order.begin(), fill_order.end(), y);
-          });
+          auto first = std::min_element(estimates.begin(), estimates.end(),
+                                        [&](size_t x, size_t y) { return position[x] < position[y]; });
           c = *first;
           estimates.erase(first);
           ++estimates_taken;

@@ -201,14 +201,17 @@ class Router {
   uint64_t& Used(uint32_t rank, size_t round) { return At(used_[rank], round); }
   // The largest staged piece: half a round's arena, so pieces pack into rounds.
   uint64_t PieceCap() const { return cap_ / 2; }
-  // Bump allocation in the round's staging arena.
-  uint64_t Alloc(uint32_t rank, size_t round, uint64_t bytes) {
-    uint64_t& bump = At(arena_[rank], round);
+  // Bump allocation in the round's staging arena, of `arena` (per rank, per
+  // round: bytes allocated); the rank's staging grows to hold it where `record`.
+  uint64_t AllocIn(std::vector<std::vector<uint64_t>>& arena, uint32_t rank, size_t round, uint64_t bytes,
+                   bool record) {
+    uint64_t& bump = At(arena[rank], round);
     uint64_t off = (round % 2 ? odd_base_[rank] : 0) + bump;
     bump += AlignUp(bytes);
-    ir_.ranks[rank].staging_bytes = std::max(ir_.ranks[rank].staging_bytes, off + AlignUp(bytes));
+    if (record) ir_.ranks[rank].staging_bytes = std::max(ir_.ranks[rank].staging_bytes, off + AlignUp(bytes));
     return off;
   }
+  uint64_t Alloc(uint32_t rank, size_t round, uint64_t bytes) { return AllocIn(arena_, rank, round, bytes, true); }
   void Count(uint32_t a, uint32_t b, uint64_t bytes) {
     (ChannelOf(a, b) == Channel::net ? ir_.net_bytes : ir_.nvlink_bytes) += bytes;
   }
