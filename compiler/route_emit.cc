@@ -91,7 +91,15 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
     for (uint32_t k = 0; k < p.hop_count; ++k) ++ends[hop_pool_[p.hop_begin + k].rank];
   }
   const size_t threads = opt_.emit_threads > 0 ? opt_.emit_threads : ThreadsFor(n);
-  OnThreads(threads, [&](size_t t) { EmitWalk(pieces, order, assembled, ends, t, threads); });
+  try {
+    OnThreads(threads, [&](size_t t) { EmitWalk(pieces, order, assembled, ends, t, threads); });
+  } catch (...) {
+    // Which thread's error came first depends on timing: the walk again on
+    // one thread throws the first in the walk's order, as it always did.
+    // (The programs are half written either way; the compile fails.)
+    if (threads > 1) EmitWalk(pieces, order, assembled, ends, 0, 1);
+    throw;
+  }
 }
 
 void Router::EmitWalk(const std::vector<DPiece>& pieces, const std::vector<size_t>& order,
