@@ -358,6 +358,7 @@ RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>&
     uint32_t a, b;  // the pair
     uint32_t pair;  // its index in `pairs`
     uint32_t relays;  // the deepest level of its tree that goes over a NIC (0: none)
+    uint32_t idx;     // the head piece (queue[head])
     bool hops;      // the head piece has a delivery tree
     bool net;       // a and b talk over a NIC
     bool live;      // pieces left
@@ -375,7 +376,8 @@ RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>&
     const Pair& q = pairs[h.pair];
     h.live = q.head < q.queue.size();
     if (h.live) {
-      const DPiece& p = pieces[q.queue[q.head]];
+      h.idx = q.queue[q.head];
+      const DPiece& p = pieces[h.idx];
       h.need = need_of(p), h.hops = p.hop_count > 0, h.relays = relays_of(p);
     }
   };
@@ -383,6 +385,7 @@ RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>&
   // (some not at all): their deepest relay, until the end game below
   // reorders their queue (0: none, or done).
   std::vector<uint32_t> end_game(pairs.size(), 0);
+  uint32_t end_game_deepest = 0;  // the deepest of them: no pair's end game starts before its round
   for (size_t pi = 0; pi < pairs.size(); ++pi) {
     const std::vector<uint32_t>& queue = pairs[pi].queue;
     uint32_t least = UINT32_MAX, deepest = 0;
@@ -391,6 +394,7 @@ RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>&
       least = std::min(least, l), deepest = std::max(deepest, l);
     }
     if (deepest > least) end_game[pi] = deepest;
+    end_game_deepest = std::max(end_game_deepest, end_game[pi]);
   }
   std::vector<Head> active(pairs.size()), scratch;  // the pairs with pieces left
   // The round's order: both NICs' bytes left, and its relays' rounds, per
@@ -457,11 +461,16 @@ RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>&
       assert(fit(pieces[pairs[pi].queue[pairs[pi].head]], r, budget, paced, proportional_pass).how == Fit::none);
       return 0;
     }
+    // The head piece, known from h: a pair it does not fit is left without
+    // reading its queue (a cache miss a visit, most visits placing nothing).
+    Fit f = budget > 0 ? fit(pieces[h.idx], r, budget, paced, proportional_pass) : Fit{Fit::none, 0};
+    if (f.how == Fit::none) return 0;
     Pair& q = pairs[pi];
+    assert(q.queue[q.head] == h.idx);
     size_t placed = 0;
-    while (budget > 0 && q.head < q.queue.size()) {
+    for (bool first = true; budget > 0 && q.head < q.queue.size(); first = false) {
       const uint32_t idx = q.queue[q.head];
-      const Fit f = fit(pieces[idx], r, budget, paced, proportional_pass);
+      if (!first) f = fit(pieces[idx], r, budget, paced, proportional_pass);
       if (f.how == Fit::none) break;
       if (f.how == Fit::split && !SplitFront(pieces, idx, f.free, q.queue, q.head)) break;
       take(q.queue[q.head], r);
@@ -513,13 +522,16 @@ RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>&
     for (uint32_t g = 0; g < n; ++g) crit = std::max({crit, rem_in[g], rem_out[g]});
     const uint64_t rounds_left = std::max<uint64_t>(1, (crit + net_cap - 1) / net_cap);
     keys.resize(active.size());
+    // (end_game read only from the round the deepest relay's end game can start: a cache miss a pair before it.)
+    const bool end_games = end_game_deepest > 0 && rounds_left <= end_game_deepest + kEndGameRounds;
     for (uint32_t k = 0; k < active.size(); ++k) {
       Head& h = active[k];
-      if (uint32_t& deepest = end_game[h.pair]; deepest > 0 && rounds_left <= deepest + kEndGameRounds) {
+      if (uint32_t* deepest = end_games ? &end_game[h.pair] : nullptr;
+          deepest && *deepest > 0 && rounds_left <= *deepest + kEndGameRounds) {
         Pair& q = pairs[h.pair];
         std::stable_sort(q.queue.begin() + static_cast<std::ptrdiff_t>(q.head), q.queue.end(),
                          [&](uint32_t x, uint32_t y) { return relays_of(pieces[x]) > relays_of(pieces[y]); });
-        deepest = 0;
+        *deepest = 0;
         refresh(h);
       }
       keys[k] = {rem_out[h.a] + rem_in[h.b] + uint64_t{h.relays} * net_cap, k};
