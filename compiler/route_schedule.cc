@@ -458,7 +458,7 @@ RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>&
     const uint32_t pi = h.pair;
     if (surely_blocked(h, r, paced)) {
       // (Checked where asserts are on, as in the sanitizer build that runs the whole test suite.)
-      assert(fit(pieces[pairs[pi].queue[pairs[pi].head]], r, budget, paced, proportional_pass).how == Fit::none);
+      assert(fit(pieces[h.idx], r, budget, paced, proportional_pass).how == Fit::none);
       return 0;
     }
     // The head piece, known from h: a pair it does not fit is left without
@@ -526,13 +526,14 @@ RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>&
     const bool end_games = end_game_deepest > 0 && rounds_left <= end_game_deepest + kEndGameRounds;
     for (uint32_t k = 0; k < active.size(); ++k) {
       Head& h = active[k];
-      if (uint32_t* deepest = end_games ? &end_game[h.pair] : nullptr;
-          deepest && *deepest > 0 && rounds_left <= *deepest + kEndGameRounds) {
-        Pair& q = pairs[h.pair];
-        std::stable_sort(q.queue.begin() + static_cast<std::ptrdiff_t>(q.head), q.queue.end(),
-                         [&](uint32_t x, uint32_t y) { return relays_of(pieces[x]) > relays_of(pieces[y]); });
-        *deepest = 0;
-        refresh(h);
+      if (end_games) {
+        if (uint32_t& deepest = end_game[h.pair]; deepest > 0 && rounds_left <= deepest + kEndGameRounds) {
+          Pair& q = pairs[h.pair];
+          std::stable_sort(q.queue.begin() + static_cast<std::ptrdiff_t>(q.head), q.queue.end(),
+                           [&](uint32_t x, uint32_t y) { return relays_of(pieces[x]) > relays_of(pieces[y]); });
+          deepest = 0;
+          refresh(h);
+        }
       }
       keys[k] = {rem_out[h.a] + rem_in[h.b] + uint64_t{h.relays} * net_cap, k};
     }
