@@ -10,6 +10,7 @@
 #include <optional>
 #include <unordered_map>
 
+#include "compiler/on_threads.h"
 #include "runtime/error.h"
 
 namespace reshard {
@@ -95,7 +96,7 @@ std::vector<Seg> CutSegments(const std::vector<Seg>& segs, int64_t lo, int64_t n
 
 class Expander {
  public:
-  Expander(const ModelSpec& m, const LayoutSpec& l) : model_(m), layout_(l) {}
+  Expander(const ModelSpec& m, const LayoutSpec& l, size_t threads) : model_(m), layout_(l), threads_(threads) {}
 
   Expansion Run();
 
@@ -118,10 +119,50 @@ class Expander {
   void CheckMemory() const;
   int ShardAxis(const BufferRule& rule, const std::vector<int>& parts) const;
   void CheckHeads(int tensor, const Segs& segs, int64_t rank, const std::string& path) const;
+  // A rule call (one rule, one set of parts) as every rank expands it.
+  struct RulePlan {
+    const BufferRule* rule;
+    std::vector<int> parts;
+    int ns, nshape;  // stack dims, shape dims
+    std::vector<std::vector<int64_t>> box_lo, box_hi;  // per part, narrowed by "range"
+    bool narrowed;
+    NameTemplate name_tmpl;
+    std::vector<int> name_dim;    // per placeholder: its stack dim
+    std::vector<bool> instanced;  // per stack dim: one buffer per index
+    std::vector<int> rule_scales;  // per part, its scale tensor (quantized rules)
+    size_t np;
+    std::vector<size_t> block_of;  // interleave: per part, its block, rows per outer and inner group
+    std::vector<int64_t> outer_rows, inner_rows;
+    std::vector<std::pair<int64_t, int64_t>> blocks;
+    int shard_axis;
+    const Mesh* part_mesh;
+    std::vector<std::pair<int, int64_t>> at;
+  };
+  // Where a rank's fragments are listed under their tensors: by_tensor
+  // itself (ranks in turn), or a thread's own lists, each entry tagged with
+  // its rule call, merged in call and rank order afterwards.
+  struct Tagged {
+    uint32_t call;
+    FragmentRef ref;
+  };
+  struct FragmentSink {
+    std::vector<std::vector<FragmentRef>>* by_tensor = nullptr;
+    std::vector<std::vector<Tagged>>* tagged = nullptr;
+    uint32_t call = 0;
+    void Add(int tensor, FragmentRef ref) {
+      if (by_tensor) (*by_tensor)[tensor].push_back(ref);
+      else (*tagged)[tensor].push_back({call, ref});
+    }
+  };
+  RulePlan PlanRule(const BufferRule& rule, const std::vector<int>& parts);
+  void ExpandRank(const RulePlan& plan, int64_t r, FragmentSink& sink);
   void ExpandRule(const BufferRule& rule, const std::vector<int>& parts);
+  bool ExpandOnThreads(const std::vector<std::pair<const BufferRule*, std::vector<int>>>& calls);
+  void ResetExpansion();
 
   const ModelSpec& model_;
   const LayoutSpec& layout_;
+  size_t threads_;              // asked for (0: the machine's)
   std::vector<int> placement_;  // per tensor
   Expansion e_;
   std::vector<std::unordered_map<std::string, std::string>> names_;  // per rank: buffer name -> rule path
@@ -436,7 +477,9 @@ void Expander::CheckMemory() const {
            "larger machine, or check the layout's ranks and placements");
 }
 
-void Expander::ExpandRule(const BufferRule& rule, const std::vector<int>& parts) {
+// What a rule call makes alike on every rank, checked once (PlanRule); each
+// rank's buffers and fragments are then ExpandRank's.
+Expander::RulePlan Expander::PlanRule(const BufferRule& rule, const std::vector<int>& parts) {
   const TensorSpec& t0 = model_.tensors[parts[0]];
   int ns = static_cast<int>(t0.stack.size());
   int nshape = static_cast<int>(t0.shape.size());
@@ -536,339 +579,432 @@ void Expander::ExpandRule(const BufferRule& rule, const std::vector<int>& parts)
   const int shard_axis = ShardAxis(rule, parts);
   const Mesh& part_mesh = layout_.meshes[layout_.placements[placement_[parts[0]]].mesh];
   const std::vector<std::pair<int, int64_t>> at = RuleAt(rule, part_mesh);
+  if (narrowed)  // each part's elements per rank that this rule names (ExpandRank adds to them)
+    for (int pi : parts) claimed_[pi].resize(layout_.ranks, 0);
+  return {&rule, parts, ns, nshape, std::move(box_lo), std::move(box_hi), narrowed, name_tmpl, std::move(name_dim),
+          std::move(instanced), std::move(rule_scales), np, std::move(block_of), std::move(outer_rows),
+          std::move(inner_rows), std::move(blocks), shard_axis, &part_mesh, at};
+}
 
-  for (int64_t r = 0; r < layout_.ranks; ++r) {
-    if (!at.empty()) {
-      const std::vector<int64_t> coord = MeshCoords(part_mesh, r);
-      bool here = true;
-      for (const auto& [k, pos] : at) here = here && coord[k] == pos;
-      if (!here) continue;
-    }
-    std::vector<std::optional<Holding>> hs;
-    int held = 0;
+// Rank r's buffers and fragments of one rule call. It writes only rank r's
+// layout and names (and its elements in claimed_), so ranks may expand on
+// threads of their own; its fragments are listed under their tensors by `sink`.
+void Expander::ExpandRank(const RulePlan& plan, int64_t r, FragmentSink& sink) {
+  const BufferRule& rule = *plan.rule;
+  const std::vector<int>& parts = plan.parts;
+  const TensorSpec& t0 = model_.tensors[parts[0]];
+  const int ns = plan.ns, nshape = plan.nshape;
+  const std::vector<std::vector<int64_t>>&box_lo = plan.box_lo, &box_hi = plan.box_hi;
+  const bool narrowed = plan.narrowed;
+  const NameTemplate& name_tmpl = plan.name_tmpl;
+  const std::vector<int>& name_dim = plan.name_dim;
+  const std::vector<bool>& instanced = plan.instanced;
+  const std::vector<int>& rule_scales = plan.rule_scales;
+  const size_t np = plan.np;
+  const std::vector<size_t>& block_of = plan.block_of;
+  const std::vector<int64_t>&outer_rows = plan.outer_rows, &inner_rows = plan.inner_rows;
+  const std::vector<std::pair<int64_t, int64_t>>& blocks = plan.blocks;
+  const int shard_axis = plan.shard_axis;
+  const Mesh& part_mesh = *plan.part_mesh;
+  const std::vector<std::pair<int, int64_t>>& at = plan.at;
+  if (!at.empty()) {
+    const std::vector<int64_t> coord = MeshCoords(part_mesh, r);
+    bool here = true;
+    for (const auto& [k, pos] : at) here = here && coord[k] == pos;
+    if (!here) return;
+  }
+  std::vector<std::optional<Holding>> hs;
+  int held = 0;
+  for (size_t j = 0; j < parts.size(); ++j) {
+    hs.push_back(Hold(parts[j], r, rule.shape.has_value(), &box_lo[j], &box_hi[j]));
+    held += hs.back().has_value();
+  }
+  if (held == 0) return;
+  if (narrowed) {
     for (size_t j = 0; j < parts.size(); ++j) {
-      hs.push_back(Hold(parts[j], r, rule.shape.has_value(), &box_lo[j], &box_hi[j]));
-      held += hs.back().has_value();
+      claimed_.find(parts[j])->second[r] += Elements(*hs[j]);  // made by PlanRule
     }
-    if (held == 0) continue;
-    if (narrowed) {
-      for (size_t j = 0; j < parts.size(); ++j) {
-        auto& claimed = claimed_[parts[j]];
-        claimed.resize(layout_.ranks, 0);
-        claimed[r] += Elements(*hs[j]);
+  }
+  if (held != static_cast<int>(parts.size())) {
+    size_t has = 0, lacks = 0;
+    for (size_t j = 0; j < parts.size(); ++j) (hs[j] ? has : lacks) = j;
+    Fail(rule.path, "rank " + std::to_string(r) + " holds " + Quote(model_.tensors[parts[has]].name) + " but not " +
+                        Quote(model_.tensors[parts[lacks]].name) + "; all parts of a buffer must live on the same ranks");
+  }
+  const Holding& h0 = *hs[0];
+  auto extent = [](const Pieces& p) {
+    int64_t n = 0;
+    for (auto& x : p) n += x.size();
+    return n;
+  };
+  // Stack dims must agree across parts, shape dims too except the fused one.
+  std::vector<int64_t> content(nshape, 0);
+  for (size_t j = 0; j < parts.size(); ++j) {
+    const Holding& hj = *hs[j];
+    for (int d = 0; d < ns; ++d) {
+      bool same = hj[d].size() == h0[d].size();
+      for (size_t k = 0; same && k < hj[d].size(); ++k) same = hj[d][k].lo == h0[d][k].lo && hj[d][k].hi == h0[d][k].hi;
+      if (!same)
+        Fail(rule.path, "on rank " + std::to_string(r) + ", parts " + Quote(t0.name) + " and " +
+                            Quote(model_.tensors[parts[j]].name) + " hold different " +
+                            Quote(model_.dims[t0.stack[d]].first) + " indices");
+    }
+    for (int s = 0; s < nshape; ++s) {
+      int64_t e = extent(hj[ns + s]);
+      bool fused = rule.fuse != Fuse::none && s == rule.fuse_dim;
+      if (fused) {
+        content[s] += e;
+      } else if (j == 0) {
+        content[s] = e;
+      } else if (content[s] != e) {
+        Fail(rule.path, "on rank " + std::to_string(r) + ", parts " + Quote(t0.name) + " and " +
+                            Quote(model_.tensors[parts[j]].name) + " have local extents " + std::to_string(content[s]) +
+                            " and " + std::to_string(e) + " on dim " + std::to_string(s) + ", which is not fused");
       }
     }
-    if (held != static_cast<int>(parts.size())) {
-      size_t has = 0, lacks = 0;
-      for (size_t j = 0; j < parts.size(); ++j) (hs[j] ? has : lacks) = j;
-      Fail(rule.path, "rank " + std::to_string(r) + " holds " + Quote(model_.tensors[parts[has]].name) + " but not " +
-                          Quote(model_.tensors[parts[lacks]].name) + "; all parts of a buffer must live on the same ranks");
-    }
-    const Holding& h0 = *hs[0];
-    auto extent = [](const Pieces& p) {
-      int64_t n = 0;
-      for (auto& x : p) n += x.size();
-      return n;
-    };
-    // Stack dims must agree across parts, shape dims too except the fused one.
-    std::vector<int64_t> content(nshape, 0);
-    for (size_t j = 0; j < parts.size(); ++j) {
-      const Holding& hj = *hs[j];
-      for (int d = 0; d < ns; ++d) {
-        bool same = hj[d].size() == h0[d].size();
-        for (size_t k = 0; same && k < hj[d].size(); ++k) same = hj[d][k].lo == h0[d][k].lo && hj[d][k].hi == h0[d][k].hi;
-        if (!same)
-          Fail(rule.path, "on rank " + std::to_string(r) + ", parts " + Quote(t0.name) + " and " +
-                              Quote(model_.tensors[parts[j]].name) + " hold different " +
-                              Quote(model_.dims[t0.stack[d]].first) + " indices");
+  }
+  // This rank's interleave: each part's share is whole outer groups, or a
+  // piece of one (a TP cut of one group: vLLM's heads); inside, whole inner
+  // groups wherever a block has several parts.
+  struct Local {
+    int64_t outer = 0, inner = 0;  // rows of the part per outer / inner group here
+    int64_t pos = 0;               // offset of its first row in an inner group of its block
+  };
+  std::vector<Local> loc(np);
+  std::vector<int64_t> block_off(blocks.size(), 0), block_group(blocks.size(), 0);
+  int64_t outer_size = 0;
+  if (rule.fuse == Fuse::interleave) {
+    int64_t outer_groups = -1;
+    std::vector<int64_t> inner_groups(blocks.size(), -1);
+    for (size_t j = 0; j < np; ++j) {
+      const std::string who = "rank " + std::to_string(r) + " holds ";
+      const int64_t e = extent((*hs[j])[ns + rule.fuse_dim]);
+      if (e == 0) {  // a zero-size share (an empty chunk): no rows to place
+        loc[j] = {0, 1, block_group[block_of[j]]};
+        continue;
       }
-      for (int s = 0; s < nshape; ++s) {
-        int64_t e = extent(hj[ns + s]);
-        bool fused = rule.fuse != Fuse::none && s == rule.fuse_dim;
-        if (fused) {
-          content[s] += e;
-        } else if (j == 0) {
-          content[s] = e;
-        } else if (content[s] != e) {
-          Fail(rule.path, "on rank " + std::to_string(r) + ", parts " + Quote(t0.name) + " and " +
-                              Quote(model_.tensors[parts[j]].name) + " have local extents " + std::to_string(content[s]) +
-                              " and " + std::to_string(e) + " on dim " + std::to_string(s) + ", which is not fused");
+      const int64_t o = e >= outer_rows[j] ? e / outer_rows[j] : 1;
+      if (e >= outer_rows[j] && e % outer_rows[j] != 0)
+        Fail(rule.path + "/interleave", who + std::to_string(e) + " rows of " + Quote(model_.tensors[parts[j]].name) +
+                                            ", not whole groups of " + std::to_string(outer_rows[j]));
+      if (outer_groups >= 0 && o != outer_groups)
+        Fail(rule.path + "/interleave", "on rank " + std::to_string(r) + ", parts hold different numbers of groups");
+      outer_groups = o;
+      loc[j].outer = e / o;
+      const size_t b = block_of[j];
+      const bool alone = blocks[b].first == 1;  // a block of one part keeps its rows together
+      loc[j].inner = alone ? loc[j].outer : inner_rows[j];
+      for (const Piece& p : (*hs[j])[ns + rule.fuse_dim])
+        if (!alone && (p.lo % loc[j].inner != 0 || p.size() % loc[j].inner != 0))
+          Fail(rule.path + "/interleave",
+               who + "rows " + std::to_string(p.lo) + ":" + std::to_string(p.hi) + " of " +
+                   Quote(model_.tensors[parts[j]].name) + ", not whole groups of " + std::to_string(loc[j].inner));
+      if (loc[j].outer % loc[j].inner != 0)
+        Fail(rule.path + "/interleave", who + std::to_string(loc[j].outer) + " rows of a group of " +
+                                            Quote(model_.tensors[parts[j]].name) + ", not whole groups of " +
+                                            std::to_string(loc[j].inner));
+      const int64_t g = loc[j].outer / loc[j].inner;
+      if (inner_groups[b] >= 0 && g != inner_groups[b])
+        Fail(rule.path + "/interleave", "on rank " + std::to_string(r) + ", the parts of block " + std::to_string(b) +
+                                            " hold different numbers of groups");
+      inner_groups[b] = g;
+      loc[j].pos = block_group[b];
+      block_group[b] += loc[j].inner;
+    }
+    for (size_t b = 0; b < blocks.size(); ++b) {
+      block_off[b] = outer_size;
+      outer_size += block_group[b] * std::max<int64_t>(inner_groups[b], 0);
+    }
+  }
+  // Sharded as a whole: this rank holds rows [cut_lo, cut_lo + content) of
+  // the fused buffer the parts make together.
+  int64_t cut_lo = 0;
+  if (shard_axis >= 0) {
+    const int64_t n = part_mesh.axes[shard_axis].second, k = MeshCoords(part_mesh, r)[shard_axis];
+    const int64_t whole = content[rule.fuse_dim];
+    if (rule.shard_chunk) {
+      const int64_t cs = (whole + n - 1) / n;
+      cut_lo = std::min(whole, k * cs);
+      content[rule.fuse_dim] = std::min(whole, (k + 1) * cs) - cut_lo;
+    } else {
+      if (whole % n != 0)
+        Fail(rule.path + "/shard", "the fused dim " + std::to_string(rule.fuse_dim) + " of the buffer (" +
+                                       std::to_string(whole) + " rows of all parts together) does not divide evenly over " +
+                                       std::to_string(n) + " positions of axis " + Quote(rule.shard_axis) +
+                                       "; {\"axis\": ..., \"split\": \"chunk\"} cuts it as torch.chunk does");
+      content[rule.fuse_dim] = whole / n;
+      cut_lo = k * content[rule.fuse_dim];
+    }
+  }
+  std::vector<int64_t> trailing = content;
+  if (rule.shape) {
+    for (int s = 0; s < nshape; ++s)
+      if ((*rule.shape)[s] < content[s])
+        Fail(rule.path + "/shape", "buffer content on rank " + std::to_string(r) + " is " + ShapeStr(content) +
+                                       ", larger than the declared shape " + ShapeStr(*rule.shape));
+    trailing = *rule.shape;
+  }
+  // Physical shape: kept stack dims, then trailing dims; row-major strides.
+  std::vector<int64_t> phys;
+  std::vector<int> phys_of(ns + nshape, -1);
+  for (int d = 0; d < ns; ++d)
+    if (!instanced[d]) phys_of[d] = static_cast<int>(phys.size()), phys.push_back(extent(h0[d]));
+  for (int s = 0; s < nshape; ++s) phys_of[ns + s] = static_cast<int>(phys.size()), phys.push_back(trailing[s]);
+  std::vector<int64_t> pstride(phys.size(), 1);
+  for (int k = static_cast<int>(phys.size()) - 2; k >= 0; --k) pstride[k] = pstride[k + 1] * phys[k + 1];
+  // Buffer instances: row-major over instanced dims (clipped local indices).
+  std::vector<int64_t> count(ns, 1), bstride(ns, 0);
+  int64_t ninst = 1;
+  for (int d = ns - 1; d >= 0; --d)
+    if (instanced[d]) bstride[d] = ninst, count[d] = extent(h0[d]), ninst *= count[d];
+  RankLayout& rl = e_.ranks[r];
+  uint32_t base = static_cast<uint32_t>(rl.buffers.size());
+  Dtype dtype = rule.quant ? Dtype::fp8_e4m3 : rule.dtype ? *rule.dtype : layout_.dtype ? *layout_.dtype : t0.dtype;
+  // One buffer per instance, named by `tmpl` (the data's or the scales' name).
+  auto add_buffers = [&](const NameTemplate& tmpl, const std::string& path, Dtype dt, const std::vector<int64_t>& shape) {
+    std::vector<int64_t> idx(ns, 0);
+    for (int64_t i = 0; i < ninst; ++i) {
+      int64_t rem = i;
+      for (int d = ns - 1; d >= 0; --d)
+        if (instanced[d]) idx[d] = rem % count[d], rem /= count[d];
+      std::string name = tmpl.text[0];
+      for (size_t k = 0; k < name_dim.size(); ++k) {
+        int d = name_dim[k];
+        for (const Piece& pc : h0[d]) {
+          if (idx[d] >= pc.local && idx[d] < pc.local + pc.size()) {
+            const int64_t in = idx[d] - pc.local;
+            switch (tmpl.kind[k]) {
+              case IndexKind::global: name += std::to_string(pc.lo + in); break;
+              case IndexKind::local: name += std::to_string(pc.pre + in); break;
+              case IndexKind::chunk: name += std::to_string(pc.chunk); break;
+              case IndexKind::in_chunk: name += std::to_string(pc.in_chunk + in); break;
+            }
+            break;
+          }
+        }
+        name += tmpl.text[k + 1];
+      }
+      auto [it, fresh] = names_[r].emplace(name, rule.path);
+      if (!fresh)
+        Fail(path, "buffer name " + Quote(name) + " is produced twice on rank " + std::to_string(r) + " (also by " +
+                       it->second + "); buffer rules overlap");
+      rl.buffers.push_back({name, dt, shape});
+    }
+  };
+  add_buffers(name_tmpl, rule.path + "/name", dtype, phys);
+  if (rule.held_transposed) {
+    if (phys.size() != 2)
+      Fail(rule.path + "/held", "\"held\": \"transposed\" is for 2-D buffers; this rule's buffers have " +
+                                    std::to_string(phys.size()) + " dims");
+    for (size_t k = base; k < rl.buffers.size(); ++k) rl.buffers[k].held_transposed = true;
+  }
+  // Per dim, the list of (global lo, global hi, memory position) segments
+  // of one part; one fragment per combination of segments.
+  const int nd = ns + nshape;
+  auto add_fragments = [&](int tensor, const Segs& segs, int64_t first_buffer,
+                           const std::vector<int64_t>& strides) {
+    for (int d = 0; d < nd; ++d)
+      if (segs[d].empty()) return;  // nothing of this part here (an all-padding rank)
+    std::vector<size_t> k(nd, 0);
+    while (true) {
+      Fragment f;
+      f.tensor = tensor;
+      f.box.ndim = nd;
+      int64_t buf = first_buffer, off = 0;
+      for (int d = 0; d < nd; ++d) {
+        const Seg& s = segs[d][k[d]];
+        f.box.lo[d] = s.lo;
+        f.box.hi[d] = s.hi;
+        if (d < ns && instanced[d]) {
+          buf += s.pos * bstride[d];
+          f.stride[d] = bstride[d];
+          f.buffer_dims |= 1u << d;
+        } else {
+          off += s.pos * strides[phys_of[d]];
+          f.stride[d] = strides[phys_of[d]] * s.step;
         }
       }
+      f.buffer = static_cast<uint32_t>(buf);
+      f.offset = static_cast<uint64_t>(off);
+      if (tensor < static_cast<int>(e_.by_tensor.size()))
+        sink.Add(tensor, {static_cast<int>(r), static_cast<int>(rl.fragments.size())});
+      rl.fragments.push_back(f);
+      int d = nd - 1;
+      while (d >= 0 && ++k[d] == segs[d].size()) k[d--] = 0;
+      if (d < 0) break;
     }
-    // This rank's interleave: each part's share is whole outer groups, or a
-    // piece of one (a TP cut of one group: vLLM's heads); inside, whole inner
-    // groups wherever a block has several parts.
-    struct Local {
-      int64_t outer = 0, inner = 0;  // rows of the part per outer / inner group here
-      int64_t pos = 0;               // offset of its first row in an inner group of its block
-    };
-    std::vector<Local> loc(np);
-    std::vector<int64_t> block_off(blocks.size(), 0), block_group(blocks.size(), 0);
-    int64_t outer_size = 0;
-    if (rule.fuse == Fuse::interleave) {
-      int64_t outer_groups = -1;
-      std::vector<int64_t> inner_groups(blocks.size(), -1);
-      for (size_t j = 0; j < np; ++j) {
-        const std::string who = "rank " + std::to_string(r) + " holds ";
-        const int64_t e = extent((*hs[j])[ns + rule.fuse_dim]);
-        if (e == 0) {  // a zero-size share (an empty chunk): no rows to place
-          loc[j] = {0, 1, block_group[block_of[j]]};
+  };
+  // Fragments: one per combination of pieces (and per interleave group).
+  std::vector<std::vector<std::vector<Seg>>> part_segs;
+  for (size_t j = 0; j < parts.size(); ++j) {
+    const Holding& hj = *hs[j];
+    int64_t concat_off = 0;
+    if (rule.fuse == Fuse::concat)
+      for (size_t i = 0; i < j; ++i) concat_off += extent((*hs[i])[ns + rule.fuse_dim]);
+    std::vector<std::vector<Seg>> segs(nd);
+    for (int d = 0; d < nd; ++d) {
+      const bool il = rule.fuse == Fuse::interleave && d == ns + rule.fuse_dim;
+      for (const Piece& p : hj[d]) {
+        if (!il) {
+          int64_t pos = p.local + ((rule.fuse == Fuse::concat && d == ns + rule.fuse_dim) ? concat_off : 0);
+          segs[d].push_back({p.lo, p.hi, pos});
           continue;
         }
-        const int64_t o = e >= outer_rows[j] ? e / outer_rows[j] : 1;
-        if (e >= outer_rows[j] && e % outer_rows[j] != 0)
-          Fail(rule.path + "/interleave", who + std::to_string(e) + " rows of " + Quote(model_.tensors[parts[j]].name) +
-                                              ", not whole groups of " + std::to_string(outer_rows[j]));
-        if (outer_groups >= 0 && o != outer_groups)
-          Fail(rule.path + "/interleave", "on rank " + std::to_string(r) + ", parts hold different numbers of groups");
-        outer_groups = o;
-        loc[j].outer = e / o;
+        // Row u of the share: outer group u / l, inner group (u % l) / q,
+        // row (u % l) % q of it; runs of rows that stay contiguous (or, for
+        // groups of one row, evenly strided) make one segment each.
+        const Local& lj = loc[j];
         const size_t b = block_of[j];
-        const bool alone = blocks[b].first == 1;  // a block of one part keeps its rows together
-        loc[j].inner = alone ? loc[j].outer : inner_rows[j];
-        for (const Piece& p : (*hs[j])[ns + rule.fuse_dim])
-          if (!alone && (p.lo % loc[j].inner != 0 || p.size() % loc[j].inner != 0))
-            Fail(rule.path + "/interleave",
-                 who + "rows " + std::to_string(p.lo) + ":" + std::to_string(p.hi) + " of " +
-                     Quote(model_.tensors[parts[j]].name) + ", not whole groups of " + std::to_string(loc[j].inner));
-        if (loc[j].outer % loc[j].inner != 0)
-          Fail(rule.path + "/interleave", who + std::to_string(loc[j].outer) + " rows of a group of " +
-                                              Quote(model_.tensors[parts[j]].name) + ", not whole groups of " +
-                                              std::to_string(loc[j].inner));
-        const int64_t g = loc[j].outer / loc[j].inner;
-        if (inner_groups[b] >= 0 && g != inner_groups[b])
-          Fail(rule.path + "/interleave", "on rank " + std::to_string(r) + ", the parts of block " + std::to_string(b) +
-                                              " hold different numbers of groups");
-        inner_groups[b] = g;
-        loc[j].pos = block_group[b];
-        block_group[b] += loc[j].inner;
-      }
-      for (size_t b = 0; b < blocks.size(); ++b) {
-        block_off[b] = outer_size;
-        outer_size += block_group[b] * std::max<int64_t>(inner_groups[b], 0);
-      }
-    }
-    // Sharded as a whole: this rank holds rows [cut_lo, cut_lo + content) of
-    // the fused buffer the parts make together.
-    int64_t cut_lo = 0;
-    if (shard_axis >= 0) {
-      const int64_t n = part_mesh.axes[shard_axis].second, k = MeshCoords(part_mesh, r)[shard_axis];
-      const int64_t whole = content[rule.fuse_dim];
-      if (rule.shard_chunk) {
-        const int64_t cs = (whole + n - 1) / n;
-        cut_lo = std::min(whole, k * cs);
-        content[rule.fuse_dim] = std::min(whole, (k + 1) * cs) - cut_lo;
-      } else {
-        if (whole % n != 0)
-          Fail(rule.path + "/shard", "the fused dim " + std::to_string(rule.fuse_dim) + " of the buffer (" +
-                                         std::to_string(whole) + " rows of all parts together) does not divide evenly over " +
-                                         std::to_string(n) + " positions of axis " + Quote(rule.shard_axis) +
-                                         "; {\"axis\": ..., \"split\": \"chunk\"} cuts it as torch.chunk does");
-        content[rule.fuse_dim] = whole / n;
-        cut_lo = k * content[rule.fuse_dim];
-      }
-    }
-    std::vector<int64_t> trailing = content;
-    if (rule.shape) {
-      for (int s = 0; s < nshape; ++s)
-        if ((*rule.shape)[s] < content[s])
-          Fail(rule.path + "/shape", "buffer content on rank " + std::to_string(r) + " is " + ShapeStr(content) +
-                                         ", larger than the declared shape " + ShapeStr(*rule.shape));
-      trailing = *rule.shape;
-    }
-    // Physical shape: kept stack dims, then trailing dims; row-major strides.
-    std::vector<int64_t> phys;
-    std::vector<int> phys_of(ns + nshape, -1);
-    for (int d = 0; d < ns; ++d)
-      if (!instanced[d]) phys_of[d] = static_cast<int>(phys.size()), phys.push_back(extent(h0[d]));
-    for (int s = 0; s < nshape; ++s) phys_of[ns + s] = static_cast<int>(phys.size()), phys.push_back(trailing[s]);
-    std::vector<int64_t> pstride(phys.size(), 1);
-    for (int k = static_cast<int>(phys.size()) - 2; k >= 0; --k) pstride[k] = pstride[k + 1] * phys[k + 1];
-    // Buffer instances: row-major over instanced dims (clipped local indices).
-    std::vector<int64_t> count(ns, 1), bstride(ns, 0);
-    int64_t ninst = 1;
-    for (int d = ns - 1; d >= 0; --d)
-      if (instanced[d]) bstride[d] = ninst, count[d] = extent(h0[d]), ninst *= count[d];
-    RankLayout& rl = e_.ranks[r];
-    uint32_t base = static_cast<uint32_t>(rl.buffers.size());
-    Dtype dtype = rule.quant ? Dtype::fp8_e4m3 : rule.dtype ? *rule.dtype : layout_.dtype ? *layout_.dtype : t0.dtype;
-    // One buffer per instance, named by `tmpl` (the data's or the scales' name).
-    auto add_buffers = [&](const NameTemplate& tmpl, const std::string& path, Dtype dt, const std::vector<int64_t>& shape) {
-      std::vector<int64_t> idx(ns, 0);
-      for (int64_t i = 0; i < ninst; ++i) {
-        int64_t rem = i;
-        for (int d = ns - 1; d >= 0; --d)
-          if (instanced[d]) idx[d] = rem % count[d], rem /= count[d];
-        std::string name = tmpl.text[0];
-        for (size_t k = 0; k < name_dim.size(); ++k) {
-          int d = name_dim[k];
-          for (const Piece& pc : h0[d]) {
-            if (idx[d] >= pc.local && idx[d] < pc.local + pc.size()) {
-              const int64_t in = idx[d] - pc.local;
-              switch (tmpl.kind[k]) {
-                case IndexKind::global: name += std::to_string(pc.lo + in); break;
-                case IndexKind::local: name += std::to_string(pc.pre + in); break;
-                case IndexKind::chunk: name += std::to_string(pc.chunk); break;
-                case IndexKind::in_chunk: name += std::to_string(pc.in_chunk + in); break;
-              }
-              break;
-            }
-          }
-          name += tmpl.text[k + 1];
-        }
-        auto [it, fresh] = names_[r].emplace(name, rule.path);
-        if (!fresh)
-          Fail(path, "buffer name " + Quote(name) + " is produced twice on rank " + std::to_string(r) + " (also by " +
-                         it->second + "); buffer rules overlap");
-        rl.buffers.push_back({name, dt, shape});
-      }
-    };
-    add_buffers(name_tmpl, rule.path + "/name", dtype, phys);
-    if (rule.held_transposed) {
-      if (phys.size() != 2)
-        Fail(rule.path + "/held", "\"held\": \"transposed\" is for 2-D buffers; this rule's buffers have " +
-                                      std::to_string(phys.size()) + " dims");
-      for (size_t k = base; k < rl.buffers.size(); ++k) rl.buffers[k].held_transposed = true;
-    }
-    // Per dim, the list of (global lo, global hi, memory position) segments
-    // of one part; one fragment per combination of segments.
-    const int nd = ns + nshape;
-    auto add_fragments = [&](int tensor, const Segs& segs, int64_t first_buffer,
-                             const std::vector<int64_t>& strides) {
-      for (int d = 0; d < nd; ++d)
-        if (segs[d].empty()) return;  // nothing of this part here (an all-padding rank)
-      std::vector<size_t> k(nd, 0);
-      while (true) {
-        Fragment f;
-        f.tensor = tensor;
-        f.box.ndim = nd;
-        int64_t buf = first_buffer, off = 0;
-        for (int d = 0; d < nd; ++d) {
-          const Seg& s = segs[d][k[d]];
-          f.box.lo[d] = s.lo;
-          f.box.hi[d] = s.hi;
-          if (d < ns && instanced[d]) {
-            buf += s.pos * bstride[d];
-            f.stride[d] = bstride[d];
-            f.buffer_dims |= 1u << d;
+        const int64_t l = lj.outer, q = lj.inner, step_in = block_group[b];
+        for (int64_t c = p.lo; c < p.hi;) {
+          const int64_t u = p.local + (c - p.lo), o = u / l, v = u % l, w = v % q;
+          const int64_t pos = o * outer_size + block_off[b] + (v / q) * step_in + lj.pos + w;
+          int64_t n;
+          if (q == 1 && l == 1) {  // one row per outer group (gpt-oss's alternating rows)
+            n = p.hi - c;
+            segs[d].push_back({c, c + n, pos, outer_size});
+          } else if (q == 1) {  // one row per inner group: strided within the outer group
+            n = std::min(p.hi - c, l - v);
+            segs[d].push_back({c, c + n, pos, step_in});
           } else {
-            off += s.pos * strides[phys_of[d]];
-            f.stride[d] = strides[phys_of[d]] * s.step;
+            n = std::min(p.hi - c, q - w);
+            segs[d].push_back({c, c + n, pos});
           }
-        }
-        f.buffer = static_cast<uint32_t>(buf);
-        f.offset = static_cast<uint64_t>(off);
-        if (tensor < static_cast<int>(e_.by_tensor.size()))
-          e_.by_tensor[tensor].push_back({static_cast<int>(r), static_cast<int>(rl.fragments.size())});
-        rl.fragments.push_back(f);
-        int d = nd - 1;
-        while (d >= 0 && ++k[d] == segs[d].size()) k[d--] = 0;
-        if (d < 0) break;
-      }
-    };
-    // Fragments: one per combination of pieces (and per interleave group).
-    std::vector<std::vector<std::vector<Seg>>> part_segs;
-    for (size_t j = 0; j < parts.size(); ++j) {
-      const Holding& hj = *hs[j];
-      int64_t concat_off = 0;
-      if (rule.fuse == Fuse::concat)
-        for (size_t i = 0; i < j; ++i) concat_off += extent((*hs[i])[ns + rule.fuse_dim]);
-      std::vector<std::vector<Seg>> segs(nd);
-      for (int d = 0; d < nd; ++d) {
-        const bool il = rule.fuse == Fuse::interleave && d == ns + rule.fuse_dim;
-        for (const Piece& p : hj[d]) {
-          if (!il) {
-            int64_t pos = p.local + ((rule.fuse == Fuse::concat && d == ns + rule.fuse_dim) ? concat_off : 0);
-            segs[d].push_back({p.lo, p.hi, pos});
-            continue;
-          }
-          // Row u of the share: outer group u / l, inner group (u % l) / q,
-          // row (u % l) % q of it; runs of rows that stay contiguous (or, for
-          // groups of one row, evenly strided) make one segment each.
-          const Local& lj = loc[j];
-          const size_t b = block_of[j];
-          const int64_t l = lj.outer, q = lj.inner, step_in = block_group[b];
-          for (int64_t c = p.lo; c < p.hi;) {
-            const int64_t u = p.local + (c - p.lo), o = u / l, v = u % l, w = v % q;
-            const int64_t pos = o * outer_size + block_off[b] + (v / q) * step_in + lj.pos + w;
-            int64_t n;
-            if (q == 1 && l == 1) {  // one row per outer group (gpt-oss's alternating rows)
-              n = p.hi - c;
-              segs[d].push_back({c, c + n, pos, outer_size});
-            } else if (q == 1) {  // one row per inner group: strided within the outer group
-              n = std::min(p.hi - c, l - v);
-              segs[d].push_back({c, c + n, pos, step_in});
-            } else {
-              n = std::min(p.hi - c, q - w);
-              segs[d].push_back({c, c + n, pos});
-            }
-            c += n;
-          }
-        }
-      }
-      if (shard_axis >= 0) segs[ns + rule.fuse_dim] = CutSegments(segs[ns + rule.fuse_dim], cut_lo, content[rule.fuse_dim]);
-      CheckHeads(parts[j], segs, r,
-                 shard_axis >= 0 ? rule.path + "/shard" : layout_.placements[placement_[parts[j]]].path);
-      add_fragments(parts[j], segs, base, pstride);
-      part_segs.push_back(std::move(segs));
-    }
-    if (!rule.quant) continue;
-    // Scales: per part, the blocks its content touches, in a buffer of their
-    // own beside each data buffer (kept stack dims alike, concatenated parts
-    // concatenated alike). A block dim held in several pieces would need
-    // scales of blocks in between; layouts do not do that.
-    std::vector<std::vector<std::vector<Seg>>> scale_segs(parts.size(), std::vector<std::vector<Seg>>(nd));
-    std::vector<int64_t> scale_trailing(nshape, 0);
-    for (size_t j = 0; j < parts.size(); ++j) {
-      const ScaleTensor& st = e_.scales[rule_scales[j]];
-      for (int d = 0; d < nd; ++d) {
-        const int64_t b = st.block[d];
-        if (b == 1) {
-          scale_segs[j][d] = part_segs[j][d];
-        } else {
-          if (part_segs[j][d].size() != 1)
-            Fail(rule.quant->path, "rank " + std::to_string(r) + " holds dim " + DimName(model_.tensors[parts[j]], d) +
-                                       " of " + Quote(model_.tensors[parts[j]].name) + " in " +
-                                       std::to_string(part_segs[j][d].size()) +
-                                       " pieces; a quantized dim must be held in one piece");
-          const Seg& x = part_segs[j][d][0];
-          scale_segs[j][d].push_back({x.lo / b, (x.hi + b - 1) / b, 0});
-        }
-        if (d < ns) continue;
-        // The part's extent in scales along this dim: its elements (b = 1) or the blocks it touches.
-        const int64_t ext = b == 1 ? extent((*hs[j])[d]) : scale_segs[j][d][0].hi - scale_segs[j][d][0].lo;
-        if (rule.fuse == Fuse::concat && d - ns == rule.fuse_dim) {
-          if (b != 1) scale_segs[j][d][0].pos = scale_trailing[d - ns];
-          scale_trailing[d - ns] += ext;
-        } else if (j == 0) {
-          scale_trailing[d - ns] = ext;
-        } else if (scale_trailing[d - ns] != ext) {
-          Fail(rule.quant->path, "on rank " + std::to_string(r) + ", the parts' scales cover " +
-                                     std::to_string(scale_trailing[d - ns]) + " and " + std::to_string(ext) +
-                                     " blocks on dim " + std::to_string(d - ns) + ", which is not fused");
+          c += n;
         }
       }
     }
-    std::vector<int64_t> sphys;
-    for (int d = 0; d < ns; ++d)
-      if (!instanced[d]) sphys.push_back(extent(h0[d]));
-    for (int64_t x : scale_trailing) sphys.push_back(x);
-    std::vector<int64_t> sstride(sphys.size(), 1);
-    for (int k = static_cast<int>(sphys.size()) - 2; k >= 0; --k) sstride[k] = sstride[k + 1] * sphys[k + 1];
-    const uint32_t sbase = static_cast<uint32_t>(rl.buffers.size());
-    add_buffers(ParseNameTemplate(rule.quant->scale_name), rule.quant->path + "/scale_name", rule.quant->scale_dtype,
-                sphys);
-    for (size_t j = 0; j < parts.size(); ++j)
-      add_fragments(static_cast<int>(model_.tensors.size()) + rule_scales[j], scale_segs[j], sbase, sstride);
+    if (shard_axis >= 0) segs[ns + rule.fuse_dim] = CutSegments(segs[ns + rule.fuse_dim], cut_lo, content[rule.fuse_dim]);
+    CheckHeads(parts[j], segs, r,
+               shard_axis >= 0 ? rule.path + "/shard" : layout_.placements[placement_[parts[j]]].path);
+    add_fragments(parts[j], segs, base, pstride);
+    part_segs.push_back(std::move(segs));
   }
+  if (!rule.quant) return;
+  // Scales: per part, the blocks its content touches, in a buffer of their
+  // own beside each data buffer (kept stack dims alike, concatenated parts
+  // concatenated alike). A block dim held in several pieces would need
+  // scales of blocks in between; layouts do not do that.
+  std::vector<std::vector<std::vector<Seg>>> scale_segs(parts.size(), std::vector<std::vector<Seg>>(nd));
+  std::vector<int64_t> scale_trailing(nshape, 0);
+  for (size_t j = 0; j < parts.size(); ++j) {
+    const ScaleTensor& st = e_.scales[rule_scales[j]];
+    for (int d = 0; d < nd; ++d) {
+      const int64_t b = st.block[d];
+      if (b == 1) {
+        scale_segs[j][d] = part_segs[j][d];
+      } else {
+        if (part_segs[j][d].size() != 1)
+          Fail(rule.quant->path, "rank " + std::to_string(r) + " holds dim " + DimName(model_.tensors[parts[j]], d) +
+                                     " of " + Quote(model_.tensors[parts[j]].name) + " in " +
+                                     std::to_string(part_segs[j][d].size()) +
+                                     " pieces; a quantized dim must be held in one piece");
+        const Seg& x = part_segs[j][d][0];
+        scale_segs[j][d].push_back({x.lo / b, (x.hi + b - 1) / b, 0});
+      }
+      if (d < ns) continue;
+      // The part's extent in scales along this dim: its elements (b = 1) or the blocks it touches.
+      const int64_t ext = b == 1 ? extent((*hs[j])[d]) : scale_segs[j][d][0].hi - scale_segs[j][d][0].lo;
+      if (rule.fuse == Fuse::concat && d - ns == rule.fuse_dim) {
+        if (b != 1) scale_segs[j][d][0].pos = scale_trailing[d - ns];
+        scale_trailing[d - ns] += ext;
+      } else if (j == 0) {
+        scale_trailing[d - ns] = ext;
+      } else if (scale_trailing[d - ns] != ext) {
+        Fail(rule.quant->path, "on rank " + std::to_string(r) + ", the parts' scales cover " +
+                                   std::to_string(scale_trailing[d - ns]) + " and " + std::to_string(ext) +
+                                   " blocks on dim " + std::to_string(d - ns) + ", which is not fused");
+      }
+    }
+  }
+  std::vector<int64_t> sphys;
+  for (int d = 0; d < ns; ++d)
+    if (!instanced[d]) sphys.push_back(extent(h0[d]));
+  for (int64_t x : scale_trailing) sphys.push_back(x);
+  std::vector<int64_t> sstride(sphys.size(), 1);
+  for (int k = static_cast<int>(sphys.size()) - 2; k >= 0; --k) sstride[k] = sstride[k + 1] * sphys[k + 1];
+  const uint32_t sbase = static_cast<uint32_t>(rl.buffers.size());
+  add_buffers(ParseNameTemplate(rule.quant->scale_name), rule.quant->path + "/scale_name", rule.quant->scale_dtype,
+              sphys);
+  for (size_t j = 0; j < parts.size(); ++j)
+    add_fragments(static_cast<int>(model_.tensors.size()) + rule_scales[j], scale_segs[j], sbase, sstride);
+}
+
+void Expander::ExpandRule(const BufferRule& rule, const std::vector<int>& parts) {
+  const RulePlan plan = PlanRule(rule, parts);
+  FragmentSink sink{&e_.by_tensor};
+  for (int64_t r = 0; r < layout_.ranks; ++r) ExpandRank(plan, r, sink);
+}
+
+void Expander::ResetExpansion() {
+  e_ = Expansion{};
+  e_.ranks.resize(layout_.ranks);
+  e_.by_tensor.resize(model_.tensors.size());
+  names_.assign(layout_.ranks, {});
+  claimed_.clear();
+}
+
+// Every rule call expanded with the layout's ranks split over threads (runs
+// of up to 8 ranks dealt out in turn), each rank's buffers and fragments by
+// the thread that owns it; the rule calls' checks once, before. The
+// fragments each thread lists under a tensor are merged in rule call and
+// rank order, the order in turn gives them, so the expansion does not
+// depend on the thread count. False, with nothing kept, where a check
+// fails or the layout is too small to split (under 64 ranks, unless asked).
+bool Expander::ExpandOnThreads(const std::vector<std::pair<const BufferRule*, std::vector<int>>>& calls) {
+  const size_t threads = threads_ > 0 ? std::min(threads_, static_cast<size_t>(layout_.ranks))
+                                      : ThreadsFor(static_cast<size_t>(layout_.ranks / 32));
+  if (threads < 2) return false;
+  const int64_t run = std::clamp<int64_t>(layout_.ranks / (4 * static_cast<int64_t>(threads)), 1, 8);
+  ResetExpansion();
+  const size_t nt = e_.by_tensor.size();
+  std::vector<std::vector<std::vector<Tagged>>> tagged(threads, std::vector<std::vector<Tagged>>(nt));
+  try {
+    std::vector<RulePlan> plans;
+    plans.reserve(calls.size());
+    for (const auto& [rule, parts] : calls) plans.push_back(PlanRule(*rule, parts));
+    OnThreads(threads, [&](size_t t) {
+      for (uint32_t c = 0; c < plans.size(); ++c) {
+        FragmentSink sink{nullptr, &tagged[t], c};
+        for (int64_t r = static_cast<int64_t>(t) * run; r < layout_.ranks; r += static_cast<int64_t>(threads) * run)
+          for (int64_t q = r; q < std::min(layout_.ranks, r + run); ++q) ExpandRank(plans[c], q, sink);
+      }
+    });
+  } catch (const Error&) {
+    return false;
+  }
+  std::vector<size_t> at(threads);
+  for (size_t ti = 0; ti < nt; ++ti) {
+    size_t total = 0;
+    for (size_t t = 0; t < threads; ++t) total += tagged[t][ti].size();
+    std::vector<FragmentRef>& out = e_.by_tensor[ti];
+    out.reserve(total);
+    std::fill(at.begin(), at.end(), 0);
+    while (out.size() < total) {  // the thread whose next (call, rank) comes first gives all of that run
+      size_t first = threads;
+      for (size_t t = 0; t < threads; ++t) {
+        if (at[t] == tagged[t][ti].size()) continue;
+        const Tagged& x = tagged[t][ti][at[t]];
+        if (first == threads) {
+          first = t;
+          continue;
+        }
+        const Tagged& y = tagged[first][ti][at[first]];
+        if (x.call < y.call || (x.call == y.call && x.ref.rank < y.ref.rank)) first = t;
+      }
+      const std::vector<Tagged>& v = tagged[first][ti];
+      const uint32_t call = v[at[first]].call;
+      const int rank = v[at[first]].ref.rank;
+      for (; at[first] < v.size() && v[at[first]].call == call && v[at[first]].ref.rank == rank; ++at[first])
+        out.push_back(v[at[first]].ref);
+    }
+  }
+  return true;
 }
 
 Expansion Expander::Run() {
   int nt = static_cast<int>(model_.tensors.size());
-  e_.ranks.resize(layout_.ranks);
-  e_.by_tensor.resize(nt);
-  names_.resize(layout_.ranks);
+  ResetExpansion();
   placement_.assign(nt, -1);
   for (int ti = 0; ti < nt; ++ti) {
     for (size_t p = 0; p < layout_.placements.size(); ++p)
@@ -965,21 +1101,38 @@ Expansion Expander::Run() {
                            "\"default_buffers\": true to keep the model's names for tensors no rule names");
     }
   }
+  // The rule calls in order: each rule's parts, then a default rule (the
+  // model's name) for each tensor no rule names.
+  std::vector<BufferRule> defaults;
+  std::vector<int> default_of;  // per default rule, its tensor
+  for (int ti = 0; ti < nt; ++ti) {
+    if (owner[ti] >= 0) continue;
+    default_of.push_back(ti);
+    BufferRule& def = defaults.emplace_back();
+    def.name = model_.tensors[ti].name;
+    def.parts = {def.name};
+    def.path = "default buffer of " + Quote(def.name);
+  }
+  std::vector<std::pair<const BufferRule*, std::vector<int>>> calls;
   for (size_t ri = 0; ri < layout_.buffers.size(); ++ri)
-    for (const std::vector<int>& parts : rule_parts[ri]) ExpandRule(layout_.buffers[ri], parts);
+    for (const std::vector<int>& parts : rule_parts[ri]) calls.emplace_back(&layout_.buffers[ri], parts);
+  const size_t named_calls = calls.size();
+  for (size_t k = 0; k < defaults.size(); ++k) calls.emplace_back(&defaults[k], std::vector<int>{default_of[k]});
+  // On the machine's threads where the layout has ranks enough; in turn
+  // where a thread found a mistake, so that the message is the first in
+  // rule and rank order, as it always was.
+  const bool threaded = ExpandOnThreads(calls);
+  if (!threaded) {
+    ResetExpansion();
+    for (size_t c = 0; c < named_calls; ++c) ExpandRule(*calls[c].first, calls[c].second);
+  }
   for (int ti = 0; ti < nt; ++ti) {
     bool narrowed = false;
     for (int ri : owners[ti]) narrowed = narrowed || !layout_.buffers[ri].range.empty() || !layout_.buffers[ri].at.empty();
     if (narrowed) CheckRuleCover(ti, owners[ti]);
   }
-  for (int ti = 0; ti < nt; ++ti) {
-    if (owner[ti] >= 0) continue;
-    BufferRule def;
-    def.name = model_.tensors[ti].name;
-    def.parts = {def.name};
-    def.path = "default buffer of " + Quote(def.name);
-    ExpandRule(def, {ti});
-  }
+  if (!threaded)
+    for (size_t c = named_calls; c < calls.size(); ++c) ExpandRule(*calls[c].first, calls[c].second);
   // A tensor no rank holds is a layout mistake on either side. (A tensor held
   // only in part is reported by routing, where a destination needs the rest.)
   // (A family of several intervals is one family: held if any piece is.)
@@ -994,6 +1147,8 @@ Expansion Expander::Run() {
 
 }  // namespace
 
-Expansion Expand(const ModelSpec& model, const LayoutSpec& layout) { return Expander(model, layout).Run(); }
+Expansion Expand(const ModelSpec& model, const LayoutSpec& layout, size_t threads) {
+  return Expander(model, layout, threads).Run();
+}
 
 }  // namespace reshard

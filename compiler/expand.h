@@ -76,7 +76,10 @@ struct Expansion {
 };
 
 /// Throws reshard::Error naming the layout file and JSON path of the offending rule.
-Expansion Expand(const ModelSpec& model, const LayoutSpec& layout);
+/// The ranks expand on `threads` threads (0: the machine's, where the layout
+/// has 64 ranks or more); the expansion and any error message are the same
+/// on any number.
+Expansion Expand(const ModelSpec& model, const LayoutSpec& layout, size_t threads = 0);
 
 /// Mixed-radix coordinates of `rank` in `mesh` (last axis fastest).
 std::vector<int64_t> MeshCoords(const Mesh& mesh, int64_t rank);
