@@ -3,10 +3,13 @@
 #include "compiler/router.h"
 
 #include <algorithm>
+#include <atomic>
+#include <exception>
 #include <limits>
 #include <numeric>
 #include <optional>
 
+#include "compiler/on_threads.h"
 #include "compiler/phase_times.h"
 
 namespace reshard::routing {
@@ -110,32 +113,68 @@ void Router::Direct() {
   // Every destination need as pieces; relay trees of up to `tree_domains`
   // destination domains (1: none, every domain's entry GPUs take their
   // stripes from the sources themselves).
-  auto route_all = [&](size_t tree_domains) {
-    for (int t = 0; t < static_cast<int>(model_.tensors.size()); ++t) {
-      const TensorSpec& ts = model_.tensors[t];
-      int nd = ts.ndim();
-      CellGrid g = BuildCells(src_, t, nd);
-      uint64_t esize = DtypeBytes(ts.dtype);
-      // Per source cell: who needs which box of it.
+  // Each tensor's needs cut by its source cells: nothing of it depends on
+  // the routing so far, so the tensors are cut on the machine's threads
+  // first (and once, where the routing runs twice below).
+  struct TensorNeeds {
+    CellGrid g;
+    std::vector<std::pair<size_t, FragmentRef>> assembled;  // needs (and their place in by_tensor) whose blocks
+                                                            // a source cell cuts: assembled at the receiver
+    std::vector<std::pair<int, std::vector<std::pair<FragmentRef, Box>>>> wants;  // per source cell, in order:
+                                                                                   // who needs which box of it
+    std::exception_ptr error;    // a need no source holds (all of it): routing stops there
+    size_t error_at = SIZE_MAX;  // that need's place in by_tensor
+  };
+  std::vector<TensorNeeds> needs(model_.tensors.size());
+  std::atomic<size_t> next_tensor{0};
+  OnThreads(ThreadsFor(needs.size()), [&](size_t) {
+    for (size_t t; (t = next_tensor.fetch_add(1)) < needs.size();) {
+      TensorNeeds& tn = needs[t];
+      const int ti = static_cast<int>(t);
+      tn.g = BuildCells(src_, ti, model_.tensors[t].ndim());
+      const CellGrid& g = tn.g;
       std::map<int, std::vector<std::pair<FragmentRef, Box>>> wants;
-      for (const FragmentRef& df : dst_.by_tensor[t]) {
+      for (size_t k = 0; k < dst_.by_tensor[t].size(); ++k) {
+        const FragmentRef& df = dst_.by_tensor[t][k];
         // A need whose blocks some source cell cuts is assembled at the receiver.
         std::vector<std::pair<int, Box>> mine;
         bool whole = true;
-        ForCells(t, g, df, DstFrag(df).box, [&](int ci, const Box& piece) {
-          whole = whole && (!quant_.Quantized(t) || g.cells[ci].box.contains(quant_.Cover(t, piece)));
-          mine.push_back({ci, piece});
-        });
+        try {
+          ForCells(ti, g, df, DstFrag(df).box, [&](int ci, const Box& piece) {
+            whole = whole && (!quant_.Quantized(ti) || g.cells[ci].box.contains(quant_.Cover(ti, piece)));
+            mine.push_back({ci, piece});
+          });
+        } catch (...) {
+          tn.error = std::current_exception(), tn.error_at = k;
+          break;
+        }
         if (!whole) {
-          Assemble(t, g, df, pieces);
+          tn.assembled.push_back({k, df});
           continue;
         }
         for (const auto& [ci, piece] : mine) wants[ci].push_back({df, piece});
       }
       for (auto& [ci, list] : wants) {
+        // Needers of identical boxes next to each other (in need order among them).
+        std::stable_sort(list.begin(), list.end(), [](const auto& x, const auto& y) { return x.second < y.second; });
+        tn.wants.emplace_back(ci, std::move(list));
+      }
+    }
+  });
+  auto route_all = [&](size_t tree_domains) {
+    for (int t = 0; t < static_cast<int>(model_.tensors.size()); ++t) {
+      const TensorSpec& ts = model_.tensors[t];
+      TensorNeeds& tn = needs[t];
+      const CellGrid& g = tn.g;
+      uint64_t esize = DtypeBytes(ts.dtype);
+      // In need order, as they were cut: the needs assembled before a need
+      // with no source, then its error.
+      for (const auto& [k, df] : tn.assembled)
+        if (k < tn.error_at) Assemble(t, g, df, pieces);
+      if (tn.error) std::rethrow_exception(tn.error);
+      for (const auto& [ci, list] : tn.wants) {
         const Cell& cell = g.cells[ci];
         // Needers of identical boxes form a group; groups must not overlap.
-        std::stable_sort(list.begin(), list.end(), [](const auto& x, const auto& y) { return x.second < y.second; });
         std::vector<std::pair<size_t, size_t>> groups;
         for (size_t i = 0; i < list.size();) {
           size_t j = i;

@@ -110,6 +110,24 @@ TEST(BadInput, DestinationTensorWithNoSource) {
             "infer.json: tensor 'embed': inference rank 0 needs [4:8, 0:8], which no training rank of train.json holds");
 }
 
+// The routing cuts the tensors' needs on several threads: where several
+// tensors have needs no source holds, the message is still the first
+// tensor's in model order, every time.
+TEST(BadInput, NoSourceNamesTheFirstTensorInModelOrder) {
+  json t = Train();
+  t["placements"][0]["tp"] = json::parse(R"({"assign": [[0, 1, 2], [3]], "shard": 0})");
+  t["placements"][1] = json::parse(R"({"match": "*", "mesh": "dense", "tp": {"assign": [[0, 1, 2], [3]], "shard": 0}})");
+  for (int run = 0; run < 20; ++run)
+    EXPECT_EQ(CompileError(Model(), t, Infer()),
+              "infer.json: tensor 'embed': inference rank 0 needs [4:8, 0:8], which no training rank of train.json "
+              "holds");
+  // The layers' tensors lack sources too: with embed held whole, the first of them is named.
+  t["placements"][1] = json::parse(R"({"match": "*", "mesh": "dense", "pp": {"at": 0}})");
+  EXPECT_EQ(CompileError(Model(), t, Infer()),
+            "infer.json: tensor 'layers.{layer}.q': inference rank 1 needs [0:4, 4:8, 0:8], which no training rank of "
+            "train.json holds");
+}
+
 TEST(BadInput, LayoutWrittenForAnotherModel) {
   json i = Infer();
   i["model"] = "other";
