@@ -1,7 +1,8 @@
 // Wall time of the compiler's phases, printed to stderr when the environment
 // sets RESHARD_PHASES (a profiling aid: `RESHARD_PHASES=1 reshard compile ...`):
 // each Phase measures from its construction to its destruction, with the
-// process's minor page faults in between (all threads': the fills run at once).
+// process's minor page faults in between (all threads': the fills run at once)
+// and the process's peak memory (resident) at its end.
 #pragma once
 
 #include <chrono>
@@ -19,7 +20,10 @@ class Phase {
   ~Phase() {
     if (!on_) return;
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count();
-    std::fprintf(stderr, "phase %-24s %9.1f ms %8ld faults\n", name_, ms, Faults() - faults0_);
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    std::fprintf(stderr, "phase %-24s %9.1f ms %8ld faults %6ld MiB peak\n", name_, ms, u.ru_minflt - faults0_,
+                 u.ru_maxrss / 1024);
   }
   Phase(const Phase&) = delete;
   Phase& operator=(const Phase&) = delete;

@@ -3,13 +3,12 @@
 #include "compiler/router.h"
 
 #include <algorithm>
-#include <atomic>
 #include <exception>
+#include <future>
 #include <limits>
 #include <numeric>
 #include <optional>
 
-#include "compiler/on_threads.h"
 #include "compiler/phase_times.h"
 
 namespace reshard::routing {
@@ -113,41 +112,37 @@ void Router::Direct() {
   // Every destination need as pieces; relay trees of up to `tree_domains`
   // destination domains (1: none, every domain's entry GPUs take their
   // stripes from the sources themselves).
-  // Each tensor's needs cut by its source cells: nothing of it depends on
-  // the routing so far, so the tensors are cut on the machine's threads
-  // first (and once, where the routing runs twice below).
+  // Each tensor's needs cut by its source cells. Nothing of it depends on
+  // the routing so far, so a thread of its own cuts the next chunk of
+  // tensors (about a sixteenth of the needs) while the routing, which
+  // carries loads from tensor to tensor, goes through the chunk before; a
+  // tensor's cut is freed once it is routed.
   struct TensorNeeds {
     CellGrid g;
     std::vector<std::pair<size_t, FragmentRef>> assembled;  // needs (and their place in by_tensor) whose blocks
                                                             // a source cell cuts: assembled at the receiver
     std::vector<std::pair<int, std::vector<std::pair<FragmentRef, Box>>>> wants;  // per source cell, in order:
                                                                                    // who needs which box of it
-    std::exception_ptr error;    // a need no source holds (all of it): routing stops there
-    size_t error_at = SIZE_MAX;  // that need's place in by_tensor
+    std::exception_ptr error;    // where the cut failed (a need no source holds): routing stops there
+    size_t error_at = 0;         // the need it failed at, its place in by_tensor
   };
   std::vector<TensorNeeds> needs(model_.tensors.size());
-  std::atomic<size_t> next_tensor{0};
-  OnThreads(ThreadsFor(needs.size()), [&](size_t) {
-    for (size_t t; (t = next_tensor.fetch_add(1)) < needs.size();) {
-      TensorNeeds& tn = needs[t];
-      const int ti = static_cast<int>(t);
+  auto cut = [&](size_t t) {
+    TensorNeeds& tn = needs[t];
+    const int ti = static_cast<int>(t);
+    try {
       tn.g = BuildCells(src_, ti, model_.tensors[t].ndim());
       const CellGrid& g = tn.g;
       std::map<int, std::vector<std::pair<FragmentRef, Box>>> wants;
-      for (size_t k = 0; k < dst_.by_tensor[t].size(); ++k) {
+      for (size_t& k = tn.error_at; k < dst_.by_tensor[t].size(); ++k) {
         const FragmentRef& df = dst_.by_tensor[t][k];
         // A need whose blocks some source cell cuts is assembled at the receiver.
         std::vector<std::pair<int, Box>> mine;
         bool whole = true;
-        try {
-          ForCells(ti, g, df, DstFrag(df).box, [&](int ci, const Box& piece) {
-            whole = whole && (!quant_.Quantized(ti) || g.cells[ci].box.contains(quant_.Cover(ti, piece)));
-            mine.push_back({ci, piece});
-          });
-        } catch (...) {
-          tn.error = std::current_exception(), tn.error_at = k;
-          break;
-        }
+        ForCells(ti, g, df, DstFrag(df).box, [&](int ci, const Box& piece) {
+          whole = whole && (!quant_.Quantized(ti) || g.cells[ci].box.contains(quant_.Cover(ti, piece)));
+          mine.push_back({ci, piece});
+        });
         if (!whole) {
           tn.assembled.push_back({k, df});
           continue;
@@ -159,132 +154,153 @@ void Router::Direct() {
         std::stable_sort(list.begin(), list.end(), [](const auto& x, const auto& y) { return x.second < y.second; });
         tn.wants.emplace_back(ci, std::move(list));
       }
+    } catch (...) {
+      tn.error = std::current_exception();
     }
-  });
+  };
+  std::vector<size_t> chunk_end;  // the tensors in chunks, each ending before chunk_end[k]
+  {
+    size_t total = 0, acc = 0;
+    for (const auto& list : dst_.by_tensor) total += list.size() + 1;
+    for (size_t t = 0; t < needs.size(); ++t) {
+      acc += dst_.by_tensor[t].size() + 1;
+      if (acc * 16 >= total || t + 1 == needs.size()) chunk_end.push_back(t + 1), acc = 0;
+    }
+  }
+  auto cut_chunk = [&](size_t k) {
+    for (size_t t = k ? chunk_end[k - 1] : 0; t < chunk_end[k]; ++t) cut(t);
+  };
   auto route_all = [&](size_t tree_domains) {
-    for (int t = 0; t < static_cast<int>(model_.tensors.size()); ++t) {
-      const TensorSpec& ts = model_.tensors[t];
-      TensorNeeds& tn = needs[t];
-      const CellGrid& g = tn.g;
-      uint64_t esize = DtypeBytes(ts.dtype);
-      // In need order, as they were cut: the needs assembled before a need
-      // with no source, then its error.
-      for (const auto& [k, df] : tn.assembled)
-        if (k < tn.error_at) Assemble(t, g, df, pieces);
-      if (tn.error) std::rethrow_exception(tn.error);
-      for (const auto& [ci, list] : tn.wants) {
-        const Cell& cell = g.cells[ci];
-        // Needers of identical boxes form a group; groups must not overlap.
-        std::vector<std::pair<size_t, size_t>> groups;
-        for (size_t i = 0; i < list.size();) {
-          size_t j = i;
-          while (j < list.size() && list[j].second == list[i].second) ++j;
-          groups.push_back({i, j});
-          i = j;
-        }
-        bool exchange = opt_.nvlink_exchange;
-        for (size_t x = 0; exchange && x < groups.size(); ++x)
-          for (size_t y = x + 1; exchange && y < groups.size(); ++y)
-            exchange = !list[groups[x].first].second.intersects(list[groups[y].first].second);
-        std::vector<bool> has_replica;  // per domain: a replica of the cell sits there
-        for (const FragmentRef& rep : cell.replicas) {
-          uint32_t d = ir_.domain[SrcGlobal(rep.rank)];
-          if (has_replica.size() <= d) has_replica.resize(d + 1, false);
-          has_replica[d] = true;
-        }
-        auto local = [&](uint32_t d) { return d < has_replica.size() && has_replica[d]; };
-        auto self_held = [&](const FragmentRef& df) { return ReplicaOn(cell.replicas, DstGlobal(df.rank)) >= 0; };
-        for (auto [i, j] : groups) {
-          const Box& box = list[i].second;
-          // Needers by domain; those in a domain holding a replica take it straight from one.
-          std::map<uint32_t, std::vector<size_t>> by_domain;
-          for (size_t k = i; k < j; ++k) {
-            uint32_t d = ir_.domain[DstGlobal(list[k].first.rank)];
-            if (!exchange || local(d) || self_held(list[k].first)) {
+    std::future<void> ahead;  // the next chunk's cut
+    for (size_t k = 0; k < chunk_end.size(); ++k) {
+      if (k == 0) cut_chunk(0);
+      else ahead.get();
+      if (k + 1 < chunk_end.size()) ahead = std::async(std::launch::async, cut_chunk, k + 1);
+      for (int t = k ? static_cast<int>(chunk_end[k - 1]) : 0; t < static_cast<int>(chunk_end[k]); ++t) {
+        const TensorSpec& ts = model_.tensors[t];
+        TensorNeeds& tn = needs[t];
+        const CellGrid& g = tn.g;
+        uint64_t esize = DtypeBytes(ts.dtype);
+        // In need order, as they were cut: the needs assembled before a need
+        // with no source, then its error.
+        for (const auto& [k, df] : tn.assembled)
+          if (k < tn.error_at) Assemble(t, g, df, pieces);
+        if (tn.error) std::rethrow_exception(tn.error);
+        for (const auto& [ci, list] : tn.wants) {
+          const Cell& cell = g.cells[ci];
+          // Needers of identical boxes form a group; groups must not overlap.
+          std::vector<std::pair<size_t, size_t>> groups;
+          for (size_t i = 0; i < list.size();) {
+            size_t j = i;
+            while (j < list.size() && list[j].second == list[i].second) ++j;
+            groups.push_back({i, j});
+            i = j;
+          }
+          bool exchange = opt_.nvlink_exchange;
+          for (size_t x = 0; exchange && x < groups.size(); ++x)
+            for (size_t y = x + 1; exchange && y < groups.size(); ++y)
+              exchange = !list[groups[x].first].second.intersects(list[groups[y].first].second);
+          std::vector<bool> has_replica;  // per domain: a replica of the cell sits there
+          for (const FragmentRef& rep : cell.replicas) {
+            uint32_t d = ir_.domain[SrcGlobal(rep.rank)];
+            if (has_replica.size() <= d) has_replica.resize(d + 1, false);
+            has_replica[d] = true;
+          }
+          auto local = [&](uint32_t d) { return d < has_replica.size() && has_replica[d]; };
+          auto self_held = [&](const FragmentRef& df) { return ReplicaOn(cell.replicas, DstGlobal(df.rank)) >= 0; };
+          for (auto [i, j] : groups) {
+            const Box& box = list[i].second;
+            // Needers by domain; those in a domain holding a replica take it straight from one.
+            std::map<uint32_t, std::vector<size_t>> by_domain;
+            for (size_t k = i; k < j; ++k) {
+              uint32_t d = ir_.domain[DstGlobal(list[k].first.rank)];
+              if (!exchange || local(d) || self_held(list[k].first)) {
+                AddPieces(t, cell, box, list[k].first, {}, list[k].first.rank, pieces);
+              } else {
+                by_domain[d].push_back(k);
+              }
+            }
+            if (by_domain.empty()) continue;
+            size_t most = 0;
+            for (auto& [d, ks] : by_domain) most = std::max(most, ks.size());
+            if (by_domain.size() == 1 && most == 1) {  // one needer
+              size_t k = by_domain.begin()->second[0];
               AddPieces(t, cell, box, list[k].first, {}, list[k].first.rank, pieces);
-            } else {
-              by_domain[d].push_back(k);
+              continue;
             }
-          }
-          if (by_domain.empty()) continue;
-          size_t most = 0;
-          for (auto& [d, ks] : by_domain) most = std::max(most, ks.size());
-          if (by_domain.size() == 1 && most == 1) {  // one needer
-            size_t k = by_domain.begin()->second[0];
-            AddPieces(t, cell, box, list[k].first, {}, list[k].first.rank, pieces);
-            continue;
-          }
-          // Stripes, each delivered by its own tree with its own entry GPUs.
-          const uint64_t bytes = box.volume() * esize;
-          const uint64_t stripes = std::clamp<uint64_t>(bytes / stripe_min, 1, most);
-          // A quantized tensor's stripes end at block edges, so that each needer's pieces are the same.
-          const std::vector<Box> cut = quant_.Quantized(t) ? quant_.Stripes(t, box, stripes)
-                                                           : SplitBox(box, (box.volume() + stripes - 1) / stripes);
-          for (const Box& stripe : cut) {
-            const uint64_t sbytes = stripe.volume() * esize;
-            std::vector<std::pair<uint32_t, std::vector<size_t>>> doms(by_domain.begin(), by_domain.end());
-            // Fixed partner domains (a tree per consecutive kTreeDomains), roles set by load below:
-            // pieces relayed between the same two GPUs then travel in one message.
-            std::vector<size_t> entry(doms.size());
-            for (size_t x = 0; x < doms.size(); ++x) {
-              entry[x] = doms[x].second[0];
-              for (size_t k : doms[x].second)
-                if (entry_load_[DstGlobal(list[k].first.rank)] < entry_load_[DstGlobal(list[entry[x]].first.rank)])
-                  entry[x] = k;
-              entry_load_[DstGlobal(list[entry[x]].first.rank)] += sbytes;
-            }
-            // Trees of at most kTreeDomains domains (one source send each), fan-out
-            // kTreeFanout. Tree positions with the most children go to the entries
-            // that have forwarded the least so far, so relaying spreads over all NICs.
-            // Deeper or wider trees save more source egress but burst a holder's
-            // NIC and tie more rounds together; pairs measured best (simulate).
-            for (size_t t0 = 0; t0 < doms.size(); t0 += tree_domains) {
-              const size_t m = std::min(tree_domains, doms.size() - t0);
-              auto kids = [m](size_t x) {
-                size_t c = 0;
-                for (size_t f = 1; f <= kTreeFanout; ++f) c += kTreeFanout * x + f < m;
-                return c;
-              };
-              std::vector<size_t> pos(m), by_load(m);
-              std::iota(pos.begin(), pos.end(), 0);
-              std::iota(by_load.begin(), by_load.end(), t0);
-              // Stable insertion sorts of at most kTreeDomains entries (gcc 12
-              // warns about std::stable_sort's paths for long ranges here).
-              auto stable_sort_small = [](std::vector<size_t>& v, auto less) {
-                for (size_t i = 1; i < v.size(); ++i)
-                  for (size_t j = i; j > 0 && less(v[j], v[j - 1]); --j) std::swap(v[j], v[j - 1]);
-              };
-              stable_sort_small(pos, [&](size_t u, size_t v) { return kids(u) > kids(v); });
-              // (list is a structured binding: clang 14 captures it only through an init-capture)
-              auto relay = [&, &list = list](size_t x) { return relay_load_[DstGlobal(list[entry[x]].first.rank)]; };
-              stable_sort_small(by_load, [&](size_t u, size_t v) { return relay(u) < relay(v); });
-              std::vector<const std::vector<size_t>*> tdom(m);
-              std::vector<size_t> tentry(m);
-              for (size_t q = 0; q < m; ++q)
-                tdom[pos[q]] = &doms[by_load[q]].second, tentry[pos[q]] = entry[by_load[q]];
-              for (size_t x = 0; x < m; ++x) relay_load_[DstGlobal(list[tentry[x]].first.rank)] += kids(x) * sbytes;
-              std::vector<Hop> hops;
-              std::vector<int32_t> entry_hop(m, -1);  // hop index of each domain's entry
-              std::vector<uint32_t> depth(m, 0);
-              for (size_t x = 1; x < m; ++x) {
-                size_t up = (x - 1) / kTreeFanout;
-                depth[x] = depth[up] + 1;
-                const FragmentRef& to = list[tentry[x]].first;
-                entry_hop[x] = static_cast<int32_t>(hops.size());
-                hops.push_back({to, DstGlobal(to.rank), entry_hop[up], depth[x]});
+            // Stripes, each delivered by its own tree with its own entry GPUs.
+            const uint64_t bytes = box.volume() * esize;
+            const uint64_t stripes = std::clamp<uint64_t>(bytes / stripe_min, 1, most);
+            // A quantized tensor's stripes end at block edges, so that each needer's pieces are the same.
+            const std::vector<Box> cut = quant_.Quantized(t) ? quant_.Stripes(t, box, stripes)
+                                                             : SplitBox(box, (box.volume() + stripes - 1) / stripes);
+            for (const Box& stripe : cut) {
+              const uint64_t sbytes = stripe.volume() * esize;
+              std::vector<std::pair<uint32_t, std::vector<size_t>>> doms(by_domain.begin(), by_domain.end());
+              // Fixed partner domains (a tree per consecutive kTreeDomains), roles set by load below:
+              // pieces relayed between the same two GPUs then travel in one message.
+              std::vector<size_t> entry(doms.size());
+              for (size_t x = 0; x < doms.size(); ++x) {
+                entry[x] = doms[x].second[0];
+                for (size_t k : doms[x].second)
+                  if (entry_load_[DstGlobal(list[k].first.rank)] < entry_load_[DstGlobal(list[entry[x]].first.rank)])
+                    entry[x] = k;
+                entry_load_[DstGlobal(list[entry[x]].first.rank)] += sbytes;
               }
-              for (size_t x = 0; x < m; ++x) {
-                for (size_t k : *tdom[x]) {
-                  if (k == tentry[x]) continue;
-                  const FragmentRef& to = list[k].first;
-                  hops.push_back({to, DstGlobal(to.rank), entry_hop[x], depth[x] + 1});
+              // Trees of at most kTreeDomains domains (one source send each), fan-out
+              // kTreeFanout. Tree positions with the most children go to the entries
+              // that have forwarded the least so far, so relaying spreads over all NICs.
+              // Deeper or wider trees save more source egress but burst a holder's
+              // NIC and tie more rounds together; pairs measured best (simulate).
+              for (size_t t0 = 0; t0 < doms.size(); t0 += tree_domains) {
+                const size_t m = std::min(tree_domains, doms.size() - t0);
+                auto kids = [m](size_t x) {
+                  size_t c = 0;
+                  for (size_t f = 1; f <= kTreeFanout; ++f) c += kTreeFanout * x + f < m;
+                  return c;
+                };
+                std::vector<size_t> pos(m), by_load(m);
+                std::iota(pos.begin(), pos.end(), 0);
+                std::iota(by_load.begin(), by_load.end(), t0);
+                // Stable insertion sorts of at most kTreeDomains entries (gcc 12
+                // warns about std::stable_sort's paths for long ranges here).
+                auto stable_sort_small = [](std::vector<size_t>& v, auto less) {
+                  for (size_t i = 1; i < v.size(); ++i)
+                    for (size_t j = i; j > 0 && less(v[j], v[j - 1]); --j) std::swap(v[j], v[j - 1]);
+                };
+                stable_sort_small(pos, [&](size_t u, size_t v) { return kids(u) > kids(v); });
+                // (list is a structured binding: clang 14 captures it only through an init-capture)
+                auto relay = [&, &list = list](size_t x) { return relay_load_[DstGlobal(list[entry[x]].first.rank)]; };
+                stable_sort_small(by_load, [&](size_t u, size_t v) { return relay(u) < relay(v); });
+                std::vector<const std::vector<size_t>*> tdom(m);
+                std::vector<size_t> tentry(m);
+                for (size_t q = 0; q < m; ++q)
+                  tdom[pos[q]] = &doms[by_load[q]].second, tentry[pos[q]] = entry[by_load[q]];
+                for (size_t x = 0; x < m; ++x) relay_load_[DstGlobal(list[tentry[x]].first.rank)] += kids(x) * sbytes;
+                std::vector<Hop> hops;
+                std::vector<int32_t> entry_hop(m, -1);  // hop index of each domain's entry
+                std::vector<uint32_t> depth(m, 0);
+                for (size_t x = 1; x < m; ++x) {
+                  size_t up = (x - 1) / kTreeFanout;
+                  depth[x] = depth[up] + 1;
+                  const FragmentRef& to = list[tentry[x]].first;
+                  entry_hop[x] = static_cast<int32_t>(hops.size());
+                  hops.push_back({to, DstGlobal(to.rank), entry_hop[up], depth[x]});
                 }
+                for (size_t x = 0; x < m; ++x) {
+                  for (size_t k : *tdom[x]) {
+                    if (k == tentry[x]) continue;
+                    const FragmentRef& to = list[k].first;
+                    hops.push_back({to, DstGlobal(to.rank), entry_hop[x], depth[x] + 1});
+                  }
+                }
+                const FragmentRef& root = list[tentry[0]].first;
+                AddPieces(t, cell, stripe, root, hops, root.rank, pieces);
               }
-              const FragmentRef& root = list[tentry[0]].first;
-              AddPieces(t, cell, stripe, root, hops, root.rank, pieces);
             }
           }
         }
+        tn = TensorNeeds{};  // routed: its cut is not kept
       }
     }
   };
