@@ -42,6 +42,8 @@ if(SKBUILD)
   # links): the `reshard` console command (reshard/_cli.py) runs it.
   set_target_properties(reshard PROPERTIES INSTALL_RPATH "$ORIGIN/..")
   install(TARGETS reshard RUNTIME DESTINATION reshard/bin COMPONENT python)
+  set_target_properties(reshard_simgrid PROPERTIES INSTALL_RPATH "$ORIGIN/..")
+  install(TARGETS reshard_simgrid LIBRARY DESTINATION reshard/bin COMPONENT python)  # beside it: simulate loads it
   install(FILES ${CMAKE_BINARY_DIR}/python/_build.py DESTINATION reshard COMPONENT python)
   install(TARGETS _reshard LIBRARY DESTINATION reshard COMPONENT python)
   install(TARGETS reshard_runtime LIBRARY DESTINATION reshard COMPONENT python)

@@ -35,7 +35,9 @@ struct LinkLoad {
   bool egress = false;  // GPU -> fabric/switch (true) or into the GPU
   uint64_t bytes = 0;
   double utilization = 0;  // bytes / (bandwidth * predicted seconds)
-  std::string name() const;  // "rank 12 NIC out"
+  std::string name() const {  // "rank 12 NIC out"
+    return "rank " + std::to_string(rank) + (path == Path::net ? " NIC " : " NVLink ") + (egress ? "out" : "in");
+  }
 };
 
 struct SimResult {
@@ -48,7 +50,14 @@ struct SimResult {
 };
 
 /// Runs the simulation. SimGrid allows one engine per process: call once.
+/// The replay lives in a module of its own (libreshard_simgrid.so, beside
+/// the executable), loaded here on first use; a module that is missing or
+/// cannot load is a reshard::Error naming it.
 SimResult Simulate(const Workload& w, const ClusterSpec& cluster, const SimOptions& opt);
+
+/// The module's replay (sim/simgrid_replay.cc), as its entry point
+/// `reshard_simgrid_replay` returns it.
+using ReplayFn = SimResult (*)(const Workload& w, const ClusterSpec& cluster, const SimOptions& opt);
 
 /// Where a prediction's time above its lower bound goes, read off its
 /// busiest link (B bytes at bandwidth bw, predicted T, bound L):

@@ -88,6 +88,48 @@ TEST(CliErrors, UnknownOptionsCommandsAndValuesSuggestTheClosest) {
   EXPECT_EQ(r.err.find("unknown option '--rank'"), std::string::npos) << r.err;
 }
 
+// The SimGrid replay is a module beside the executable, loaded by
+// `simulate` only: every other command starts without SimGrid and its
+// ns-3 libraries. A copy of the CLI without the module compiles, and its
+// simulate names what is missing; with a damaged module too, nothing is
+// written and the exit is non-zero; with the module beside it, it predicts.
+TEST(CliModules, SimulateLoadsTheSimGridReplayBesideTheExecutableOnly) {
+  TempDir dir;
+  const std::string bin = dir.File("reshard");
+  std::filesystem::copy_file(RESHARD_BINARY, bin);
+  std::filesystem::permissions(bin, std::filesystem::perms::owner_exec, std::filesystem::perm_options::add);
+  auto run = [&](std::vector<std::string> args) {
+    std::string cmd = Quote(bin);
+    for (const std::string& a : args) {
+      cmd += ' ';
+      cmd += Quote(a);
+    }
+    return Shell(dir, cmd);
+  };
+  std::vector<std::string> compile = CompileTinyDense("dgx-h100", dir.File("p.rsplan"));
+  Result r = run(compile);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::vector<std::string> simulate = {"simulate", dir.File("p.rsplan"), "--cluster",
+                                             Sample("clusters/dgx-h100.json"), "--json"};
+  r = run(simulate);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(r.err, "reshard: error: simulate: cannot load the SimGrid replay: " + dir.File("libreshard_simgrid.so") +
+                       ": cannot open shared object file: No such file or directory (libreshard_simgrid.so is built "
+                       "and installed beside the reshard executable; rebuild, or reinstall the package)\n");
+  WriteText(dir.File("libreshard_simgrid.so"), "not a module");
+  r = run(simulate);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("cannot load the SimGrid replay: " + dir.File("libreshard_simgrid.so") + ": file too short"),
+            std::string::npos)
+      << r.err;
+  std::filesystem::copy_file(std::filesystem::path(RESHARD_BINARY).parent_path() / "libreshard_simgrid.so",
+                             dir.File("libreshard_simgrid.so"), std::filesystem::copy_options::overwrite_existing);
+  r = run(simulate);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_GT(nlohmann::json::parse(r.out)["predicted_seconds"].get<double>(), 0) << r.out;
+}
+
 // Llama-3.1-405B at vLLM TP8 needs 101 GB per 80 GB GPU and compiled
 // silently: a warning on stderr and in --json, naming the rank, its bytes
 // and the limit; the plan is written all the same.

@@ -1,12 +1,13 @@
 """`pip install ./python` installs the `reshard` console command: the same
 CLI as the repository's build/reshard (bundled as reshard/bin/reshard)."""
 
+import json
 import os
 import subprocess
 import sys
 
 import reshard
-from conftest import reshard_binary
+from conftest import CLUSTER, reshard_binary
 
 
 def _console():
@@ -22,6 +23,16 @@ def test_the_console_command_is_the_cli(plans):
         ref = subprocess.run([str(reshard_binary()), *args], capture_output=True, text=True)
         assert (mine.returncode, mine.stdout, mine.stderr) == (ref.returncode, ref.stdout, ref.stderr), args
     assert subprocess.run([exe, "validate", str(plans["tiny-dense"])]).returncode == 0
+
+
+def test_the_console_command_simulates(plans):
+    # simulate loads the SimGrid replay from a module installed beside the CLI
+    # (reshard/bin/libreshard_simgrid.so); its prediction is the build's.
+    args = ["simulate", str(plans["tiny-dense"]), "--cluster", str(CLUSTER), "--json"]
+    mine = subprocess.run([_console(), *args], capture_output=True, text=True)
+    ref = subprocess.run([str(reshard_binary()), *args], capture_output=True, text=True)
+    assert mine.returncode == 0 and ref.returncode == 0, mine.stderr + ref.stderr
+    assert json.loads(mine.stdout)["predicted_seconds"] == json.loads(ref.stdout)["predicted_seconds"] > 0
 
 
 def test_the_bundled_cli_sits_in_the_package():
