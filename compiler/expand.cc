@@ -594,7 +594,8 @@ void Expander::ExpandRank(const RulePlan& plan, int64_t r, FragmentSink& sink) {
   const std::vector<int>& parts = plan.parts;
   const TensorSpec& t0 = model_.tensors[parts[0]];
   const int ns = plan.ns, nshape = plan.nshape;
-  const std::vector<std::vector<int64_t>>&box_lo = plan.box_lo, &box_hi = plan.box_hi;
+  const std::vector<std::vector<int64_t>>& box_lo = plan.box_lo;
+  const std::vector<std::vector<int64_t>>& box_hi = plan.box_hi;
   const bool narrowed = plan.narrowed;
   const NameTemplate& name_tmpl = plan.name_tmpl;
   const std::vector<int>& name_dim = plan.name_dim;
@@ -602,7 +603,8 @@ void Expander::ExpandRank(const RulePlan& plan, int64_t r, FragmentSink& sink) {
   const std::vector<int>& rule_scales = plan.rule_scales;
   const size_t np = plan.np;
   const std::vector<size_t>& block_of = plan.block_of;
-  const std::vector<int64_t>&outer_rows = plan.outer_rows, &inner_rows = plan.inner_rows;
+  const std::vector<int64_t>& outer_rows = plan.outer_rows;
+  const std::vector<int64_t>& inner_rows = plan.inner_rows;
   const std::vector<std::pair<int64_t, int64_t>>& blocks = plan.blocks;
   const int shard_axis = plan.shard_axis;
   const Mesh& part_mesh = *plan.part_mesh;

@@ -124,7 +124,7 @@ void Router::Direct() {
     std::vector<std::pair<int, std::vector<std::pair<FragmentRef, Box>>>> wants;  // per source cell, in order:
                                                                                    // who needs which box of it
     std::exception_ptr error;    // where the cut failed (a need no source holds): routing stops there
-    size_t error_at = 0;         // the need it failed at, its place in by_tensor
+    size_t error_at = 0;         // the need it failed at, its place in by_tensor (all of them where none failed)
   };
   std::vector<TensorNeeds> needs(model_.tensors.size());
   auto cut = [&](size_t t) {
@@ -183,8 +183,8 @@ void Router::Direct() {
         uint64_t esize = DtypeBytes(ts.dtype);
         // In need order, as they were cut: the needs assembled before a need
         // with no source, then its error.
-        for (const auto& [k, df] : tn.assembled)
-          if (k < tn.error_at) Assemble(t, g, df, pieces);
+        for (const auto& [at, df] : tn.assembled)
+          if (at < tn.error_at) Assemble(t, g, df, pieces);
         if (tn.error) std::rethrow_exception(tn.error);
         for (const auto& [ci, list] : tn.wants) {
           const Cell& cell = g.cells[ci];
