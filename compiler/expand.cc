@@ -130,7 +130,6 @@ class Expander {
     std::vector<int> name_dim;    // per placeholder: its stack dim
     std::vector<bool> instanced;  // per stack dim: one buffer per index
     std::vector<int> rule_scales;  // per part, its scale tensor (quantized rules)
-    size_t np;
     std::vector<size_t> block_of;  // interleave: per part, its block, rows per outer and inner group
     std::vector<int64_t> outer_rows, inner_rows;
     std::vector<std::pair<int64_t, int64_t>> blocks;
@@ -582,7 +581,7 @@ Expander::RulePlan Expander::PlanRule(const BufferRule& rule, const std::vector<
   if (narrowed)  // each part's elements per rank that this rule names (ExpandRank adds to them)
     for (int pi : parts) claimed_[pi].resize(layout_.ranks, 0);
   return {&rule, parts, ns, nshape, std::move(box_lo), std::move(box_hi), narrowed, name_tmpl, std::move(name_dim),
-          std::move(instanced), std::move(rule_scales), np, std::move(block_of), std::move(outer_rows),
+          std::move(instanced), std::move(rule_scales), std::move(block_of), std::move(outer_rows),
           std::move(inner_rows), std::move(blocks), shard_axis, &part_mesh, at};
 }
 
@@ -601,7 +600,7 @@ void Expander::ExpandRank(const RulePlan& plan, int64_t r, FragmentSink& sink) {
   const std::vector<int>& name_dim = plan.name_dim;
   const std::vector<bool>& instanced = plan.instanced;
   const std::vector<int>& rule_scales = plan.rule_scales;
-  const size_t np = plan.np;
+  const size_t np = parts.size();
   const std::vector<size_t>& block_of = plan.block_of;
   const std::vector<int64_t>& outer_rows = plan.outer_rows;
   const std::vector<int64_t>& inner_rows = plan.inner_rows;
