@@ -66,12 +66,14 @@ RoundFill RoundFillOf(const fb::Plan& plan, const std::string& path) {
                        : f->proportional() && f->min_share() == 0 ? 0.0
                                                                   : kCoarseSplit;
   if (!(f->staging_fill() > 0 && f->staging_fill() <= 1) || !(f->min_share() >= 0 && f->min_share() < 1) ||
-      !(split >= 0 && split < 1) || !(f->nic_reserve() >= 0 && f->nic_reserve() <= 16)) {
+      !(split >= 0 && split < 1) || !(f->nic_reserve() >= 0 && f->nic_reserve() <= 16) || f->stripe_mib() < 1 ||
+      f->stripe_mib() > 4096) {
     throw Error("--fill-of " + path + ": its round fill is out of range (staging fill " +
                 std::to_string(f->staging_fill()) + ", min share " + std::to_string(f->min_share()) +
-                ", split share " + std::to_string(split) + ", NIC reserve " + std::to_string(f->nic_reserve()) + ")");
+                ", split share " + std::to_string(split) + ", NIC reserve " + std::to_string(f->nic_reserve()) +
+                ", stripes of " + std::to_string(f->stripe_mib()) + " MiB)");
   }
-  return {f->proportional(), f->staging_fill(), f->min_share(), split, f->nic_reserve()};
+  return {f->proportional(), f->staging_fill(), f->min_share(), split, f->nic_reserve(), f->stripe_mib()};
 }
 
 PlanIR BuildPlan(const CompileInputs& in, const CompileOptions& opt) {
@@ -112,9 +114,25 @@ PlanIR BuildPlan(const CompileInputs& in, const CompileOptions& opt) {
   ro.fill_candidate = opt.fill_candidate;
   ro.fill_of = opt.fill_of;
   ro.flow_budget = opt.flow_budget;
+  ro.stripe_mib = opt.stripe_mib;
   ro.emit_threads = opt.emit_threads;
   ro.quantize_on_sender = opt.quantize_on_sender;
   PlanIR ir = Route(in.model, in.cluster, in.src, src, in.dst, dst, ro);
+  // Where the kept fill's busiest NIC waits on others for more than
+  // kRestripeAbove - 1 of the estimate, the rounds may be cut short by the
+  // NVLink fan-out of large stripes (DeepSeek-V3 FP8 TP16 on GB200 NVL72:
+  // 1.111x of the bound with 32 MiB stripes, 1.046x with 16): route again
+  // with finer stripes and keep the faster by the flow estimate. Plans below
+  // it are routed once. A recompile with --fill-of takes the earlier plan's
+  // stripes; --fill-candidate (compile --simulate-fills) the default ones.
+  if (ro.strategy == "direct" && !ro.fill_of && ro.fill_candidate < 0 && ir.flow_seconds > 0 &&
+      ir.flow_seconds > kRestripeAbove * ir.busiest_nic_seconds) {
+    phase.emplace("route: finer stripes");
+    RouteOptions fine = ro;
+    fine.stripe_mib = kFineStripeMiB;
+    PlanIR finer = Route(in.model, in.cluster, in.src, src, in.dst, dst, fine);
+    if (finer.flow_seconds > 0 && finer.flow_seconds < ir.flow_seconds) ir = std::move(finer);
+  }
   phase.emplace("share packs");
   ir.shared_packs = SharePacks(ir);  // one pack, many sends
   phase.reset();
@@ -148,6 +166,10 @@ nlohmann::ordered_json CompileSummary(const std::string& out, const std::string&
   j["nic_reserve"] = ir.round_fill.nic_reserve;
   // The share of the staging budget the rounds were planned to fill.
   j["staging_fill"] = ir.round_fill.staging_fill;
+  // A region several GPUs of a destination domain need enters it in stripes of at least this many MiB.
+  j["stripe_mib"] = ir.round_fill.stripe_mib;
+  // The kept fill's flow estimate and its busiest NIC's bytes at the NIC's bandwidth (0: no estimate).
+  j["estimate"] = {{"flow_seconds", ir.flow_seconds}, {"busiest_nic_seconds", ir.busiest_nic_seconds}};
   // Ranks whose weights exceed the cluster's gpu_memory_GB: one entry per side, its heaviest rank.
   j["memory_warnings"] = MemoryWarningsJson(ir.memory_warnings);
   return j;

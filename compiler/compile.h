@@ -28,6 +28,7 @@ struct CompileOptions {
   int fill_candidate = -1;     // RouteOptions::fill_candidate
   std::optional<RoundFill> fill_of = std::nullopt;  // RouteOptions::fill_of
   uint64_t flow_budget = 0;    // RouteOptions::flow_budget
+  uint32_t stripe_mib = kStripeMiB;  // RouteOptions::stripe_mib (a fill_candidate's; the others choose)
   size_t emit_threads = 0;     // RouteOptions::emit_threads
 };
 

@@ -225,7 +225,8 @@ std::vector<uint8_t> EmitPlan(const CompileInputs& in, const PlanIR& ir) {
   flatbuffers::Offset<fb::RoundFill> fill;
   if (ir.fill_candidates > 0)  // a direct plan's Schedule chose it
     fill = fb::CreateRoundFill(b, ir.round_fill.proportional, ir.round_fill.min_share, ir.round_fill.staging_fill,
-                               ir.round_fill.split_share, ir.round_fill.nic_reserve);
+                               ir.round_fill.split_share, ir.round_fill.nic_reserve,
+                               ir.round_fill.stripe_mib);
   fb::PlanBuilder pb(b);
   pb.add_schema_version(kSchemaVersion);
   pb.add_compiler_version(version);

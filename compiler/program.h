@@ -24,6 +24,14 @@ constexpr double kDefaultStagingFill = 0.9;
 /// The smallest part the fills split off a piece, as a part of a round's
 /// share, where they split coarsely (route_schedule.cc FillRounds).
 constexpr double kCoarseSplit = 1.0 / 16;
+/// Stripes of a region that enters a destination domain once (route_direct.cc),
+/// at least this many MiB each, one per entry GPU; kFineStripeMiB where a plan
+/// routed with kStripeMiB leaves its busiest NIC idle more than
+/// kRestripeAbove - 1 of the estimated refit, and the flow estimate finds the
+/// finer stripes faster (compile.cc).
+constexpr uint32_t kStripeMiB = 32;
+constexpr uint32_t kFineStripeMiB = 16;
+constexpr double kRestripeAbove = 1.07;
 constexpr uint32_t kStaging = 0xFFFFFFFFu;  // StridedRegion::buffer naming the staging area
 
 /// Staged pieces start at multiples of kAlign bytes (for vectorized kernels).
@@ -112,6 +120,11 @@ struct RoundFill {
   // this times its NIC bytes left per round left (at most the round's share),
   // less what its NIC already takes in that round. 0: none.
   double nic_reserve = 0;
+  /// A region several GPUs of a destination domain need enters the domain
+  /// in stripes of at least this many MiB, one per entry GPU
+  /// (route_direct.cc): kStripeMiB, or kFineStripeMiB where Router::Direct
+  /// found it faster.
+  uint32_t stripe_mib = kStripeMiB;
 };
 
 struct PlanIR {
@@ -127,6 +140,9 @@ struct PlanIR {
   /// Needs whose scale blocks several training ranks hold parts of: assembled
   /// in a frame, or quantized with scales from partial amaxes (quant_route.h).
   size_t frame_assemblies = 0, amax_assemblies = 0;
+  /// direct: the kept fill's flow estimate and its busiest NIC's bytes at
+  /// the NIC's bandwidth, in seconds (0 where the estimate passed its budget).
+  double flow_seconds = 0, busiest_nic_seconds = 0;
   SharedPacks shared_packs;
   /// How the rounds were filled (direct plans: the fill Schedule kept).
   RoundFill round_fill;
@@ -160,6 +176,9 @@ struct RouteOptions {
   /// direct: fill the rounds this way only (an earlier plan's fill,
   /// `compile --fill-of`): no other fill, no estimate.
   std::optional<RoundFill> fill_of = std::nullopt;
+  /// direct: the stripes' least size (RoundFill::stripe_mib); fill_of's
+  /// where that is given.
+  uint32_t stripe_mib = kStripeMiB;
   /// Steps the flow estimate may take per fill before Schedule falls back on
   /// the replay (round_estimate.h); 0: kFlowBudget. For tests.
   uint64_t flow_budget = 0;

@@ -324,6 +324,18 @@ void RoundTraffic::Add(uint32_t round, uint32_t from, uint32_t to, uint64_t byte
   edges_.push_back({round, from, to, bytes, net});
 }
 
+double RoundTraffic::BusiestNicSeconds(double nic_Bps) const {
+  std::vector<uint64_t> out(ranks_, 0), in(ranks_, 0);
+  for (const Edge& x : edges_) {
+    if (!x.net) continue;
+    out[x.a] += x.bytes;
+    in[x.b] += x.bytes;
+  }
+  uint64_t most = 0;
+  for (uint32_t g = 0; g < ranks_; ++g) most = std::max({most, out[g], in[g]});
+  return static_cast<double>(most) / nic_Bps;
+}
+
 double RoundTraffic::ReplaySeconds(double nic_Bps, double nvlink_Bps) const {
   // Per round, per rank: bytes out and in over NICs and over NVLink.
   struct Load {

@@ -49,6 +49,11 @@ class RoundTraffic {
   /// share links within a round.
   double ReplaySeconds(double nic_Bps, double nvlink_Bps) const;
 
+  /// The busiest NIC direction's bytes of all rounds at `nic_Bps`: no
+  /// schedule of these messages is faster. FlowSeconds over it is the time
+  /// that NIC waits on others (Router::Direct restripes where it is high).
+  double BusiestNicSeconds(double nic_Bps) const;
+
  private:
   struct Edge {
     uint32_t round, a, b;

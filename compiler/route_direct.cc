@@ -108,7 +108,8 @@ double Router::RelaysSpare(const std::vector<DPiece>& pieces) const {
 void Router::Direct() {
   std::optional<Phase> phase(std::in_place, "route: pieces");
   std::vector<DPiece> pieces;
-  const uint64_t stripe_min = 32ull << 20;
+  const uint32_t stripe_mib = opt_.fill_of ? opt_.fill_of->stripe_mib : opt_.stripe_mib;
+  const uint64_t stripe_min = uint64_t{stripe_mib} << 20;
   // Every destination need as pieces; relay trees of up to `tree_domains`
   // destination domains (1: none, every domain's entry GPUs take their
   // stripes from the sources themselves).
@@ -327,6 +328,7 @@ void Router::Direct() {
   Unstage(pieces);
   phase.emplace("route: schedule");
   Schedule(pieces);
+  ir_.round_fill.stripe_mib = stripe_mib;
   phase.emplace("route: emit");
   // The odd rounds' arena starts where the even rounds' largest need ends
   // (not at half the budget): a small plan stages only what it moves.

@@ -860,6 +860,8 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
     fill_once(candidates[std::min_element(seconds.begin(), seconds.end()) - seconds.begin()], order);
     return;
   }
+  ir_.flow_seconds = *best.flow;
+  ir_.busiest_nic_seconds = traffic[best.candidate].BusiestNicSeconds(nic);
   best.fill->ApplyTo(pieces);  // (the fills are over: nothing reads `input` any more)
   used_ = std::move(best.used);
   assemblies_ = std::move(best.assemblies);

@@ -81,12 +81,12 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
                 "start. --json lists every fill's prediction (\"fills\") and the one kept (\"kept_fill\")");
   auto* fill_of =
       cmd->add_option("--fill-of", o->fill_of,
-                      "direct: fill the rounds the way PLAN, an earlier plan of this job, was filled (`reshard show`\n"
-                      "prints it), instead of trying three fills and keeping the fastest by an estimate: a\n"
-                      "recompile after an inference-side change (an EPLB step) then runs one fill and no estimate\n"
-                      "(DeepSeek-V3 -> TP8 DP4 EP after an EPLB step, on 2 cores: 0.84 s instead of 1.2 s, the same\n"
-                      "plan). Where the change makes another fill faster, the plan is the slower one; compile\n"
-                      "without it in CI")
+                      "direct: fill the rounds the way PLAN, an earlier plan of this job, was filled, and cut its\n"
+                      "stripes so (`reshard show` prints both), instead of trying three fills and keeping the\n"
+                      "fastest by an estimate: a recompile after an inference-side change (an EPLB step) then runs\n"
+                      "one fill and no estimate (DeepSeek-V3 -> TP8 DP4 EP after an EPLB step, on 2 cores: 0.84 s\n"
+                      "instead of 1.2 s, the same plan). Where the change makes another fill faster, the plan is\n"
+                      "the slower one; compile without it in CI")
           ->check(CLI::ExistingFile);
   cmd->add_flag("-q,--quiet", o->quiet, "print nothing on success");
   cmd->add_flag("--json", o->json, "print the summary as JSON");
@@ -144,7 +144,8 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
       }
       const bool proportional = j["round_fill"] == "proportional";
       const double fill = j["staging_fill"];
-      const std::string filled = report::RoundFillText(proportional, j["min_share"], fill, j["split_share"], j["nic_reserve"]);
+      const std::string filled = report::RoundFillText(proportional, j["min_share"], fill, j["split_share"], j["nic_reserve"],
+                                                         j["stripe_mib"]);
       if (o->simulate_fills) {
         std::printf("  %s: predicted %.5g s (%.3fx of the bound), the fastest of %zu fills simulated:\n",
                     filled.c_str(), j["predicted_seconds"].get<double>(),

@@ -99,7 +99,8 @@ void AddShowCommand(CLI::App& app, int& exit_code) {
                            {"min_share", f->min_share()},
                            {"split_share", f->split_share()},
                            {"nic_reserve", f->nic_reserve()},
-                           {"staging_fill", f->staging_fill()}};
+                           {"staging_fill", f->staging_fill()},
+                           {"stripe_mib", f->stripe_mib()}};
       }
       j["net"] = {{"bytes", st.bytes[0]}, {"messages", st.messages[0]}};
       j["nvlink"] = {{"bytes", st.bytes[1]}, {"messages", st.messages[1]}};
@@ -178,7 +179,7 @@ void AddShowCommand(CLI::App& app, int& exit_code) {
     if (const fb::RoundFill* f = root.round_fill()) {
       std::printf("  %s (compile --fill-of this plan fills a recompile so)\n",
                   report::RoundFillText(f->proportional(), f->min_share(), f->staging_fill(), f->split_share(),
-                                        f->nic_reserve()).c_str());
+                                        f->nic_reserve(), f->stripe_mib()).c_str());
     }
     std::printf("  content digest %s%s (every rank's plan must have it: compared at connect)\n",
                 plan.content_digest().hex().c_str(), plan.carries_content_digest() ? "" : ", computed: an older plan file");

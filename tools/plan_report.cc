@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "compiler/program.h"
 #include "runtime/error.h"
 
 namespace reshard::report {
@@ -170,7 +171,7 @@ const char* StrategyName(fb::Strategy s) { return s == fb::Strategy::gather ? "g
 const char* ChannelName(fb::Channel c) { return c == fb::Channel::nvlink ? "nvlink" : "net"; }
 
 std::string RoundFillText(bool proportional, double min_share, double staging_fill, double split_share,
-                          double nic_reserve) {
+                          double nic_reserve, uint32_t stripe_mib) {
   std::string how = !proportional ? "greedily"
                     : min_share > 0
                         ? "with every pair's proportional share, at least " +
@@ -190,7 +191,9 @@ std::string RoundFillText(bool proportional, double min_share, double staging_fi
   }
   char pct[32];
   std::snprintf(pct, sizeof pct, "%.0f%%", staging_fill * 100);
-  return "rounds filled " + how + ", planned for " + pct + " of the staging budget";
+  std::string stripes;
+  if (stripe_mib != kStripeMiB) stripes = ", regions entering a domain in stripes of " + std::to_string(stripe_mib) + " MiB";
+  return "rounds filled " + how + ", planned for " + pct + " of the staging budget" + stripes;
 }
 
 std::string Side(const fb::Program& p) {

@@ -44,9 +44,9 @@ std::string Side(const fb::Program& p);
 /// How a direct plan's rounds were filled, for `compile` and `show`: "rounds
 /// filled greedily, planned for 90% of the staging budget".
 // split_share: the fill's RoundFill::split_share (-1: a plan written before it was recorded).
-// nic_reserve: RoundFill::nic_reserve (0: none).
+// nic_reserve: RoundFill::nic_reserve (0: none). stripe_mib: RoundFill::stripe_mib (said where not the default).
 std::string RoundFillText(bool proportional, double min_share, double staging_fill, double split_share,
-                          double nic_reserve);
+                          double nic_reserve, uint32_t stripe_mib);
 
 /// Per-rank totals. Index 0 is the net channel, 1 nvlink.
 struct RankStats {

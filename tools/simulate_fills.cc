@@ -61,7 +61,8 @@ class SignalGuard {
   bool set_[std::size(kSignals)] = {};
 };
 
-// In the child: fill `fill` compiled into `path`, simulated.
+// In the child: fill `fill` compiled into `path`, simulated (one simulation
+// a process: SimGrid runs once in a process).
 nlohmann::ordered_json CompileAndSimulate(const CompileInputs& in, CompileOptions opt, size_t fill,
                                           const std::string& path, const std::string& out) {
   opt.search_fills = true;
@@ -153,6 +154,10 @@ nlohmann::ordered_json SimulateFills(const CompileInputs& in, const CompileOptio
   std::vector<std::string> temps;  // every file a child may leave: its plan, and WriteFileAtomic's own temporary
   std::vector<nlohmann::ordered_json> results;
   std::string failure;
+  // The stripes a compile keeps (compile.cc: finer where the busiest NIC
+  // waits), so that every fill is tried with them: one compile here first.
+  CompileOptions each = opt;
+  each.stripe_mib = BuildPlan(in, opt).round_fill.stripe_mib;
   const SignalGuard guard;
   auto cleanup = [&] {
     for (const Child& c : running) kill(c.pid, SIGKILL);
@@ -166,7 +171,7 @@ nlohmann::ordered_json SimulateFills(const CompileInputs& in, const CompileOptio
   try {
     while (failure.empty() && !g_signal && (next < total || !running.empty())) {
       while (running.size() < workers && next < total) {
-        running.push_back(Launch(in, opt, next, out));
+        running.push_back(Launch(in, each, next, out));
         temps.push_back(TempPath(out, next));
         temps.push_back(TempPath(out, next) + ".tmp." + std::to_string(running.back().pid));
         ++next;
@@ -236,6 +241,7 @@ nlohmann::ordered_json SimulateFills(const CompileInputs& in, const CompileOptio
                      {"min_share", r["min_share"]},
                      {"split_share", r["split_share"]},
                      {"nic_reserve", r["nic_reserve"]},
+                     {"stripe_mib", r["stripe_mib"]},
                      {"plan_bytes", r["plan_bytes"]},
                      {"predicted_seconds", r["predicted_seconds"]}});
   }

@@ -34,7 +34,7 @@ def compile(model: PathLike, from_: PathLike, to: PathLike, cluster: PathLike, o
     threads is not safe. Returns the summary ``reshard compile --json``
     prints (plan, strategy, ranks, rounds, net_bytes, nvlink_bytes,
     plan_bytes, split_blocks, shared_packs, round_fill, min_share,
-    split_share, nic_reserve, staging_fill, memory_warnings, seconds) plus "summary", the CLI's line.
+    split_share, nic_reserve, staging_fill, stripe_mib, estimate, memory_warnings, seconds) plus "summary", the CLI's line.
     `cluster` is a reshard.cluster/1 file or a bundled name ("dgx-h100",
     "gb200-nvl72"; a file of that name wins). Where a rank's weights exceed
     the cluster's GPU memory ("gpu_memory_GB"), each such warning of the CLI
