@@ -124,7 +124,7 @@ PlanIR BuildPlan(const CompileInputs& in, const CompileOptions& opt) {
   // 1.111x of the bound with 32 MiB stripes, 1.046x with 16): route again
   // with finer stripes and keep the faster by the flow estimate. Plans below
   // it are routed once. A recompile with --fill-of takes the earlier plan's
-  // stripes; --fill-candidate (compile --simulate-fills) the default ones.
+  // stripes; a fill_candidate (compile --simulate-fills) those it is given.
   if (ro.strategy == "direct" && !ro.fill_of && ro.fill_candidate < 0 && ir.flow_seconds > 0 &&
       ir.flow_seconds > kRestripeAbove * ir.busiest_nic_seconds) {
     phase.emplace("route: finer stripes");

@@ -122,8 +122,8 @@ struct RoundFill {
   double nic_reserve = 0;
   /// A region several GPUs of a destination domain need enters the domain
   /// in stripes of at least this many MiB, one per entry GPU
-  /// (route_direct.cc): kStripeMiB, or kFineStripeMiB where Router::Direct
-  /// found it faster.
+  /// (route_direct.cc): kStripeMiB, or kFineStripeMiB where BuildPlan
+  /// (compile.cc) found it faster.
   uint32_t stripe_mib = kStripeMiB;
 };
 

@@ -16,8 +16,8 @@ build=$(tools/sanitize_build.sh)
 # the two words before it as the block's range (compiler-rt,
 # sanitizer_tls_get_addr.cpp, DTLS_on_tls_get_addr; google/sanitizers#1322).
 # `reshard simulate` dlopens libreshard_simgrid.so, whose thread_locals are
-# such blocks, so about one `simulate` in a few thousand ended in
-# "Tracer caught signal 11" at exit, no leak found (CI, 2026-12-05). Without
+# such blocks; one `simulate` of the CI run of 2026-12-05 ended in "Tracer
+# caught signal 11" at exit, no leak found (576 runs here did not). Without
 # the interception LeakSanitizer does not scan dynamic TLS for roots; nothing
 # of ours keeps heap memory only there.
 export ASAN_OPTIONS=abort_on_error=1:strict_string_checks=1:detect_leaks=1:intercept_tls_get_addr=0
