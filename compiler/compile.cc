@@ -118,21 +118,6 @@ PlanIR BuildPlan(const CompileInputs& in, const CompileOptions& opt) {
   ro.emit_threads = opt.emit_threads;
   ro.quantize_on_sender = opt.quantize_on_sender;
   PlanIR ir = Route(in.model, in.cluster, in.src, src, in.dst, dst, ro);
-  // Where the kept fill's busiest NIC waits on others for more than
-  // kRestripeAbove - 1 of the estimate, the rounds may be cut short by the
-  // NVLink fan-out of large stripes (DeepSeek-V3 FP8 TP16 on GB200 NVL72:
-  // 1.111x of the bound with 32 MiB stripes, 1.046x with 16): route again
-  // with finer stripes and keep the faster by the flow estimate. Plans below
-  // it are routed once. A recompile with --fill-of takes the earlier plan's
-  // stripes; a fill_candidate (compile --simulate-fills) those it is given.
-  if (ro.strategy == "direct" && !ro.fill_of && ro.fill_candidate < 0 && ir.flow_seconds > 0 &&
-      ir.flow_seconds > kRestripeAbove * ir.busiest_nic_seconds) {
-    phase.emplace("route: finer stripes");
-    RouteOptions fine = ro;
-    fine.stripe_mib = kFineStripeMiB;
-    PlanIR finer = Route(in.model, in.cluster, in.src, src, in.dst, dst, fine);
-    if (finer.flow_seconds > 0 && finer.flow_seconds < ir.flow_seconds) ir = std::move(finer);
-  }
   phase.emplace("share packs");
   ir.shared_packs = SharePacks(ir);  // one pack, many sends
   phase.reset();

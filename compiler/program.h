@@ -28,7 +28,7 @@ constexpr double kCoarseSplit = 1.0 / 16;
 /// at least this many MiB each, one per entry GPU; kFineStripeMiB where a plan
 /// routed with kStripeMiB leaves its busiest NIC idle more than
 /// kRestripeAbove - 1 of the estimated refit, and the flow estimate finds the
-/// finer stripes faster (compile.cc).
+/// finer stripes faster (Route, route.cc).
 constexpr uint32_t kStripeMiB = 32;
 constexpr uint32_t kFineStripeMiB = 16;
 constexpr double kRestripeAbove = 1.07;
@@ -122,8 +122,8 @@ struct RoundFill {
   double nic_reserve = 0;
   /// A region several GPUs of a destination domain need enters the domain
   /// in stripes of at least this many MiB, one per entry GPU
-  /// (route_direct.cc): kStripeMiB, or kFineStripeMiB where BuildPlan
-  /// (compile.cc) found it faster.
+  /// (route_direct.cc): kStripeMiB, or kFineStripeMiB where Route
+  /// (route.cc) found it faster.
   uint32_t stripe_mib = kStripeMiB;
 };
 

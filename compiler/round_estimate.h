@@ -51,7 +51,7 @@ class RoundTraffic {
 
   /// The busiest NIC direction's bytes of all rounds at `nic_Bps`: no
   /// schedule of these messages is faster. FlowSeconds over it is the time
-  /// that NIC waits on others (BuildPlan restripes where it is high).
+  /// that NIC waits on others (Route restripes where it is high).
   double BusiestNicSeconds(double nic_Bps) const;
 
  private:

@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -62,7 +63,7 @@ std::vector<Box> SliceOuter(const Box& b) {
   return out;
 }
 
-PlanIR Router::Run() {
+void Router::Plan() {
   ir_.strategy = opt_.strategy;
   ir_.staging_limit = opt_.staging_bytes;
   cap_ = opt_.staging_bytes / 2 / kAlign * kAlign;
@@ -146,6 +147,21 @@ PlanIR Router::Run() {
   if (opt_.strategy == "direct") Direct();
   else if (opt_.strategy == "gather") Gather();
   else throw Error("--strategy: unknown strategy '" + opt_.strategy + "', expected 'direct' or 'gather'");
+}
+
+PlanIR Router::Finish() {
+  if (opt_.strategy == "direct") {
+    Phase phase("route: emit");
+    // The odd rounds' arena starts where the even rounds' largest need ends
+    // (not at half the budget): a small plan stages only what it moves.
+    for (uint32_t g = 0; g < ir_.ranks.size(); ++g) {
+      uint64_t even = 0;
+      for (size_t r = 0; r < used_[g].size(); r += 2) even = std::max(even, used_[g][r]);
+      odd_base_[g] = std::min(cap_, AlignUp(even));
+    }
+    EmitDirect(pieces_);
+    pieces_ = {};
+  }
   for (auto& p : ir_.ranks) ir_.num_rounds = std::max(ir_.num_rounds, p.rounds.size());
   for (auto& p : ir_.ranks) p.rounds.resize(ir_.num_rounds);
   return std::move(ir_);
@@ -155,7 +171,31 @@ PlanIR Router::Run() {
 
 PlanIR Route(const ModelSpec& model, const ClusterSpec& cluster, const LayoutSpec& src_layout, const Expansion& src,
              const LayoutSpec& dst_layout, const Expansion& dst, const RouteOptions& opt) {
-  return routing::Router(model, cluster, src_layout, src, dst_layout, dst, opt).Run();
+  auto kept = std::make_unique<routing::Router>(model, cluster, src_layout, src, dst_layout, dst, opt);
+  kept->Plan();
+  // Where the kept fill's busiest NIC waits on others for more than
+  // kRestripeAbove - 1 of the estimate, the rounds may be cut short by the
+  // NVLink fan-out of large stripes (DeepSeek-V3 FP8 TP16 on GB200 NVL72:
+  // 1.111x of the bound with 32 MiB stripes, 1.046x with 16): route again
+  // with finer stripes and keep the faster by the flow estimate. Only the
+  // kept routing is emitted (the other is freed first). Plans below the
+  // gate are routed once. A recompile with --fill-of takes the earlier
+  // plan's stripes; a fill_candidate (compile --simulate-fills) those it is
+  // given.
+  if (opt.strategy == "direct" && !opt.fill_of && opt.fill_candidate < 0 && kept->FlowSeconds() > 0 &&
+      kept->FlowSeconds() > kRestripeAbove * kept->BusiestNicSeconds()) {
+    std::optional<Phase> phase(std::in_place, "route: finer stripes");
+    RouteOptions fine = opt;
+    fine.stripe_mib = kFineStripeMiB;
+    auto finer = std::make_unique<routing::Router>(model, cluster, src_layout, src, dst_layout, dst, fine);
+    finer->Plan();
+    phase.reset();
+    if (finer->FlowSeconds() > 0 && finer->FlowSeconds() < kept->FlowSeconds()) {
+      kept.reset();
+      return finer->Finish();
+    }
+  }
+  return kept->Finish();
 }
 
 }  // namespace reshard

@@ -107,7 +107,7 @@ double Router::RelaysSpare(const std::vector<DPiece>& pieces) const {
 
 void Router::Direct() {
   std::optional<Phase> phase(std::in_place, "route: pieces");
-  std::vector<DPiece> pieces;
+  std::vector<DPiece>& pieces = pieces_;
   const uint32_t stripe_mib = opt_.fill_of ? opt_.fill_of->stripe_mib : opt_.stripe_mib;
   const uint64_t stripe_min = uint64_t{stripe_mib} << 20;
   // Every destination need as pieces; relay trees of up to `tree_domains`
@@ -329,15 +329,6 @@ void Router::Direct() {
   phase.emplace("route: schedule");
   Schedule(pieces);
   ir_.round_fill.stripe_mib = stripe_mib;
-  phase.emplace("route: emit");
-  // The odd rounds' arena starts where the even rounds' largest need ends
-  // (not at half the budget): a small plan stages only what it moves.
-  for (uint32_t g = 0; g < ir_.ranks.size(); ++g) {
-    uint64_t even = 0;
-    for (size_t r = 0; r < used_[g].size(); r += 2) even = std::max(even, used_[g][r]);
-    odd_base_[g] = std::min(cap_, AlignUp(even));
-  }
-  EmitDirect(pieces);
 }
 
 }  // namespace reshard::routing

@@ -147,7 +147,16 @@ class Router {
       : model_(m), cluster_(c), src_layout_(sl), src_(s), dst_layout_(dl), dst_(d), opt_(o),
         quant_(m, sl, s, dl, d, o.quantize_on_sender) {}
 
-  PlanIR Run();
+  /// Routes every need and fills the rounds; the direct strategy stops
+  /// before its emit, so that Route can compare two routings by their flow
+  /// estimates and emit only the one it keeps.
+  void Plan();
+  /// The flow estimate of the kept fill and its busiest NIC's bytes at the
+  /// NIC's bandwidth, in seconds (Schedule); 0 where there is none.
+  double FlowSeconds() const { return ir_.flow_seconds; }
+  double BusiestNicSeconds() const { return ir_.busiest_nic_seconds; }
+  /// After Plan: the rank programs' steps (the direct strategy's emit), and the plan.
+  PlanIR Finish();
 
  private:
   [[noreturn]] void NoSource(int tensor, int dst_rank, const Box& need) const {
@@ -251,6 +260,7 @@ class Router {
   const LayoutSpec& dst_layout_;
   const Expansion& dst_;
   const RouteOptions& opt_;
+  std::vector<DPiece> pieces_;                // the direct strategy's, from Direct to Finish
   QuantRouter quant_;                         // quantized tensors' pieces and steps (quant_route.h)
   std::vector<QuantPiece> qpieces_;           // DPiece::quant indexes these
   std::vector<Assembly> assemblies_;          // DPiece::assembly indexes these
