@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <climits>
 #include <mutex>
 #include <string>
@@ -41,6 +42,14 @@ ReplayFn LoadReplay() {
 }  // namespace
 
 SimResult Simulate(const Workload& w, const ClusterSpec& cluster, const SimOptions& opt) {
+  // SimGrid keeps its engine, and its clock, for the process: a second
+  // replay in one process reports the first's time plus its own (one 1 GiB
+  // message at 50 GB/s: 21.5 ms, then 43.0 ms; sim/one_simulation_test.cc).
+  // Refused, not mispredicted.
+  static std::atomic<bool> ran{false};
+  if (ran.exchange(true))
+    throw Error("simulate: SimGrid runs one simulation per process, and this process has run one; simulate each "
+                "plan in a process of its own (`reshard simulate`, or fork first, as `compile --simulate-fills` does)");
   static std::once_flag once;
   static ReplayFn replay = nullptr;
   std::call_once(once, [] { replay = LoadReplay(); });

@@ -49,7 +49,8 @@ struct SimResult {
   std::vector<LinkLoad> busiest;  // up to 8, most utilized first
 };
 
-/// Runs the simulation. SimGrid allows one engine per process: call once.
+/// Runs the simulation. SimGrid allows one engine per process: call once (a
+/// second call is a reshard::Error, see sim/one_simulation_test.cc).
 /// The replay lives in a module of its own (libreshard_simgrid.so, beside
 /// the executable), loaded here on first use; a module that is missing or
 /// cannot load is a reshard::Error naming it.
