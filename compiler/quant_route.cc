@@ -127,7 +127,7 @@ std::vector<Box> QuantRouter::Stripes(int t, const Box& box, uint64_t n) const {
 }
 
 std::vector<QuantPiece> QuantRouter::Pieces(int t, const FragmentRef& sf, const Box& cell, const FragmentRef& df,
-                                            const Box& need, uint64_t max_bytes) const {
+                                            const Box& need, uint64_t max_bytes, uint64_t block_max_bytes) const {
   const TensorSpec& ts = model_.tensors[t];
   const uint64_t esize = DtypeBytes(ts.dtype);
   const bool dst_q = Scale(dst_, t) != nullptr, src_q = Scale(src_, t) != nullptr;
@@ -159,16 +159,21 @@ std::vector<QuantPiece> QuantRouter::Pieces(int t, const FragmentRef& sf, const 
     QuantPiece p = plan(n);
     const StridedRegion data = QuantForm(dst_.e->ranks[df.rank].fragments[df.index].RegionOf(n));
     const StridedRegion held = QuantForm(src_.e->ranks[sf.rank].fragments[sf.index].RegionOf(p.read));
-    if (OuterModes(n) <= 2 && p.bytes <= max_bytes && RegionFits(data) && RegionFits(held)) {
+    const bool in_format = OuterModes(n) <= 2 && RegionFits(data) && RegionFits(held);
+    if (in_format && p.bytes <= max_bytes) {
       out.push_back(p);
       continue;
     }
-    if (!CutAtBlockEdge(n, block, work)) {
-      throw Error(dst_.layout->file + ": tensor " + Quote(ts.name) + ": the piece " + n.str() + " for inference rank " +
-                  std::to_string(df.rank) + " is one block of " + std::to_string(block[0]) + "x" +
-                  std::to_string(block[1]) + " and does not fit " + std::to_string(max_bytes) +
-                  " staging bytes; raise --staging-mb");
+    if (CutAtBlockEdge(n, block, work)) continue;
+    const uint64_t limit = std::max(max_bytes, block_max_bytes);
+    if (in_format && p.bytes <= limit) {  // one block, larger than the pieces are cut to
+      out.push_back(p);
+      continue;
     }
+    throw Error(dst_.layout->file + ": tensor " + Quote(ts.name) + ": the piece " + n.str() + " for inference rank " +
+                std::to_string(df.rank) + " is one block of " + std::to_string(block[0]) + "x" +
+                std::to_string(block[1]) + " and does not fit " + std::to_string(limit) +
+                " staging bytes; raise --staging-mb");
   }
   return out;
 }

@@ -66,10 +66,11 @@ class QuantRouter {
 
   /// The pieces that move `need` (inside source cell `cell`, held by `sf`) to
   /// `df`: block covers disjoint and inside the cell, at most `max_bytes`
-  /// each, regions within 4 modes. The cover of `need` must lie in `cell`
-  /// (otherwise the need is assembled: Groups).
+  /// each (a piece of one block, which cannot be cut, at most
+  /// `block_max_bytes` where that is larger), regions within 4 modes. The
+  /// cover of `need` must lie in `cell` (otherwise the need is assembled: Groups).
   std::vector<QuantPiece> Pieces(int t, const FragmentRef& sf, const Box& cell, const FragmentRef& df,
-                                 const Box& need, uint64_t max_bytes) const;
+                                 const Box& need, uint64_t max_bytes, uint64_t block_max_bytes = 0) const;
 
   /// The cover of `need` by the destination's blocks, clipped to the tensor (`need` when not quantized there).
   Box Cover(int t, const Box& need) const;

@@ -175,10 +175,10 @@ struct PieceFixture {
     cell = src.ranks[0].fragments[0].box;
     need = dst.ranks[1].fragments[0].box;
   }
-  std::vector<std::string> Pieces(bool on_sender, uint64_t max_bytes) const {
+  std::vector<std::string> Pieces(bool on_sender, uint64_t max_bytes, uint64_t block_max_bytes = 0) const {
     QuantRouter q(in.model, in.src, src, in.dst, dst, on_sender);
     std::vector<std::string> out;
-    for (const QuantPiece& p : q.Pieces(0, sf, cell, df, need, max_bytes))
+    for (const QuantPiece& p : q.Pieces(0, sf, cell, df, need, max_bytes, block_max_bytes))
       out.push_back(p.need.str() + " reads " + p.read.str() + " " + std::to_string(p.bytes) + " B" +
                     (p.quantize_sender ? " sender" : "") + (p.quantize_receiver ? " receiver" : ""));
     return out;
@@ -208,6 +208,15 @@ TEST(QuantPieces, SplitOnlyAtBlockEdges) {
   EXPECT_EQ(ErrorOf([&] { big.Pieces(false, 100); }),
             "infer.json: tensor 'layers.{layer}.gate': the piece [0:1, 4:8, 0:8] for inference rank 1 is one block of "
             "8x8 and does not fit 100 staging bytes; raise --staging-mb");
+  // Routing cuts pieces to a sixteenth of an arena (kQuantPiecesPerArena) but
+  // lets a piece of one block, which cannot be cut, take half of it.
+  EXPECT_EQ(big.Pieces(false, 100, 200), (std::vector<std::string>{"[0:1, 4:8, 0:8] reads [0:1, 0:8, 0:8] 128 B receiver",
+                                                                    "[0:1, 4:8, 8:12] reads [0:1, 0:8, 8:12] 64 B receiver",
+                                                                    "[1:2, 4:8, 0:8] reads [1:2, 0:8, 0:8] 128 B receiver",
+                                                                    "[1:2, 4:8, 8:12] reads [1:2, 0:8, 8:12] 64 B receiver"}));
+  EXPECT_EQ(ErrorOf([&] { big.Pieces(false, 100, 120); }),
+            "infer.json: tensor 'layers.{layer}.gate': the piece [0:1, 4:8, 0:8] for inference rank 1 is one block of "
+            "8x8 and does not fit 120 staging bytes; raise --staging-mb");
 }
 
 // Training TP2 over the columns of gate and up (6 of 12 each): a per-tensor

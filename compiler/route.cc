@@ -173,10 +173,10 @@ PlanIR Route(const ModelSpec& model, const ClusterSpec& cluster, const LayoutSpe
              const LayoutSpec& dst_layout, const Expansion& dst, const RouteOptions& opt) {
   auto kept = std::make_unique<routing::Router>(model, cluster, src_layout, src, dst_layout, dst, opt);
   kept->Plan();
-  // Where the kept fill's busiest NIC waits on others for more than
-  // kRestripeAbove - 1 of the estimate, the rounds may be cut short by the
-  // NVLink fan-out of large stripes (DeepSeek-V3 FP8 TP16 on GB200 NVL72:
-  // 1.111x of the bound with 32 MiB stripes, 1.046x with 16): route again
+  // Where the kept fill's flow estimate is above kRestripeAbove times its
+  // busiest NIC's bytes, the rounds may wait on the NVLink fan-out of large
+  // stripes (DeepSeek-V3 FP8 TP16 on GB200 NVL72: 1.057x of the bound with
+  // 32 MiB stripes, 1.046x with 16, by simulate): route again
   // with finer stripes and keep the faster by the flow estimate. Only the
   // kept routing is emitted (the other is freed first). Plans below the
   // gate are routed once. A recompile with --fill-of takes the earlier

@@ -43,7 +43,7 @@ void Router::AddPieces(int t, const Cell& cell, const Box& piece, const Fragment
   const uint32_t hop_begin = static_cast<uint32_t>(hop_pool_.size());
   hop_pool_.insert(hop_pool_.end(), hops.begin(), hops.end());
   if (quant_.Quantized(t)) {  // whole scale blocks: quant_route.h
-    for (const QuantPiece& q : quant_.Pieces(t, sf, cell.box, df, piece, PieceCap())) {
+    for (const QuantPiece& q : quant_.Pieces(t, sf, cell.box, df, piece, QuantPieceCap(), PieceCap())) {
       send_load_[a] += q.bytes;
       DPiece p{t, q.need, sf, df, a, b, q.bytes, true};
       p.hop_begin = hop_begin;

@@ -741,9 +741,49 @@ TEST(SimulateTest, FineStripesAreKeptWhereTheBusiestNicWaits) {
   ASSERT_EQ(q.exit_code, 0) << q.err;
   const auto k = nlohmann::json::parse(q.out);
   EXPECT_EQ(k["stripe_mib"], 32) << q.out;
-  EXPECT_LE(k["estimate"]["flow_seconds"].get<double>(), 1.07 * k["estimate"]["busiest_nic_seconds"].get<double>())
+  EXPECT_LE(k["estimate"]["flow_seconds"].get<double>(), 1.05 * k["estimate"]["busiest_nic_seconds"].get<double>())
       << q.out;
   EXPECT_EQ(Reshard("show " + a, dir).out.find("stripes of"), std::string::npos);
+}
+
+// Qwen3-235B FP8 checkpoint -> vLLM TP4 x32 on DGX H100 (issue 32): every
+// inference GPU takes in half its weights over its NIC and half from its twin
+// in the other engine over NVLink, both into staging. The fill cannot split
+// pieces of quantized tensors, so when routing cut them to half an arena (72
+// MiB: six experts' w13) each round held one of each, 62% of its staging,
+// and the refit took 395 rounds where the staging needs 245: 1.114x of the
+// bound. Cut to a sixteenth (kQuantPiecesPerArena), 1.026x in 239 rounds.
+TEST(SimulateTest, QuantizedPiecesAreCutSmallEnoughToFillTheRounds) {
+#ifdef RESHARD_SANITIZE
+  GTEST_SKIP() << "a 256-rank FP8 plan compiled and simulated: minutes under AddressSanitizer";
+#endif
+  TempDir dir;
+  std::string args;
+  ASSERT_NO_FATAL_FAILURE(InitSpecs("qwen3-235b-a22b-fp8.json",
+                                    "megatron:tp=4,pp=8,ep=16,etp=1,grouped-gemm,pp-layers=11,12,12,12,12,12,12,11",
+                                    "vllm:tp=4,engines=32", "dgx-h100", dir.File("specs"), dir, &args));
+  const std::string plan = dir.File("p.rsplan");
+  Result c = Reshard("compile --json " + args + " -o " + plan, dir);
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  const auto j = nlohmann::json::parse(c.out);
+  EXPECT_LT(j["rounds"].get<int>(), 260) << c.out;  // the staging's 245, not 395
+  EXPECT_LT(j["plan_bytes"].get<double>(), 64.0 * (1 << 20)) << c.out;
+  Result sim = Reshard("simulate -q " + plan + " --cluster " + dir.File("specs/cluster.json") + " --json", dir);
+  ASSERT_EQ(sim.exit_code, 0) << sim.err;
+  EXPECT_LT(nlohmann::json::parse(sim.out)["ratio_to_bound"].get<double>(), 1.05) << sim.out;
+  // Rank 134 unpacks no piece of the experts' FP8 weights above 1/16 of its
+  // 256 MiB arena (72 MiB before); the BF16 embedding and lm_head, which the
+  // fill can split, keep their larger pieces.
+  Result show = Reshard("show --json --rank 134 " + plan, dir);
+  ASSERT_EQ(show.exit_code, 0) << show.err;
+  uint64_t experts = 0, pieces = 0;
+  const auto shown = nlohmann::json::parse(show.out);
+  for (const auto& r : shown["per_rank"])
+    for (const auto& step : r["program"])
+      if (step["kind"] == "unpack" && step["dst"].get<std::string>().find(".mlp.experts.") != std::string::npos)
+        experts = std::max(experts, step["bytes"].get<uint64_t>()), ++pieces;
+  EXPECT_GT(pieces, 0u);
+  EXPECT_LE(experts, uint64_t{16} << 20);
 }
 
 // GLM-4.5-Air -> vLLM TP2 DP4 EP x4 on DGX H100 (issue 32): a GPU that is
