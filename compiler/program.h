@@ -25,18 +25,31 @@ constexpr double kDefaultStagingFill = 0.9;
 /// share, where they split coarsely (route_schedule.cc FillRounds).
 constexpr double kCoarseSplit = 1.0 / 16;
 /// Stripes of a region that enters a destination domain once (route_direct.cc),
-/// at least this many MiB each, one per entry GPU; kFineStripeMiB where the
-/// flow estimate of a plan routed with kStripeMiB is above kRestripeAbove
-/// times its busiest NIC's bytes at the NIC's bandwidth (the issue-32 target
-/// of 1.05x), and finds the finer stripes faster (Route, route.cc). The gate
-/// was 1.07 while quantized pieces were cut to half an arena; since they are
-/// cut to 1/16 (kQuantPiecesPerArena), DeepSeek-V3 FP8 on GB200 NVL72 is
-/// estimated 1.052x with 32 MiB stripes (simulate 1.057x) and 1.041x with 16
-/// (1.046x). Of the other bound_gap rows none is estimated above 1.043x,
-/// so they are routed once.
+/// at least this many MiB each, one per entry GPU; kFineStripeMiB (and
+/// quantized tensors' pieces cut finer: kQuantPiecesPerArena, below) where
+/// the flow estimate of the plan routed with kStripeMiB is above
+/// kRestripeAbove times its busiest NIC's bytes at the NIC's bandwidth (the
+/// issue-32 target of 1.05x), and finds the finer routing faster (Route,
+/// route.cc). The gate was 1.07 when only the stripes changed; at 1.05 the
+/// finer routing is tried on three of the 13 bound_gap rows (DeepSeek-V3
+/// FP8 on GB200 NVL72, Qwen3-235B FP8 TP4 and per-channel) and kept on all three.
 constexpr uint32_t kStripeMiB = 32;
 constexpr uint32_t kFineStripeMiB = 16;
 constexpr double kRestripeAbove = 1.05;
+/// In the finer routing (Route: where the first one's flow estimate is above
+/// kRestripeAbove), pieces of a quantized tensor are at most 1/this of a
+/// round's staging arena (16 MiB at the default --staging-mb 512), not half.
+/// At half an arena (pieces of 72 MiB, six experts' w13 of Qwen3-235B FP8 ->
+/// vLLM TP4 x32), a GPU that took in one piece over its NIC and one over
+/// NVLink had 62% of its round's staging filled and no piece fitting the
+/// rest: 395 rounds where the staging needs 245, 1.114x of the bound.
+/// simulate, with 1/8 1/12 1/16 of the arena for every plan: that row 1.030x
+/// 1.024x 1.026x, Qwen3-235B FP8 per-channel 1.061x 1.058x 1.047x; but the
+/// plans 1.3-3.3x larger, and DeepSeek-V3 FP8 TP16 DP16's compile (1.041x
+/// -> 1.025x) 1.0 -> 1.7 s and 424 -> 940 MiB: hence only where the first
+/// routing misses the target (README, issue 32, eighteenth session). The
+/// fill splits other pieces where a round needs it (SplitFront, route_schedule.cc).
+constexpr uint64_t kQuantPiecesPerArena = 16;
 constexpr uint32_t kStaging = 0xFFFFFFFFu;  // StridedRegion::buffer naming the staging area
 
 /// Staged pieces start at multiples of kAlign bytes (for vectorized kernels).

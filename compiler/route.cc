@@ -174,14 +174,16 @@ PlanIR Route(const ModelSpec& model, const ClusterSpec& cluster, const LayoutSpe
   auto kept = std::make_unique<routing::Router>(model, cluster, src_layout, src, dst_layout, dst, opt);
   kept->Plan();
   // Where the kept fill's flow estimate is above kRestripeAbove times its
-  // busiest NIC's bytes, the rounds may wait on the NVLink fan-out of large
-  // stripes (DeepSeek-V3 FP8 TP16 on GB200 NVL72: 1.057x of the bound with
-  // 32 MiB stripes, 1.046x with 16, by simulate): route again
-  // with finer stripes and keep the faster by the flow estimate. Only the
-  // kept routing is emitted (the other is freed first). Plans below the
-  // gate are routed once. A recompile with --fill-of takes the earlier
-  // plan's stripes; a fill_candidate (compile --simulate-fills) those it is
-  // given.
+  // busiest NIC's bytes, route again finer: 16 MiB stripes, so that rounds
+  // wait less on the NVLink fan-out of large ones (DeepSeek-V3 FP8 TP16 on
+  // GB200 NVL72: 1.111x of the bound with 32 MiB, 1.046x with 16, by
+  // simulate), and quantized tensors' pieces of 1/16 of an arena, which the
+  // fill can pack into rounds (Qwen3-235B FP8 -> TP4 x32: 1.114x -> 1.026x;
+  // router.h, kQuantPiecesPerArena). The faster by the flow estimate is kept,
+  // and only it emitted (the other is freed first). Plans below the gate
+  // are routed once. A recompile with --fill-of takes the earlier plan's
+  // routing (its stripes); a fill_candidate (compile --simulate-fills) the
+  // one it is given.
   if (opt.strategy == "direct" && !opt.fill_of && opt.fill_candidate < 0 && kept->FlowSeconds() > 0 &&
       kept->FlowSeconds() > kRestripeAbove * kept->BusiestNicSeconds()) {
     std::optional<Phase> phase(std::in_place, "route: finer stripes");

@@ -43,7 +43,7 @@ void Router::AddPieces(int t, const Cell& cell, const Box& piece, const Fragment
   const uint32_t hop_begin = static_cast<uint32_t>(hop_pool_.size());
   hop_pool_.insert(hop_pool_.end(), hops.begin(), hops.end());
   if (quant_.Quantized(t)) {  // whole scale blocks: quant_route.h
-    for (const QuantPiece& q : quant_.Pieces(t, sf, cell.box, df, piece, QuantPieceCap(), PieceCap())) {
+    for (const QuantPiece& q : quant_.Pieces(t, sf, cell.box, df, piece, quant_cap_, PieceCap())) {
       send_load_[a] += q.bytes;
       DPiece p{t, q.need, sf, df, a, b, q.bytes, true};
       p.hop_begin = hop_begin;
@@ -107,8 +107,9 @@ double Router::RelaysSpare(const std::vector<DPiece>& pieces) const {
 
 void Router::Direct() {
   std::optional<Phase> phase(std::in_place, "route: pieces");
-  std::vector<DPiece>& pieces = pieces_;
+  std::vector<DPiece> pieces;  // a local, not pieces_, while the fills copy the router
   const uint32_t stripe_mib = opt_.fill_of ? opt_.fill_of->stripe_mib : opt_.stripe_mib;
+  quant_cap_ = QuantPieceCap(stripe_mib);
   const uint64_t stripe_min = uint64_t{stripe_mib} << 20;
   // Every destination need as pieces; relay trees of up to `tree_domains`
   // destination domains (1: none, every domain's entry GPUs take their
@@ -329,6 +330,7 @@ void Router::Direct() {
   phase.emplace("route: schedule");
   Schedule(pieces);
   ir_.round_fill.stripe_mib = stripe_mib;
+  pieces_ = std::move(pieces);  // for Finish's emit
 }
 
 }  // namespace reshard::routing

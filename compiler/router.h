@@ -38,17 +38,6 @@ namespace reshard::routing {
 
 inline constexpr uint8_t kDirectSrc = 1, kDirectDst = 2;  // DPiece::direct
 inline constexpr uint64_t kMinSplit = 4ull << 20;  // smallest part split off a piece to fill a round
-// Pieces of a quantized tensor are at most 1/this of a round's staging arena
-// (16 MiB at the default --staging-mb 512). At half an arena (pieces of 72
-// MiB, six experts' w13 of Qwen3-235B FP8 -> vLLM TP4 x32), a GPU that took
-// in one piece over its NIC and one over NVLink had 62% of its round's
-// staging filled and no piece fitting the rest: 395 rounds where the staging
-// needs 245, 1.114x of the bound. simulate, with 1/8 1/12 1/16 of the arena:
-// that row 1.030x 1.024x 1.026x; Qwen3-235B FP8 per-channel 1.061x 1.058x
-// 1.047x; Kimi-K2 FP8 serving 1.048x -> 1.019x (1/16); the plans up to 3.3x
-// larger (README, issue 32, eighteenth session). Plans of unquantized
-// tensors are unchanged.
-inline constexpr uint64_t kQuantPiecesPerArena = 16;
 inline constexpr size_t kTreeDomains = 2;          // destination domains one source send reaches (relay trees)
 inline constexpr size_t kTreeFanout = 1;           // domains each entry GPU forwards a piece to
 inline constexpr double kRelayOnlyAbove = 0.75;    // no relay trees where the sources have this much to spare (RelaysSpare)
@@ -222,10 +211,13 @@ class Router {
   // The largest staged piece: half a round's arena, so pieces pack into rounds.
   uint64_t PieceCap() const { return cap_ / 2; }
   // The size quantized tensors' pieces are cut to: the fill cannot split
-  // those (SplitFront: they are cut at block edges only), so they are cut
-  // here to a part of the arena a round's share holds several of. A piece
-  // of one block (per-tensor scales) may still take PieceCap.
-  uint64_t QuantPieceCap() const { return cap_ / kQuantPiecesPerArena; }
+  // those (SplitFront: they are cut at block edges only). Half an arena,
+  // like the others; in the finer routing (stripes below kStripeMiB) a
+  // 1/kQuantPiecesPerArena part, so that a round's share holds several. A
+  // piece of one block (per-tensor scales) may still take PieceCap.
+  uint64_t QuantPieceCap(uint32_t stripe_mib) const {
+    return stripe_mib < kStripeMiB ? cap_ / kQuantPiecesPerArena : PieceCap();
+  }
   // Bump allocation in the round's staging arena, of `arena` (per rank, per
   // round: bytes allocated); the rank's staging grows to hold it where `record`.
   uint64_t AllocIn(std::vector<std::vector<uint64_t>>& arena, uint32_t rank, size_t round, uint64_t bytes,
@@ -282,6 +274,7 @@ class Router {
   std::vector<Assembly> assemblies_;          // DPiece::assembly indexes these
   PlanIR ir_;
   uint64_t cap_ = 0;                          // arena size
+  uint64_t quant_cap_ = 0;                    // QuantPieceCap of this routing's stripes (Direct)
   std::vector<uint64_t> send_load_;           // bytes each global rank sends
   std::vector<uint64_t> entry_load_;          // bytes entering each rank's domain through it (exchange)
   std::vector<Hop> hop_pool_;                 // delivery trees of exchanged pieces

@@ -193,6 +193,9 @@ std::string RoundFillText(bool proportional, double min_share, double staging_fi
   std::snprintf(pct, sizeof pct, "%.0f%%", staging_fill * 100);
   std::string stripes;
   if (stripe_mib != kStripeMiB) stripes = ", regions entering a domain in stripes of " + std::to_string(stripe_mib) + " MiB";
+  if (stripe_mib < kStripeMiB)  // the finer routing (compiler/route.cc): quantized pieces cut finer too
+    stripes += " and quantized tensors in pieces of at most 1/" + std::to_string(kQuantPiecesPerArena) +
+               " of a round's staging";
   return "rounds filled " + how + ", planned for " + pct + " of the staging budget" + stripes;
 }
 
