@@ -208,8 +208,9 @@ TEST(QuantPieces, SplitOnlyAtBlockEdges) {
   EXPECT_EQ(ErrorOf([&] { big.Pieces(false, 100); }),
             "infer.json: tensor 'layers.{layer}.gate': the piece [0:1, 4:8, 0:8] for inference rank 1 is one block of "
             "8x8 and does not fit 100 staging bytes; raise --staging-mb");
-  // Routing cuts pieces to a sixteenth of an arena (kQuantPiecesPerArena) but
-  // lets a piece of one block, which cannot be cut, take half of it.
+  // The finer routing cuts pieces to a sixteenth of an arena
+  // (kQuantPiecesPerArena) but lets a piece of one block, which cannot be
+  // cut, take half of it.
   EXPECT_EQ(big.Pieces(false, 100, 200), (std::vector<std::string>{"[0:1, 4:8, 0:8] reads [0:1, 0:8, 0:8] 128 B receiver",
                                                                     "[0:1, 4:8, 8:12] reads [0:1, 0:8, 8:12] 64 B receiver",
                                                                     "[1:2, 4:8, 0:8] reads [1:2, 0:8, 0:8] 128 B receiver",

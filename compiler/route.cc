@@ -179,7 +179,7 @@ PlanIR Route(const ModelSpec& model, const ClusterSpec& cluster, const LayoutSpe
   // GB200 NVL72: 1.111x of the bound with 32 MiB, 1.046x with 16, by
   // simulate), and quantized tensors' pieces of 1/16 of an arena, which the
   // fill can pack into rounds (Qwen3-235B FP8 -> TP4 x32: 1.114x -> 1.026x;
-  // router.h, kQuantPiecesPerArena). The faster by the flow estimate is kept,
+  // kQuantPiecesPerArena, program.h). The faster by the flow estimate is kept,
   // and only it emitted (the other is freed first). Plans below the gate
   // are routed once. A recompile with --fill-of takes the earlier plan's
   // routing (its stripes); a fill_candidate (compile --simulate-fills) the

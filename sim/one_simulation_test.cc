@@ -14,6 +14,7 @@
 
 #include "runtime/error.h"
 #include "sim/simulate.h"
+#include "sim/test_cluster.h"
 #include "sim/workload.h"
 
 namespace reshard::sim {
@@ -38,13 +39,7 @@ Workload OneMessage(uint64_t bytes) {
 }
 
 TEST(OneSimulationTest, ASecondSimulationInOneProcessIsANamedError) {
-  ClusterSpec cluster;
-  cluster.name = "test";
-  cluster.gpus_per_domain = 1;
-  cluster.nic_gbps = 400;  // 50 GB/s
-  cluster.nvlink_GBps = 150;
-  cluster.nic_latency_us = cluster.nvlink_latency_us = 0;
-  cluster.hbm_GBps = 3350;
+  const ClusterSpec cluster = testing::NoLatencyCluster(1);
   int fds[2];
   ASSERT_EQ(pipe(fds), 0);
   const pid_t pid = fork();
