@@ -106,7 +106,26 @@ struct CellGrid {
 // The cells of `tensor` (of `nd` dims) that the training side's fragments make.
 CellGrid BuildCells(const Expansion& src, int tensor, int nd);
 
-struct DPiece;
+// A piece of a need routed from sender a to receiver b (the direct strategy).
+struct DPiece {
+  int tensor;
+  Box box;
+  FragmentRef s, d;
+  uint32_t a, b;  // global ranks
+  uint64_t bytes;
+  bool staged;
+  // A staged piece one end of which is contiguous (Unstage): it is its
+  // own message, sent straight from the sender's buffer (kDirectSrc:
+  // staged and unpacked at b only) or received straight into the
+  // receiver's (kDirectDst: packed and staged at a only).
+  uint8_t direct = 0;
+  size_t round = 0;
+  uint32_t hop_begin = 0, hop_count = 0;  // its tree beyond b (hop_pool_)
+  int32_t quant = -1;                     // a quantized tensor's piece: index into qpieces_
+  int32_t assembly = -1;                  // a part of an assembled cover: index into assemblies_
+  int32_t grid = -1;                      // amax path: the part's grid, its index in the area
+};
+
 class FillPieces;  // the pieces as one fill sees them (fill_pieces.h)
 
 // A delivery of a piece beyond its first receiver: the holder `parent` (an
@@ -283,25 +302,6 @@ class Router {
   std::vector<std::vector<uint64_t>> used_;   // per global rank, per round: bytes scheduled
   std::vector<std::vector<uint64_t>> arena_;  // per global rank, per round: bytes allocated
   bool hbm_binds_ = false;                    // a GPU's HBM traffic outlasts every link's (Unstage)
-};
-
-struct DPiece {
-  int tensor;
-  Box box;
-  FragmentRef s, d;
-  uint32_t a, b;  // global ranks
-  uint64_t bytes;
-  bool staged;
-  // A staged piece one end of which is contiguous (Unstage): it is its
-  // own message, sent straight from the sender's buffer (kDirectSrc:
-  // staged and unpacked at b only) or received straight into the
-  // receiver's (kDirectDst: packed and staged at a only).
-  uint8_t direct = 0;
-  size_t round = 0;
-  uint32_t hop_begin = 0, hop_count = 0;  // its tree beyond b (hop_pool_)
-  int32_t quant = -1;                     // a quantized tensor's piece: index into qpieces_
-  int32_t assembly = -1;                  // a part of an assembled cover: index into assemblies_
-  int32_t grid = -1;                      // amax path: the part's grid, its index in the area
 };
 
 // Calls fn(cell index, cell ∩ need) for every source cell `need` (of
