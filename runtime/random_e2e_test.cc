@@ -1,7 +1,8 @@
 // Random layouts end to end: plans compiled (both strategies) from
 // MakeRandomSpecs for many seeds are run with `reshard run --local`, one
 // process per rank over Gloo, and every destination element is checked;
-// and, with the same harness, plans whose fills keep staging for NIC intake.
+// and, with the same harness, plans whose fills keep staging for NIC intake
+// and quantized plans routed finer.
 #include <gtest/gtest.h>
 #include <stdio.h>
 #include <sys/wait.h>
@@ -183,6 +184,94 @@ TEST(RandomE2eTest, RandomQuantLayoutsRunWithEveryValueAndScaleRight) {
   RunCases(cases, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
+// Specs from `reshard init` for the small Qwen3-MoE (tests/data/tiny-qwen3-moe,
+// 37M parameters) from Megatron TP2 PP2 EP4 to `infer` on DGX H100, in dir/specsN.
+CompileInputs TinyMoeInputs(const testing::TempDir& dir, const std::string& infer, int n) {
+  const std::string config = std::string(RESHARD_SOURCE_DIR) + "/tests/data/tiny-qwen3-moe/config.json";
+  const std::string specs = dir.File("specs" + std::to_string(n));
+  const std::string init = kBinary + " init -q --hf-config " + config +
+                           " --train megatron:tp=2,pp=2,ep=4,etp=1,grouped-gemm --infer " + infer +
+                           " --cluster dgx-h100 -o " + specs;
+  if (std::system(init.c_str()) != 0) throw Error("failed: " + init);
+  return LoadInputs(specs + "/model.json", specs + "/train.json", specs + "/infer.json", specs + "/cluster.json");
+}
+
+// Compiles `plain` with `po` and `c` with `co` into plan files in `dir`
+// (named after the count `compiled`); true where `reshard diff` finds some
+// rank's program differs step for step (what the plans record of their
+// fill does not count).
+bool CompileTwoWays(const CompileInputs& in, const testing::TempDir& dir, int& compiled, Case& plain,
+                    const CompileOptions& po, Case& c, const CompileOptions& co) {
+  for (Case* x : {&plain, &c}) {
+    x->plan = dir.File("p" + std::to_string(compiled++) + ".rsplan");
+    PlanIR ir = BuildPlan(in, x == &c ? co : po);
+    testing::WriteFile(x->plan, EmitPlan(in, ir));
+    x->ranks = static_cast<uint32_t>(ir.ranks.size());
+  }
+  const int diff = std::system((kBinary + " diff " + plain.plan + " " + c.plan + " >/dev/null").c_str());
+  if (!WIFEXITED(diff) || WEXITSTATUS(diff) > 1) throw Error(Describe(c) + ": reshard diff failed");
+  std::printf("%s: %s\n", c.strategy.c_str(), WEXITSTATUS(diff) == 1 ? "changed" : "the same");
+  return WEXITSTATUS(diff) == 1;
+}
+
+// The most bytes one step of `rank` unpacks into an expert's weights
+// (`reshard show --json --rank`).
+uint64_t LargestExpertUnpack(const std::string& plan, uint32_t rank) {
+  const testing::ShellResult show =
+      testing::Shell(kBinary + " show --json --rank " + std::to_string(rank) + " " + plan);
+  EXPECT_EQ(show.exit_code, 0) << show.out;
+  const auto shown = nlohmann::json::parse(show.out, nullptr, false);
+  uint64_t largest = 0;
+  if (!shown.is_object()) return largest;
+  for (const auto& r : shown["per_rank"])
+    for (const auto& step : r["program"])
+      if (step["kind"] == "unpack" && step["dst"].get<std::string>().find(".mlp.experts.") != std::string::npos)
+        largest = std::max(largest, step["bytes"].get<uint64_t>());
+  return largest;
+}
+
+// The finer routing (Route, route.cc: taken where the first routing's flow
+// estimate is above kRestripeAbove and it is faster) cuts quantized tensors
+// into pieces of at most 1/kQuantPiecesPerArena of an arena (64 KiB with 2
+// MiB of staging: four 128x128 FP8 blocks) where the first cuts them at half
+// an arena, and stripes at kFineStripeMiB. The random layouts' tensors are
+// too small for either cut, so the small Qwen3-MoE (tests/data/tiny-qwen3-moe;
+// 128 KiB attention projections, 256 KiB experts in FP8) from Megatron TP2 PP2
+// EP4 goes to vLLM EP over two NVLink domains, in FP8 block and channel
+// scales, quantized by the sender and by the receiver, each routed both ways
+// (a fill_candidate with the stripes given, as `compile --simulate-fills`
+// compiles one). Every plan the finer routing changed (reshard diff) must
+// move every value and scale right, and it must change most.
+TEST(FinerRoutingE2eTest, QuantizedPiecesCutFinerRunWithEveryValueAndScaleRight) {
+  testing::TempDir dir;
+  std::vector<Case> cases;
+  int compiled = 0, layout = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const char* infer : {"vllm:tp=1,dp=16,ep,quant=fp8-block", "vllm:tp=1,dp=16,ep,quant=fp8-channel"}) {
+    const CompileInputs in = TinyMoeInputs(dir, infer, ++layout);
+    for (const bool on_sender : {true, false}) {
+      CompileOptions opt{"direct", 2};
+      opt.quantize_on_sender = on_sender;
+      opt.fill_candidate = 0;
+      CompileOptions fine = opt;
+      fine.stripe_mib = kFineStripeMiB;
+      Case plain, c;
+      plain.seed = c.seed = layout;
+      plain.strategy = std::string(infer) + (on_sender ? " quantized by the sender" : " quantized by the receiver");
+      c.strategy = plain.strategy + ", routed finer";
+      const bool changed = CompileTwoWays(in, dir, compiled, plain, opt, c, fine);
+      // Rank 10 (an inference rank holding an expert) unpacks its experts'
+      // FP8 weights in pieces of 64 KiB at most, routed finer, where the
+      // stripes alone leave them whole (256 KiB).
+      EXPECT_LE(LargestExpertUnpack(c.plan, 10), uint64_t{64} << 10) << Describe(c);
+      EXPECT_GT(LargestExpertUnpack(plain.plan, 10), uint64_t{64} << 10) << Describe(plain);
+      if (changed) cases.push_back(std::move(c));
+    }
+  }
+  EXPECT_GE(cases.size(), 3u) << "the finer routing changed too few plans to test it";
+  RunCases(cases, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
 // Fills that keep staging for NIC intake (RoundFill::nic_reserve): by
 // default only plans of more than 16,384 pieces get them, too large for
 // `run --local`. A small Qwen3-MoE (tests/data/tiny-qwen3-moe, 37M
@@ -195,40 +284,24 @@ TEST(RandomE2eTest, RandomQuantLayoutsRunWithEveryValueAndScaleRight) {
 TEST(NicReserveE2eTest, ChangedPlansRunWithEveryElementRight) {
   testing::TempDir dir;
   std::vector<Case> cases;
-  int compiled = 0;
+  int compiled = 0, layout = 0;
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string config = std::string(RESHARD_SOURCE_DIR) + "/tests/data/tiny-qwen3-moe/config.json";
-  int layout = 0;
   for (const char* infer : {"vllm:tp=2,dp=8", "vllm:tp=2,dp=8,ep"}) {
-    const std::string specs = dir.File("specs" + std::to_string(++layout));
-    const std::string init = kBinary + " init -q --hf-config " + config +
-                             " --train megatron:tp=2,pp=2,ep=4,etp=1,grouped-gemm --infer " + infer +
-                             " --cluster dgx-h100 -o " + specs;
-    ASSERT_EQ(std::system(init.c_str()), 0) << init;
-    const CompileInputs in = LoadInputs(specs + "/model.json", specs + "/train.json", specs + "/infer.json",
-                                        specs + "/cluster.json");
+    const CompileInputs in = TinyMoeInputs(dir, infer, ++layout);
     for (const bool proportional : {false, true}) {
       RoundFill fill;
       fill.proportional = proportional;
       CompileOptions opt{"direct", 2};
+      fill.nic_reserve = 0;
+      opt.fill_of = fill;
+      CompileOptions reserved = opt;
+      fill.nic_reserve = routing::kNicReserve;
+      reserved.fill_of = fill;
       Case plain, c;
       plain.seed = c.seed = layout;
       plain.strategy = std::string(infer) + (proportional ? " proportional" : " greedy");
       c.strategy = plain.strategy + " with the NIC reserve";
-      for (Case* x : {&plain, &c}) {
-        fill.nic_reserve = x == &c ? routing::kNicReserve : 0;
-        opt.fill_of = fill;
-        x->plan = dir.File("p" + std::to_string(compiled++) + ".rsplan");
-        PlanIR ir = BuildPlan(in, opt);
-        testing::WriteFile(x->plan, EmitPlan(in, ir));
-        x->ranks = static_cast<uint32_t>(ir.ranks.size());
-      }
-      // `reshard diff` exits 1 where some rank's program differs step for
-      // step (the recorded fill itself does not count).
-      const int diff = std::system((kBinary + " diff " + plain.plan + " " + c.plan + " >/dev/null").c_str());
-      ASSERT_TRUE(WIFEXITED(diff) && WEXITSTATUS(diff) <= 1) << Describe(c) << ": reshard diff failed";
-      std::printf("%s: %s\n", c.strategy.c_str(), WEXITSTATUS(diff) == 1 ? "changed" : "the same");
-      if (WEXITSTATUS(diff) == 1) cases.push_back(std::move(c));
+      if (CompileTwoWays(in, dir, compiled, plain, opt, c, reserved)) cases.push_back(std::move(c));
     }
   }
   EXPECT_GE(cases.size(), 3u) << "the NIC reserve changed too few plans to test it";
