@@ -237,11 +237,14 @@ uint64_t LargestExpertUnpack(const std::string& plan, uint32_t rank) {
 // an arena, and stripes at kFineStripeMiB. The random layouts' tensors are
 // too small for either cut, so the small Qwen3-MoE (tests/data/tiny-qwen3-moe;
 // 128 KiB attention projections, 256 KiB experts in FP8) from Megatron TP2 PP2
-// EP4 goes to vLLM EP over two NVLink domains, in FP8 block and channel
-// scales, quantized by the sender and by the receiver, each routed both ways
-// (a fill_candidate with the stripes given, as `compile --simulate-fills`
-// compiles one). Every plan the finer routing changed (reshard diff) must
-// move every value and scale right, and it must change most.
+// EP4 goes to vLLM EP over two NVLink domains in FP8 block scales,
+// quantized by the sender and by the receiver (blocks TP2 splits: from
+// partial amaxes either way), and in channel scales, each routed both ways (a
+// fill_candidate with the stripes given, as `compile --simulate-fills`
+// compiles one). The finer routing must change every plan (reshard diff),
+// and each must move every value and scale right. (Channel scales quantized
+// by the receiver are left out: 36 s of `run --local` for the four, about
+// nine times that under the sanitizers.)
 TEST(FinerRoutingE2eTest, QuantizedPiecesCutFinerRunWithEveryValueAndScaleRight) {
   testing::TempDir dir;
   std::vector<Case> cases;
@@ -250,6 +253,7 @@ TEST(FinerRoutingE2eTest, QuantizedPiecesCutFinerRunWithEveryValueAndScaleRight)
   for (const char* infer : {"vllm:tp=1,dp=16,ep,quant=fp8-block", "vllm:tp=1,dp=16,ep,quant=fp8-channel"}) {
     const CompileInputs in = TinyMoeInputs(dir, infer, ++layout);
     for (const bool on_sender : {true, false}) {
+      if (layout == 2 && !on_sender) continue;
       CompileOptions opt{"direct", 2};
       opt.quantize_on_sender = on_sender;
       opt.fill_candidate = 0;
@@ -268,7 +272,7 @@ TEST(FinerRoutingE2eTest, QuantizedPiecesCutFinerRunWithEveryValueAndScaleRight)
       if (changed) cases.push_back(std::move(c));
     }
   }
-  EXPECT_GE(cases.size(), 3u) << "the finer routing changed too few plans to test it";
+  EXPECT_EQ(cases.size(), 3u) << "the finer routing left a plan as it was";
   RunCases(cases, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
