@@ -12,18 +12,23 @@ namespace reshard::routing {
 
 // Sorts `v` (elements with a uint64_t `key`) by descending key, equal keys
 // keeping their order: a radix sort of (largest key - key), least
-// significant 11-bit digit first (each pass is stable), with only the passes
-// the largest key needs, every pass's digit counts taken in one read of the
-// keys; a pass whose digit is the same everywhere is skipped. `tmp` is
-// scratch, kept by the caller to reuse its memory.
+// significant 12-bit digit first (each pass is stable), with only the passes
+// the keys' spread (largest - smallest) needs, every pass's digit counts
+// taken in one read of the keys; a pass whose digit is the same everywhere
+// is skipped. `tmp` is scratch, kept by the caller to reuse its memory.
+// (The round fill's keys, bytes left at two NICs, spread over 33-36 bits on
+// DeepSeek-V3: 3 passes of 12 bits where 11-bit digits took 4 - a quarter
+// of the sort's element moves, which were a tenth of that compile's
+// instructions by callgrind.)
 template <class T>
 void SortByKeyDescending(std::vector<T>& v, std::vector<T>& tmp) {
-  constexpr int kBits = 11, kMaxPasses = (64 + kBits - 1) / kBits;
+  constexpr int kBits = 12, kMaxPasses = (64 + kBits - 1) / kBits;
   constexpr uint64_t kMask = (uint64_t{1} << kBits) - 1;
-  uint64_t top = 0;
-  for (const T& x : v) top = std::max(top, x.key);
+  uint64_t top = 0, least = UINT64_MAX;
+  for (const T& x : v) top = std::max(top, x.key), least = std::min(least, x.key);
+  const uint64_t spread = v.empty() ? 0 : top - least;  // the largest (top - key)
   int passes = 0;
-  while (passes < kMaxPasses && (top >> (passes * kBits)) != 0) ++passes;
+  while (passes < kMaxPasses && (spread >> (passes * kBits)) != 0) ++passes;
   // Every pass's counts in one read of the keys, not one read per pass.
   std::vector<size_t> start(static_cast<size_t>(passes) * (kMask + 2), 0);
   for (const T& x : v) {

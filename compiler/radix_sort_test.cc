@@ -42,5 +42,21 @@ TEST(RadixSortTest, HighDigitsAndExtremes) {
   EXPECT_EQ(v, want);
 }
 
+// Keys in a narrow band far from zero (the passes follow the keys' spread,
+// not the largest key): the order is still std::stable_sort's.
+TEST(RadixSortTest, NarrowBandOfLargeKeys) {
+  std::mt19937_64 rng(11);
+  for (uint64_t base : {uint64_t{1} << 36, uint64_t{1} << 63, ~uint64_t{0} - 5000}) {
+    for (uint64_t band : {uint64_t{1}, uint64_t{4096}, uint64_t{5000}}) {
+      std::vector<Item> v(3000), tmp;
+      for (size_t i = 0; i < v.size(); ++i) v[i] = {base + rng() % band, static_cast<uint32_t>(i)};
+      std::vector<Item> want = v;
+      std::stable_sort(want.begin(), want.end(), [](const Item& a, const Item& b) { return a.key > b.key; });
+      SortByKeyDescending(v, tmp);
+      ASSERT_EQ(v, want) << "base " << base << ", band " << band;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace reshard::routing
