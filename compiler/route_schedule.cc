@@ -272,7 +272,10 @@ RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>&
     }
   };
   // The paced network share left between `from` and `to` in round r (net: whether they talk over a NIC).
-  auto share_left = [&](uint32_t from, uint32_t to, size_t r, bool net) -> uint64_t {
+  // (It and avail, below, are inlined by force: the compiler called them, a
+  // fifth of a fill's instructions - callgrind, DeepSeek-V3's kept fill
+  // alone, compile --fill-of: 1.112G -> 0.873G, the plan byte for byte.)
+  auto share_left = [&](uint32_t from, uint32_t to, size_t r, bool net) __attribute__((always_inline)) -> uint64_t {
     if (!net) {
       if (!nv_paced) return nv_pace[to] - std::min(nv_pace[to], in_nv.At(to, r));
       return std::min(nv_cap - std::min(nv_cap, out_nv.At(from, r)), nv_cap - std::min(nv_cap, in_nv.At(to, r)));
@@ -312,7 +315,7 @@ RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>&
   // The bytes piece p can take in round r at every GPU it touches: staging
   // (hard) and the paced network share (soft).
   // Stops early, with what it has so far, once that is below `floor`.
-  auto avail = [&](const DPiece& p, size_t r, bool with_net, uint64_t floor = 0) {
+  auto avail = [&](const DPiece& p, size_t r, bool with_net, uint64_t floor = 0) __attribute__((always_inline)) {
     uint64_t v = std::min(room(p.a, r), is_net(p.a, p.b) ? room(p.b, r) : nv_room(p.b, r, with_net));
     if (with_net) v = std::min(v, net_room(p.a, p.b, r));
     for (uint32_t k = 0; k < p.hop_count && v >= floor; ++k) {
