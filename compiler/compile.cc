@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "compiler/expand.h"
+#include "compiler/keep_until_exit.h"
 #include "compiler/memory_check.h"
 #include "compiler/phase_times.h"
 #include "runtime/error.h"
@@ -124,6 +125,8 @@ PlanIR BuildPlan(const CompileInputs& in, const CompileOptions& opt) {
   ir.memory_warnings = memory;
   ir.scales = src.scales;
   ir.scales.insert(ir.scales.end(), dst.scales.begin(), dst.scales.end());
+  Dispose(std::move(src));
+  Dispose(std::move(dst));
   return ir;
 }
 

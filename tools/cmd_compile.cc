@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "compiler/compile.h"
+#include "compiler/keep_until_exit.h"
 #include "compiler/phase_times.h"
 #include "compiler/write_file.h"
 #include "runtime/error.h"
@@ -93,6 +94,7 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
   fill_of->excludes("--search-fills")->excludes("--simulate-fills");
   cmd->callback([o, &exit_code] {
     auto t0 = std::chrono::steady_clock::now();
+    SetKeepUntilExit(true);  // a process of its own: what it built is left to the exit
     std::optional<Phase> load(std::in_place, "read specs");
     CompileInputs in = LoadInputs(o->model, o->from, o->to, o->cluster);
     load.reset();
@@ -118,6 +120,7 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
       WriteFileAtomic(o->out, bytes);
       phase.reset();
       j = CompileSummary(o->out, o->strategy, ir, bytes.size());
+      Dispose(std::move(ir));
     }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     j["seconds"] = secs;
@@ -164,6 +167,9 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
       }
     }
     exit_code = 0;
+    // The process ends here: its largest structures are left to the exit
+    // (compiler/keep_until_exit.h).
+    Dispose(std::move(in));
   });
 }
 
