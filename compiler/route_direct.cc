@@ -60,12 +60,21 @@ void Router::AddPieces(int t, const Cell& cell, const Box& piece, const Fragment
   StridedRegion whole_s = SrcRegion(sf, piece), whole_d = DstRegion(df, piece);
   bool contiguous = !relayed && whole_s.contiguous() && whole_d.contiguous();
   uint64_t max_bytes = contiguous ? (uint64_t{1} << 31) : PieceCap();
-  std::vector<Box> work = SplitBox(piece, std::max<int64_t>(1, static_cast<int64_t>(max_bytes / esize)));
-  std::reverse(work.begin(), work.end());
-  while (!work.empty()) {
-    Box x = work.back();
-    work.pop_back();
-    StridedRegion rs = SrcRegion(sf, x), rd = DstRegion(df, x);
+  const int64_t max_elements = std::max<int64_t>(1, static_cast<int64_t>(max_bytes / esize));
+  // A piece within the cap (every piece of DeepSeek-V3's plan) is its own
+  // first box, its regions those just worked out: not split, not worked
+  // out again (a quarter of this serial phase's instructions).
+  const bool whole = piece.volume() <= max_elements;
+  std::vector<Box> work;
+  if (!whole) {
+    work = SplitBox(piece, max_elements);
+    std::reverse(work.begin(), work.end());
+  }
+  for (bool first = true; first || !work.empty(); first = false) {
+    const bool as_is = first && whole;  // the piece itself
+    Box x = as_is ? piece : work.back();
+    if (!as_is) work.pop_back();
+    StridedRegion rs = as_is ? whole_s : SrcRegion(sf, x), rd = as_is ? whole_d : DstRegion(df, x);
     bool fits = RegionFits(rs) && RegionFits(rd);
     for (const Hop& h : hops) fits = fits && DstFits(h.to, x);
     if (!fits) {
@@ -172,6 +181,20 @@ void Router::Direct() {
   auto cut_chunk = [&](size_t k) {
     for (size_t t = k ? chunk_end[k - 1] : 0; t < chunk_end[k]; ++t) cut(t);
   };
+  // The routing's scratch, reused from group to group and tree to tree (made
+  // afresh each time, their allocations were a third of this serial
+  // phase's instructions on DeepSeek-V3).
+  struct Dom {
+    uint32_t domain, begin, end;  // a destination domain and its needers: needers[begin, end)
+  };
+  std::vector<std::pair<size_t, size_t>> groups;
+  std::vector<bool> has_replica;
+  std::vector<std::pair<uint32_t, size_t>> needer_domain;
+  std::vector<size_t> needers, entry, pos, by_load, tdom, tentry;
+  std::vector<Dom> doms;
+  std::vector<Hop> hops;
+  std::vector<int32_t> entry_hop;
+  std::vector<uint32_t> depth;
   auto route_all = [&](size_t tree_domains) {
     std::future<void> ahead;  // the next chunk's cut
     for (size_t k = 0; k < chunk_end.size(); ++k) {
@@ -191,7 +214,7 @@ void Router::Direct() {
         for (const auto& [ci, list] : tn.wants) {
           const Cell& cell = g.cells[ci];
           // Needers of identical boxes form a group; groups must not overlap.
-          std::vector<std::pair<size_t, size_t>> groups;
+          groups.clear();
           for (size_t i = 0; i < list.size();) {
             size_t j = i;
             while (j < list.size() && list[j].second == list[i].second) ++j;
@@ -202,7 +225,7 @@ void Router::Direct() {
           for (size_t x = 0; exchange && x < groups.size(); ++x)
             for (size_t y = x + 1; exchange && y < groups.size(); ++y)
               exchange = !list[groups[x].first].second.intersects(list[groups[y].first].second);
-          std::vector<bool> has_replica;  // per domain: a replica of the cell sits there
+          has_replica.clear();  // per domain: a replica of the cell sits there
           for (const FragmentRef& rep : cell.replicas) {
             uint32_t d = ir_.domain[SrcGlobal(rep.rank)];
             if (has_replica.size() <= d) has_replica.resize(d + 1, false);
@@ -212,21 +235,35 @@ void Router::Direct() {
           auto self_held = [&](const FragmentRef& df) { return ReplicaOn(cell.replicas, DstGlobal(df.rank)) >= 0; };
           for (auto [i, j] : groups) {
             const Box& box = list[i].second;
-            // Needers by domain; those in a domain holding a replica take it straight from one.
-            std::map<uint32_t, std::vector<size_t>> by_domain;
+            // Needers by domain, in domain order, each domain's in need
+            // order (needer_domain, then doms: a domain and its run of
+            // needers in `needers`); those in a domain holding a replica
+            // take it straight from one.
+            needer_domain.clear();
             for (size_t k = i; k < j; ++k) {
               uint32_t d = ir_.domain[DstGlobal(list[k].first.rank)];
               if (!exchange || local(d) || self_held(list[k].first)) {
                 AddPieces(t, cell, box, list[k].first, {}, list[k].first.rank, pieces);
               } else {
-                by_domain[d].push_back(k);
+                needer_domain.push_back({d, k});
               }
             }
-            if (by_domain.empty()) continue;
+            if (needer_domain.empty()) continue;
+            if (!std::is_sorted(needer_domain.begin(), needer_domain.end(),
+                                [](const auto& x, const auto& y) { return x.first < y.first; }))
+              std::stable_sort(needer_domain.begin(), needer_domain.end(),
+                               [](const auto& x, const auto& y) { return x.first < y.first; });
+            needers.clear();
+            doms.clear();
             size_t most = 0;
-            for (auto& [d, ks] : by_domain) most = std::max(most, ks.size());
-            if (by_domain.size() == 1 && most == 1) {  // one needer
-              size_t k = by_domain.begin()->second[0];
+            for (const auto& [d, k] : needer_domain) {
+              if (doms.empty() || doms.back().domain != d)
+                doms.push_back({d, static_cast<uint32_t>(needers.size()), static_cast<uint32_t>(needers.size())});
+              needers.push_back(k);
+              most = std::max<size_t>(most, ++doms.back().end - doms.back().begin);
+            }
+            if (doms.size() == 1 && most == 1) {  // one needer
+              size_t k = needers[0];
               AddPieces(t, cell, box, list[k].first, {}, list[k].first.rank, pieces);
               continue;
             }
@@ -238,15 +275,16 @@ void Router::Direct() {
                                                              : SplitBox(box, (box.volume() + stripes - 1) / stripes);
             for (const Box& stripe : cut) {
               const uint64_t sbytes = stripe.volume() * esize;
-              std::vector<std::pair<uint32_t, std::vector<size_t>>> doms(by_domain.begin(), by_domain.end());
               // Fixed partner domains (a tree per consecutive kTreeDomains), roles set by load below:
               // pieces relayed between the same two GPUs then travel in one message.
-              std::vector<size_t> entry(doms.size());
+              entry.resize(doms.size());
               for (size_t x = 0; x < doms.size(); ++x) {
-                entry[x] = doms[x].second[0];
-                for (size_t k : doms[x].second)
+                entry[x] = needers[doms[x].begin];
+                for (uint32_t q = doms[x].begin; q < doms[x].end; ++q) {
+                  const size_t k = needers[q];
                   if (entry_load_[DstGlobal(list[k].first.rank)] < entry_load_[DstGlobal(list[entry[x]].first.rank)])
                     entry[x] = k;
+                }
                 entry_load_[DstGlobal(list[entry[x]].first.rank)] += sbytes;
               }
               // Trees of at most kTreeDomains domains (one source send each), fan-out
@@ -261,7 +299,7 @@ void Router::Direct() {
                   for (size_t f = 1; f <= kTreeFanout; ++f) c += kTreeFanout * x + f < m;
                   return c;
                 };
-                std::vector<size_t> pos(m), by_load(m);
+                pos.resize(m), by_load.resize(m);
                 std::iota(pos.begin(), pos.end(), 0);
                 std::iota(by_load.begin(), by_load.end(), t0);
                 // Stable insertion sorts of at most kTreeDomains entries (gcc 12
@@ -274,14 +312,12 @@ void Router::Direct() {
                 // (list is a structured binding: clang 14 captures it only through an init-capture)
                 auto relay = [&, &list = list](size_t x) { return relay_load_[DstGlobal(list[entry[x]].first.rank)]; };
                 stable_sort_small(by_load, [&](size_t u, size_t v) { return relay(u) < relay(v); });
-                std::vector<const std::vector<size_t>*> tdom(m);
-                std::vector<size_t> tentry(m);
-                for (size_t q = 0; q < m; ++q)
-                  tdom[pos[q]] = &doms[by_load[q]].second, tentry[pos[q]] = entry[by_load[q]];
+                tdom.resize(m), tentry.resize(m);
+                for (size_t q = 0; q < m; ++q) tdom[pos[q]] = by_load[q], tentry[pos[q]] = entry[by_load[q]];
                 for (size_t x = 0; x < m; ++x) relay_load_[DstGlobal(list[tentry[x]].first.rank)] += kids(x) * sbytes;
-                std::vector<Hop> hops;
-                std::vector<int32_t> entry_hop(m, -1);  // hop index of each domain's entry
-                std::vector<uint32_t> depth(m, 0);
+                hops.clear();
+                entry_hop.assign(m, -1);  // hop index of each domain's entry
+                depth.assign(m, 0);
                 for (size_t x = 1; x < m; ++x) {
                   size_t up = (x - 1) / kTreeFanout;
                   depth[x] = depth[up] + 1;
@@ -290,7 +326,8 @@ void Router::Direct() {
                   hops.push_back({to, DstGlobal(to.rank), entry_hop[up], depth[x]});
                 }
                 for (size_t x = 0; x < m; ++x) {
-                  for (size_t k : *tdom[x]) {
+                  for (uint32_t q = doms[tdom[x]].begin; q < doms[tdom[x]].end; ++q) {
+                    const size_t k = needers[q];
                     if (k == tentry[x]) continue;
                     const FragmentRef& to = list[k].first;
                     hops.push_back({to, DstGlobal(to.rank), entry_hop[x], depth[x] + 1});
