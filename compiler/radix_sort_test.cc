@@ -58,5 +58,27 @@ TEST(RadixSortTest, NarrowBandOfLargeKeys) {
   }
 }
 
+// Keys that agree in their low bits (multiples of 2^low, offset alike: the
+// round fill's bytes are multiples of 1 KiB), so that the sort leaves those
+// bits out, over spreads that take one, two and several passes: the order
+// is still std::stable_sort's, ties included.
+TEST(RadixSortTest, KeysAgreeingInTheirLowBits) {
+  std::mt19937_64 rng(13);
+  for (int low : {1, 10, 20, 40}) {
+    for (uint64_t range : {uint64_t{3}, uint64_t{1} << 12, uint64_t{1} << 25, uint64_t{1} << 23}) {
+      if (low + 26 > 64) continue;
+      for (uint64_t offset : {uint64_t{0}, uint64_t{777}}) {
+        std::vector<Item> v(20000), tmp;
+        for (size_t i = 0; i < v.size(); ++i)
+          v[i] = {((rng() % range) << low) + (offset & ((uint64_t{1} << low) - 1)), static_cast<uint32_t>(i)};
+        std::vector<Item> want = v;
+        std::stable_sort(want.begin(), want.end(), [](const Item& a, const Item& b) { return a.key > b.key; });
+        SortByKeyDescending(v, tmp);
+        ASSERT_EQ(v, want) << "low " << low << ", range " << range << ", offset " << offset;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace reshard::routing
