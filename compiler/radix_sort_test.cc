@@ -80,5 +80,27 @@ TEST(RadixSortTest, KeysAgreeingInTheirLowBits) {
   }
 }
 
+// Positions by descending key, ties in position order, for spreads that
+// pack (up to 32 bits, after the low bits the keys share) and that do not,
+// and for none, one and many keys: the order std::stable_sort gives.
+TEST(RadixSortTest, OrderByKeyDescendingMatchesStableSort) {
+  std::mt19937_64 rng(17);
+  std::vector<uint64_t> packed, tmp;
+  std::vector<uint32_t> order;
+  for (int low : {0, 10}) {
+    for (uint64_t range : {uint64_t{1}, uint64_t{7}, uint64_t{1} << 25, uint64_t{1} << 32, uint64_t{1} << 40}) {
+      for (size_t n : {size_t{0}, size_t{1}, size_t{2}, size_t{5000}}) {
+        std::vector<uint64_t> keys(n);
+        for (uint64_t& k : keys) k = (uint64_t{1} << 50) + ((rng() % range) << low);
+        std::vector<uint32_t> want(n);
+        for (size_t i = 0; i < n; ++i) want[i] = static_cast<uint32_t>(i);
+        std::stable_sort(want.begin(), want.end(), [&](uint32_t a, uint32_t b) { return keys[a] > keys[b]; });
+        OrderByKeyDescending(keys, packed, tmp, order);
+        ASSERT_EQ(order, want) << "low " << low << ", range " << range << ", n " << n;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace reshard::routing
