@@ -89,12 +89,13 @@ inline void OrderByKeyDescending(const std::vector<uint64_t>& keys, std::vector<
     const int passes = (bits + kMaxBits - 1) / kMaxBits, width = (bits + passes - 1) / passes;
     const uint64_t mask = (uint64_t{1} << width) - 1;
     const size_t buckets = size_t{1} << width;
-    std::vector<size_t> start(static_cast<size_t>(passes) * (buckets + 1), 0);
+    // Positions fit 32 bits here: the counts of 8192 buckets stay within 32 KiB (L1).
+    std::vector<uint32_t> start(static_cast<size_t>(passes) * (buckets + 1), 0);
     for (const uint64_t x : packed)
       for (int p = 0; p < passes; ++p) ++start[p * (buckets + 1) + (x >> (32 + p * width) & mask) + 1];
     tmp.resize(n);
     for (int p = 0; p < passes; ++p) {
-      size_t* s = start.data() + p * (buckets + 1);
+      uint32_t* s = start.data() + p * (buckets + 1);
       if (*std::max_element(s + 1, s + buckets + 1) == n) continue;
       for (size_t d = 1; d <= buckets; ++d) s[d] += s[d - 1];
       const int shift = 32 + p * width;
