@@ -1,6 +1,8 @@
 #include "compiler/keep_until_exit.h"
 
 #include <atomic>
+#include <mutex>
+#include <vector>
 
 namespace reshard {
 namespace {
@@ -11,12 +13,12 @@ void SetKeepUntilExit(bool on) { keep = on; }
 bool KeepingUntilExit() { return keep; }
 
 namespace detail {
-std::vector<void*>& Kept(std::unique_lock<std::mutex>& lock) {
+void Keep(void* kept) {
   // Both made once and never destroyed: no destructor of theirs runs at the exit.
   static std::mutex* mu = new std::mutex;
-  static std::vector<void*>* kept = new std::vector<void*>;
-  lock = std::unique_lock<std::mutex>(*mu);
-  return *kept;
+  static std::vector<void*>* all = new std::vector<void*>;
+  std::lock_guard<std::mutex> lock(*mu);
+  all->push_back(kept);
 }
 }  // namespace detail
 

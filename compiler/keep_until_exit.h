@@ -6,10 +6,8 @@
 // (Python, the tests) does not, and everything is freed as usual there.
 #pragma once
 
-#include <mutex>
 #include <type_traits>
 #include <utility>
-#include <vector>
 
 namespace reshard {
 
@@ -19,9 +17,9 @@ void SetKeepUntilExit(bool keep);
 bool KeepingUntilExit();
 
 namespace detail {
-// What Dispose kept: reachable from a global until the exit (so that leak
-// checkers count it in use, not lost), never destroyed. Locks `lock`.
-std::vector<void*>& Kept(std::unique_lock<std::mutex>& lock);
+// Holds `kept` reachable from a global until the exit (so that leak
+// checkers count it in use, not lost), never destroyed.
+void Keep(void* kept);
 }  // namespace detail
 
 /// Ends the use of `x` (an rvalue: the caller gives it up): destroys it now
@@ -32,9 +30,7 @@ void Dispose(T&& x) {
     T dead = std::move(x);
     return;
   }
-  void* kept = new T(std::move(x));
-  std::unique_lock<std::mutex> lock;
-  detail::Kept(lock).push_back(kept);
+  detail::Keep(new T(std::move(x)));
 }
 
 }  // namespace reshard

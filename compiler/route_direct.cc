@@ -249,10 +249,9 @@ void Router::Direct() {
               }
             }
             if (needer_domain.empty()) continue;
-            if (!std::is_sorted(needer_domain.begin(), needer_domain.end(),
-                                [](const auto& x, const auto& y) { return x.first < y.first; }))
-              std::stable_sort(needer_domain.begin(), needer_domain.end(),
-                               [](const auto& x, const auto& y) { return x.first < y.first; });
+            auto by_domain = [](const auto& x, const auto& y) { return x.first < y.first; };
+            if (!std::is_sorted(needer_domain.begin(), needer_domain.end(), by_domain))
+              std::stable_sort(needer_domain.begin(), needer_domain.end(), by_domain);
             needers.clear();
             doms.clear();
             size_t most = 0;

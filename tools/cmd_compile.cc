@@ -167,9 +167,6 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
       }
     }
     exit_code = 0;
-    // The process ends here: its largest structures are left to the exit
-    // (compiler/keep_until_exit.h).
-    Dispose(std::move(in));
   });
 }
 
