@@ -27,13 +27,21 @@ namespace {
 
 constexpr int kSeeds = 50;
 constexpr int kQuantSeeds = 100;
-// `reshard run` processes in flight at once (each forks one process per rank).
-constexpr size_t kParallel = 2;
 #ifdef RESHARD_SANITIZE
 constexpr bool kSanitized = true;  // built with the sanitizers: the slowest cases are left out
 #else
 constexpr bool kSanitized = false;
 #endif
+// Every rank of a `run --local` waits at the start for the others to fill
+// their sources, at most `run --timeout`. Under the sanitizers two 24-rank
+// runs at once beside a second ctest job took longer than 30 s to fill (CI,
+// 2026-12-06: "barrier: Timed out waiting 30000ms"; two at once there are no
+// faster than one after the other: 34 s against 32 s for a pair), so there
+// they run one at a time and wait up to 120 s. One of them beside 24 busy
+// processes passed within 30 s (45 s in all).
+// `reshard run` processes in flight at once (each forks one process per rank).
+constexpr size_t kParallel = kSanitized ? 1 : 2;
+constexpr int kRunTimeout = kSanitized ? 120 : 30;
 
 const std::string kBinary = RESHARD_BINARY;
 
@@ -56,7 +64,8 @@ std::string Describe(const Case& c) {
 
 // Starts `reshard run PLAN --local --json` for `c`; its output is read in Finish.
 void Start(Case& c) {
-  const std::string cmd = kBinary + " run " + c.plan + " --local --timeout 30 --json 2>&1";
+  const std::string cmd =
+      kBinary + " run " + c.plan + " --local --timeout " + std::to_string(kRunTimeout) + " --json 2>&1";
   c.pipe = popen(cmd.c_str(), "r");
 }
 
