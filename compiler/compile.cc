@@ -83,7 +83,7 @@ PlanIR BuildPlan(const CompileInputs& in, const CompileOptions& opt) {
   if (opt.fill_of && opt.search_fills) throw Error("--fill-of excludes --search-fills");
   std::optional<Phase> phase(std::in_place, "expand");
   // The two sides expand independently: the training side on a thread of
-  // its own. An error in it is reported first, as it was when they ran in turn.
+  // its own. An error in it is reported first, as if they ran in turn.
   std::future<Expansion> src_future = std::async(std::launch::async, [&in] { return Expand(in.model, in.src); });
   std::optional<Expansion> dst_or;
   std::exception_ptr dst_error;

@@ -20,8 +20,8 @@
 namespace reshard {
 namespace {
 
-// zstd level of packed programs: 1 packs Kimi-K2's 75.6 MiB plan into 17.5
-// MiB; levels -1 to 3 took the same time here (README, Benchmarks).
+// zstd level of packed programs: levels -1 to 3 pack a plan about equally
+// fast, and 1 makes large plans several times smaller.
 constexpr int kPackLevel = 1;
 
 fb::Dtype ToFb(Dtype d) { return static_cast<fb::Dtype>(static_cast<uint8_t>(d)); }
@@ -121,9 +121,9 @@ flatbuffers::Offset<fb::Program> EmitProgram(flatbuffers::FlatBufferBuilder& b, 
 // or do. Each program carries its own buffer names (a rank decompresses its
 // program alone); they compress with the rest.
 // `b` and `scratch` are the calling thread's, reused from rank to rank: a
-// builder and a compression buffer of its own for every rank landed in fresh
-// pages each time, and the packed program kept the compression bound's
-// capacity (DeepSeek-V3: 145.2k -> 131.4k page faults with 4 KiB pages).
+// builder and a compression buffer of its own for every rank would land in
+// fresh pages each time (page faults), and the packed program would keep the
+// compression bound's capacity.
 std::vector<uint8_t> PackProgram(uint32_t g, const RankProgram& p, ZSTD_CCtx* zstd, flatbuffers::FlatBufferBuilder& b,
                                  std::vector<uint8_t>& scratch) {
   size_t nsteps = 0;
@@ -145,7 +145,8 @@ std::vector<std::vector<uint8_t>> PackPrograms(const PlanIR& ir) {
   std::atomic<size_t> next{0};
   OnThreads(ThreadsFor(ir.ranks.size()), [&](size_t) {
     // One compression context a thread: a fresh one for every program
-    // (ZSTD_compress) set up its tables each time, most of the packing's time.
+    // (ZSTD_compress) would set up its tables each time, most of the
+    // packing's time.
     std::unique_ptr<ZSTD_CCtx, size_t (*)(ZSTD_CCtx*)> zstd(ZSTD_createCCtx(), ZSTD_freeCCtx);
     try {
       if (!zstd) throw Error("packing the programs: out of memory for a zstd context");

@@ -432,8 +432,9 @@ std::string Gib(double bytes) {
 
 // Before allocating anything per rank: how many (rank, tensor instance)
 // holdings the layout makes, each a buffer and a fragment here and steps in
-// later passes (about 1.4 KiB each, measured on 10^5-tensor models; counted
-// at 1 KiB, so that only layouts that cannot fit are refused).
+// later passes (somewhat more than 1 KiB each on 10^5-tensor models; counted
+// at 1 KiB, an underestimate, so that only layouts that cannot fit are
+// refused).
 void Expander::CheckMemory() const {
   constexpr double kBytesPerHolding = 1024;
   double total = 0, worst = 0;
@@ -1121,7 +1122,7 @@ Expansion Expander::Run() {
   for (size_t k = 0; k < defaults.size(); ++k) calls.emplace_back(&defaults[k], std::vector<int>{default_of[k]});
   // On the machine's threads where the layout has ranks enough; in turn
   // where a thread found a mistake, so that the message is the first in
-  // rule and rank order, as it always was.
+  // rule and rank order, as on one thread.
   const bool threaded = ExpandOnThreads(calls);
   if (!threaded) {
     ResetExpansion();

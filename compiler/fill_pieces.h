@@ -4,11 +4,10 @@
 // parts it split off, and every piece's round. The fill that is kept is
 // applied to the router's pieces at the end (ApplyTo).
 //
-// Each fill used to copy all the pieces (184 bytes each: DeepSeek-V3's
-// 107k pieces, 154k once split, three fills at once; the copies grew by
-// doubling as parts were split off). Without the copies DeepSeek-V3's
-// compile takes 159k page faults instead of 174k and 388 MiB at its peak
-// instead of 415 (README, issue 32).
+// The fills share the router's pieces instead of each copying them all: a
+// large plan has over a hundred thousand pieces, three fills run at once,
+// and copies grown by doubling as parts are split off cost page faults and
+// peak memory.
 #pragma once
 
 #include <cstddef>
@@ -25,8 +24,7 @@ class FillPieces {
       : base_(&base), n_(static_cast<uint32_t>(base.size())), where_(base.size(), kNone), rounds_(base.size()) {
     for (uint32_t i = 0; i < n_; ++i) rounds_[i] = base[i].round;
     // Address space only: pages are touched as pieces come. Grown by
-    // doubling instead, each copy landed in fresh pages (DeepSeek-V3, one
-    // run each: 167k faults without these reserves, 163k with them).
+    // doubling instead, each copy would land in fresh pages (page faults).
     edited_.reserve(n_);
     added_.reserve(n_);
     rounds_.reserve(2 * size_t{n_});

@@ -1,8 +1,8 @@
 // Large structures a short-lived process leaves to its exit instead of
 // freeing them one block at a time, as compilers do (clang's -disable-free).
-// A DeepSeek-V3 compile's plan IR and expansions are about 1.2M blocks: their
-// destructors took 30-40 ms on one core at the end of `reshard compile`,
-// every other thread idle. The CLI's compile opts in; a library caller
+// A large compile's plan IR and expansions are over a million blocks: their
+// destructors would run on one core at the end of `reshard compile`, every
+// other thread idle. The CLI's compile opts in; a library caller
 // (Python, the tests) does not, and everything is freed as usual there.
 #pragma once
 

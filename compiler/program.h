@@ -29,26 +29,24 @@ constexpr double kCoarseSplit = 1.0 / 16;
 /// quantized tensors' pieces cut finer: kQuantPiecesPerArena, below) where
 /// the flow estimate of the plan routed with kStripeMiB is above
 /// kRestripeAbove times its busiest NIC's bytes at the NIC's bandwidth (the
-/// issue-32 target of 1.05x), and finds the finer routing faster (Route,
-/// route.cc). The gate was 1.07 when only the stripes changed; at 1.05 the
-/// finer routing is tried on three of the 13 bound_gap rows (DeepSeek-V3
-/// FP8 on GB200 NVL72, Qwen3-235B FP8 TP4 and per-channel) and kept on all three.
+/// target for a refit against its bound), and finds the finer routing faster
+/// (Route, route.cc). The finer routing is tried on three of the bound_gap
+/// rows (DeepSeek-V3 FP8 on GB200 NVL72, Qwen3-235B FP8 TP4 and per-channel)
+/// and kept on all three.
 constexpr uint32_t kStripeMiB = 32;
 constexpr uint32_t kFineStripeMiB = 16;
 constexpr double kRestripeAbove = 1.05;
 /// In the finer routing (Route: where the first one's flow estimate is above
 /// kRestripeAbove), pieces of a quantized tensor are at most 1/this of a
 /// round's staging arena (16 MiB at the default --staging-mb 512), not half.
-/// At half an arena (pieces of 72 MiB, six experts' w13 of Qwen3-235B FP8 ->
-/// vLLM TP4 x32), a GPU that took in one piece over its NIC and one over
-/// NVLink had 62% of its round's staging filled and no piece fitting the
-/// rest: 395 rounds where the staging needs 245, 1.114x of the bound.
-/// simulate, with 1/8 1/12 1/16 of the arena for every plan: that row 1.030x
-/// 1.024x 1.026x, Qwen3-235B FP8 per-channel 1.061x 1.058x 1.047x; but the
-/// plans 1.3-3.3x larger, and DeepSeek-V3 FP8 TP16 DP16's compile (1.041x
-/// -> 1.025x) 1.0 -> 1.7 s and 424 -> 940 MiB: hence only where the first
-/// routing misses the target (README, issue 32, eighteenth session). The
-/// fill splits other pieces where a round needs it (SplitFront, route_schedule.cc).
+/// At half an arena (six experts' w13 of Qwen3-235B FP8 -> vLLM TP4 x32), a
+/// GPU that took in one piece over its NIC and one over NVLink had little
+/// more than half its round's staging filled and no piece fitting the rest,
+/// and the refit took far more rounds than its staging needs. Finer pieces
+/// for every plan bring such rows closer to their bound (simulate), but make
+/// plans larger and large compiles slower and hungrier: hence only where the
+/// first routing misses the target. The fill splits other pieces where a
+/// round needs it (SplitFront, route_schedule.cc).
 constexpr uint64_t kQuantPiecesPerArena = 16;
 constexpr uint32_t kStaging = 0xFFFFFFFFu;  // StridedRegion::buffer naming the staging area
 
@@ -182,9 +180,9 @@ struct RouteOptions {
   /// the receiver).
   bool quantize_on_sender = true;
   /// Also try the fills kSearchedFills (router.h, route_schedule.cc) and
-  /// keep the fastest by the estimate: a fill each (about 0.6 s for
-  /// DeepSeek-V3, as many at once as the machine has threads), for a refit
-  /// predicted up to 1.4% faster.
+  /// keep the fastest by the estimate: a fill each (as many at once as the
+  /// machine has threads), for a refit predicted a little faster on some
+  /// plans.
   bool search_fills = false;
   /// direct: >= 0 fills the rounds only the way of this entry of the list
   /// Schedule would try (route_schedule.cc; the longer list with

@@ -16,9 +16,9 @@ namespace radix {
 // left out (the round fill's keys, bytes left at two NICs, are all
 // multiples of 1 KiB on DeepSeek-V3), and the rest of the keys' spread
 // (largest - smallest) goes in passes of up to 13 bits: there, 25 bits in 2
-// passes, where 12-bit digits of the whole spread took 3. (11-bit digits
-// took 4 passes where 12-bit ones took 3: a quarter of the sort's element
-// moves, which were a tenth of that compile's instructions by callgrind.)
+// passes, where 12-bit digits of the whole spread take 3. (Each pass moves
+// every element, and the moves are a large part of a large compile's
+// instructions by callgrind: fewer, wider passes pay.)
 struct Digits {
   int low = 0;     // the bits below it are the same in every key
   int bits = 0;    // of the spread above `low`

@@ -381,7 +381,7 @@ std::optional<double> RoundTraffic::FlowSeconds(double nic_Bps, double nvlink_Bp
   // between two ranks on one channel into one. The messages are ordered by
   // (round, from, to, path) packed into one key (rounds x ranks^2 x 2 fits
   // 64 bits for any plan a compile can hold), radix-sorted (descending, so
-  // read from the back): a comparison sort was a sixth of the estimate.
+  // read from the back): a comparison sort was a large part of the estimate.
   struct Keyed {
     uint64_t key, bytes;
   };

@@ -13,11 +13,10 @@
 
 namespace reshard::routing {
 
-/// FlowSeconds' default budget of steps, about 2 s on this 2-core machine
-/// (10 ns a step). The README's rows take 0.04M - 19M steps a default fill
-/// (GB200 NVL72 the most) and at most 71M with --search-fills (DeepSeek-V3's
-/// shares of 1/8); 512 ranks each sending to 64 random peers at once would
-/// take minutes.
+/// FlowSeconds' default budget of steps: a few seconds of one core. Every
+/// row of docs/benchmarks.md fits in it, with --search-fills too (GB200
+/// NVL72 and DeepSeek-V3's shares of 1/8 take the most); 512 ranks each
+/// sending to 64 random peers at once would take minutes.
 inline constexpr uint64_t kFlowBudget = 200'000'000;
 
 class RoundTraffic {
@@ -70,11 +69,11 @@ class RoundTraffic {
 
 /// How far a change of rates is followed: flows on the links that changed,
 /// and on the other links of those flows. Exact max-min (the whole
-/// connected set of flows) took four times as long on DeepSeek-V3 FP8
-/// (0.55 s a fill against 0.13 s) for estimates 0.1% apart. Of the three
-/// default fills it kept the same on all 15 simulate, quant and init rows;
-/// of --search-fills' seven, on 14 (Qwen3-235B TP8: greedy 85%, 1.0198x by
-/// `simulate`, where exact max-min keeps the coarse shares, 1.0185x).
+/// connected set of flows) takes several times as long on large plans for
+/// nearly the same estimates. Of the three default fills it keeps the same
+/// on every simulate, quant and init row; of --search-fills' seven, on all
+/// but one (Qwen3-235B TP8, where `simulate` finds the two fills nearly
+/// equal).
 inline constexpr uint32_t kSolveDepth = 2;
 
 }  // namespace reshard::routing

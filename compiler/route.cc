@@ -98,8 +98,8 @@ void Router::Plan() {
   for (uint32_t g = 0; g < total; ++g) ir_.domain.push_back(static_cast<uint32_t>(g / cluster_.gpus_per_domain));
   // Every GPU's program starts with its buffers and fragments: its training
   // rank's, then its inference rank's. The GPUs are independent: on the
-  // machine's threads (copying every rank's layout, 14 ms of DeepSeek-V3's
-  // compile on one thread).
+  // machine's threads (copying every rank's layout is a noticeable serial
+  // cost on one thread).
   std::vector<int> src_of(total, -1), dst_of(total, -1);
   for (uint32_t i = 0; i < ns; ++i) src_of[ir_.src_global[i]] = static_cast<int>(i);
   for (uint32_t j = 0; j < nd; ++j) dst_of[ir_.dst_global[j]] = static_cast<int>(j);
@@ -176,9 +176,8 @@ PlanIR Route(const ModelSpec& model, const ClusterSpec& cluster, const LayoutSpe
   // Where the kept fill's flow estimate is above kRestripeAbove times its
   // busiest NIC's bytes, route again finer: 16 MiB stripes, so that rounds
   // wait less on the NVLink fan-out of large ones (DeepSeek-V3 FP8 TP16 on
-  // GB200 NVL72: 1.111x of the bound with 32 MiB, 1.046x with 16, by
-  // simulate), and quantized tensors' pieces of 1/16 of an arena, which the
-  // fill can pack into rounds (Qwen3-235B FP8 -> TP4 x32: 1.114x -> 1.026x;
+  // GB200 NVL72, by simulate), and quantized tensors' pieces of 1/16 of an
+  // arena, which the fill can pack into rounds (Qwen3-235B FP8 -> TP4 x32;
   // kQuantPiecesPerArena, program.h). The faster by the flow estimate is kept,
   // and only it emitted (the other is freed first). Plans below the gate
   // are routed once. A recompile with --fill-of takes the earlier plan's

@@ -182,8 +182,8 @@ void Router::Direct() {
     for (size_t t = k ? chunk_end[k - 1] : 0; t < chunk_end[k]; ++t) cut(t);
   };
   // The routing's scratch, reused from group to group and tree to tree (made
-  // afresh each time, their allocations were a third of this serial
-  // phase's instructions on DeepSeek-V3).
+  // afresh each time, their allocations were a large part of this serial
+  // phase's instructions on large plans).
   struct Dom {
     uint32_t domain, begin, end;  // a destination domain and its needers: needers[begin, end)
   };
@@ -348,9 +348,9 @@ void Router::Direct() {
   // sources have NIC time to spare even without them - the busiest source
   // would send at most kRelayOnlyAbove of what the busiest destination
   // domain takes in per NIC - every domain takes its stripes from the
-  // sources (Kimi-K2, 1024 training GPUs -> 512: 0.51 of it; 1.134x -> 1.108x
-  // of the bound; MoE 2.4T 1.081x -> 1.056x; the other rows are at 1.01 -
-  // 1.24, where dropping relays cost up to 14%).
+  // sources (Kimi-K2, 1024 training GPUs -> 512, and MoE 2.4T come closer
+  // to their bound that way; on the other rows the sources' NICs are
+  // busier, and dropping relays makes their refits slower).
   if (RelaysSpare(pieces) <= kRelayOnlyAbove) {
     pieces.clear();
     hop_pool_.clear();

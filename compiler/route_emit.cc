@@ -30,8 +30,8 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
   };
   // By round, rotation (receiver minus sender), sender, staged first, then
   // tree; ties in index order. All but the tree pack into one key, radix-sorted
-  // (a comparison sort reading the scattered pieces was 4% of the perf samples
-  // of a one-fill DeepSeek-V3 compile); only runs of equal keys are sorted by
+  // (a comparison sort reading the scattered pieces showed in the perf samples
+  // of a large compile); only runs of equal keys are sorted by
   // their trees.
   auto rotation = [n](const DPiece& x) { return (x.b + n - x.a) % n; };
   // Staged at both ends: in the pair's one staged message.
@@ -73,18 +73,17 @@ void Router::EmitDirect(const std::vector<DPiece>& pieces) {
   // The walk below runs on as many threads as the machine has, each
   // writing the steps, regions and staging sizes of the ranks it owns
   // (every T-th): a rank's steps and regions come in the order of the walk
-  // as before, so the plan is the same on any number of threads. Every
+  // as on one thread, so the plan is the same on any number of threads. Every
   // thread makes every staging allocation (bump pointers, cheap) in its own
   // arenas, since forwards read where their holders staged what they
-  // forward. The steps' vectors and regions (fresh memory) were most of a
-  // large plan's emit: Kimi-K2's took 0.43 s of its 0.58 s on one thread.
+  // forward. The steps' vectors and regions (fresh memory) are most of a
+  // large plan's emit on one thread.
   std::map<size_t, std::vector<uint32_t>> assembled;  // per round: its assemblies
   for (uint32_t k = 0; k < assemblies_.size(); ++k) assembled[assemblies_[k].round].push_back(k);
   // Room for each rank's regions, one per end of each piece and each hop
   // of its tree (quantized pieces' scales and assemblies add a few more,
-  // grown as before): grown by doubling, every copy of a large rank's
-  // regions (128 bytes each) landed in fresh pages (DeepSeek-V3: 131.4k ->
-  // 126.4k page faults with 4 KiB pages).
+  // grown as needed): grown by doubling, every copy of a large rank's
+  // regions (128 bytes each) would land in fresh pages (page faults).
   std::vector<size_t> ends(n, 0);
   for (const DPiece& p : pieces) {
     ++ends[p.a], ++ends[p.b];
@@ -147,7 +146,7 @@ void Router::EmitWalk(const std::vector<DPiece>& pieces, const std::vector<size_
   // The regions of plain pieces' steps are worked out after the walk: the
   // walk leaves a placeholder where each goes (so that every region keeps
   // its index) and a note of which it is. (Fragment::RegionOf and Coalesced
-  // were a third of the walk.)
+  // are a large part of the walk.)
   struct RegionJob {
     uint32_t rank, region;  // where it goes
     uint32_t piece;         // whose box

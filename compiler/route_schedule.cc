@@ -128,15 +128,14 @@ std::vector<uint32_t> Router::RotationOrder(const std::vector<DPiece>& pieces) c
 // A sender is paced at its own rate too, kPaceSlack times its bytes left
 // over the rounds left (recomputed each round, so a sender that fell behind
 // catches up), but never below kPaceFloor of the share: a lightly loaded
-// sender no longer empties itself in the first rounds into receivers whose
+// sender does not empty itself in the first rounds into receivers whose
 // own share is full, where flows sharing NICs slow each other (max-min) and
 // the busiest NICs idle later. Senders with at most kUnpacedRounds shares in
-// all are not paced. (simulate, against one pace for all: Qwen3-235B
-// 1.054x -> 1.021x of the bound, DeepSeek-V3 DGX 1.077x -> 1.051x, GB200
-// 1.095x -> 1.075x. Pacing receivers changed nothing; without the floor
-// predictions were up to 0.4% better, but plans 27% larger - Kimi-K2 75 MiB;
-// a fixed own share instead of the bytes left fell behind and needed 50%
-// more rounds.) Rotation order (receiver minus sender) breaks ties,
+// all are not paced. (By `simulate`, pacing each sender brings the large
+// rows closer to their bound than one pace for all. Pacing receivers changes
+// nothing; without the floor predictions are a little better but plans much
+// larger; a fixed own share instead of the bytes left falls behind and needs
+// many more rounds.) Rotation order (receiver minus sender) breaks ties,
 // so a round is close to a matching of senders to receivers and no NIC is
 // converged on by many senders at once. A piece that does not fit whole is
 // split to fill the round.
@@ -208,9 +207,9 @@ RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>&
   const uint64_t net_cap = std::clamp<uint64_t>((busiest_net + rounds - 1) / rounds, kMinSplit, cap_);
   // Where NVLink, not the NICs, sets the refit's pace (GPUs that train and
   // serve on one node, colocated: no NIC traffic at all), NVLink links get a
-  // share of each round too: without it a round lasted as long as its
-  // busiest NVLink link, twice the average (Qwen3-30B-A3B colocated, TP2 EP8
-  // -> TP8: NVLink links busy 48% of the refit, 2.30x the bound).
+  // share of each round too: without it a round lasts as long as its
+  // busiest NVLink link, far above the average, and the NVLink links idle
+  // much of the refit (Qwen3-30B-A3B colocated, TP2 EP8 -> TP8).
   const double nic_Bps = cluster_.nic_gbps * 1e9 / 8, nvlink_Bps = cluster_.nvlink_GBps * 1e9;
   const bool nv_paced = static_cast<double>(busiest_nv) / nvlink_Bps > static_cast<double>(busiest_net) / nic_Bps;
   const uint64_t nv_cap = std::clamp<uint64_t>((busiest_nv + rounds - 1) / rounds, kMinSplit, cap_);
@@ -219,14 +218,11 @@ RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>&
   // proportional fill of plans of up to kProportionalMaxPieces pieces (its
   // shares uncapped: min_share 0), where they are at least kMinSplit: each
   // pair's share of a round is then met to within a few MiB instead of a
-  // sixteenth of the round, and the NICs that bind run fuller rounds.
-  // simulate, where that fill is kept: Llama-4-Scout 1.061x -> 1.045x of
-  // the bound, Qwen3-30B-A3B -> TP2 DP8 EP 1.0685x -> 1.054x, GLM-4.5-Air EP
-  // 1.043x -> 1.029x, Mixtral 1.039x -> 1.023x; worse: Qwen3-Next EP
-  // 1.0499x -> 1.0569x. On large plans the same cost compile time for
-  // little (DeepSeek-V3 TP32: 2.15 -> 2.96 s for 1.038x -> 1.021x; its plan
-  // 9.8 -> 15.9 MiB), and in the greedy fills it made DeepSeek-V3 FP8
-  // 1.042x -> 1.049x.
+  // sixteenth of the round, and the NICs that bind run fuller rounds
+  // (`simulate` puts most small rows where that fill is kept closer to their
+  // bound; Qwen3-Next EP a little further). On large plans the same costs
+  // compile time and plan size for little, and in the greedy fills it makes
+  // DeepSeek-V3 FP8 slower.
   const uint64_t min_split =
       std::max(kMinSplit, static_cast<uint64_t>(mode.split_share * static_cast<double>(net_cap)));
   std::vector<std::vector<uint64_t>> out_used(n), in_used(n);
@@ -251,15 +247,13 @@ RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>&
   // NVLink bytes left over the rounds left, at least min_split. A GPU that
   // is its domain's entry for stripes (NIC in) and takes its peers' stripes
   // over NVLink has one staging arena for both; unpaced, the NVLink pieces
-  // (placed whole, fast) filled it every other round and the NIC took in
-  // next to nothing there (GLM-4.5-Air -> TP2 DP4 EP x4: the busiest NIC
-  // took in 12-24 MB in rounds 12-18, its median round 173 MB; simulate
-  // 1.087x -> 1.043x of the bound; tools/bench/round_gap.py shows it).
+  // (placed whole, fast) fill it every other round and the NIC takes in
+  // next to nothing there (GLM-4.5-Air -> TP2 DP4 EP x4, the busiest NIC;
+  // tools/bench/round_gap.py shows a NIC's intake round by round).
   // Only where the NICs' intake binds (the busiest NIC in carries the most):
   // where the sources' NICs bind instead, the receivers have staging to
-  // spare, and pacing their NVLink held back the relays the sources feed
-  // (Qwen3-Next-80B-A3B, hf:tp=8 -> vLLM TP2 DP4 EP x2: 1.050x unpaced,
-  // 1.104x paced).
+  // spare, and pacing their NVLink holds back the relays the sources feed
+  // (Qwen3-Next-80B-A3B, hf:tp=8 -> vLLM TP2 DP4 EP x2, slower paced).
   const bool nv_intake_paced = !nv_paced && busiest_in == busiest_net;
   std::vector<uint64_t> nv_pace(n, cap_);
   auto repace = [&](size_t r) {
@@ -272,9 +266,9 @@ RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>&
     }
   };
   // The paced network share left between `from` and `to` in round r (net: whether they talk over a NIC).
-  // (It and avail, below, are inlined by force: the compiler called them, a
-  // fifth of a fill's instructions - callgrind, DeepSeek-V3's kept fill
-  // alone, compile --fill-of: 1.112G -> 0.873G, the plan byte for byte.)
+  // (It and avail, below, are inlined by force: where the compiler called
+  // them, the calls were a large part of a fill's instructions by callgrind;
+  // the plan stays the same byte for byte.)
   auto share_left = [&](uint32_t from, uint32_t to, size_t r, bool net) __attribute__((always_inline)) -> uint64_t {
     if (!net) {
       if (!nv_paced) return nv_pace[to] - std::min(nv_pace[to], in_nv.At(to, r));
@@ -288,17 +282,13 @@ RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>&
   // where its NIC takes in at least what its NVLink port does: the pace of
   // its NIC bytes left (set each round), less what its NIC already takes in
   // round r. NVLink pieces (and paced ones only) cannot use it. Without it
-  // a GPU whose NIC was nearly the busiest let its peers' NVLink stripes
-  // fill its staging in the early rounds and took in over its NIC three
-  // rounds after the busiest NIC's last (Kimi-K2 FP8 serving, rank 1476:
-  // 77-167 MB a round in rounds 1-14, the round's share 176 MB).
-  // simulate: Kimi-K2 FP8 serving 1.087x -> 1.048x of the bound, Kimi-K2
-  // 1.045x -> 1.014x, DeepSeek-V3 TP8 DP4 EP 1.039x -> 1.034x, MoE 2.4T
-  // 1.014x -> 1.010x. Where NVLink intake is the larger (DeepSeek-V3 FP8 on
-  // GB200: 29.9 GB NVLink beside 10.5 GB NIC) keeping staging for the NIC
-  // starved the fan-out (1.111x -> 1.132x) and is not done. Small plans
-  // (GLM-4.5-Air EP 1.029x -> 1.056x, Qwen3-30B-A3B EP 1.045x -> 1.053x)
-  // do not keep it.
+  // a GPU whose NIC is nearly the busiest lets its peers' NVLink stripes
+  // fill its staging in the early rounds, takes in less than the round's
+  // share over its NIC there, and ends rounds after the busiest NIC's last
+  // (Kimi-K2 FP8 serving). Where NVLink intake is the larger (DeepSeek-V3
+  // FP8 on GB200) keeping staging for the NIC starves the fan-out, so it is
+  // not done; small plans (GLM-4.5-Air EP, Qwen3-30B-A3B EP) are slower with
+  // it by `simulate` and do not keep it.
   // Which GPUs keep it is fixed by their bytes; how much, each round.
   std::vector<uint64_t> nic_reserve(n, 0);
   std::vector<uint32_t> keepers;
@@ -490,35 +480,31 @@ RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>&
     // Pairs whose two NICs together have the most left go first. (Ordering
     // by the busier of the two let a pair with one busy NIC spend the
     // round's share of an idle-ish partner that a busier pair needed:
-    // simulate predicted refits 0.8-2.8% slower on every seed row, 4.6% on
-    // the Qwen3-235B per-channel FP8 plan.)
+    // simulate predicted every seed row slower, the Qwen3-235B per-channel
+    // FP8 plan most.)
     // Ties keep their order of the previous round. The keys are set in the
-    // records first (a comparator reading the pairs made this sort a tenth
-    // of a large plan's compile) and radix-sorted: std::stable_sort was 13%
-    // of the DeepSeek-V3 compile, and a plain sort on the key and the
-    // previous position, the same order, took half again as long as that.
+    // records first (a comparator reading the pairs made this sort a large
+    // part of a large plan's compile) and radix-sorted: std::stable_sort, or
+    // a plain sort on the key and the previous position (the same order),
+    // costs several times as much on large plans.
     // A pair whose head piece a receiver relays over its NIC (the tree's
     // level L) goes as if its NICs had L more rounds' shares left: its
     // bytes end L rounds after the round that takes them, and placed with
     // the others they were the refit's tail (Qwen3-30B-A3B -> TP2 DP8 EP:
-    // the relays' NICs ran 2.5 ms past the busiest one; simulate 1.0805x ->
-    // 1.0724x of the bound, TP2 DP8 1.0506x -> 1.0475x: 85 of 565 pieces
-    // relayed). Where every piece is relayed alike (Scout, GLM-4.5-Air EP,
-    // DeepSeek-V3 on DGX H100: all of their pieces) or none is, the order is
-    // as before: the 22 other rows checked keep their plans byte for byte.
-    // Counting NVLink levels too moved 9 rows, 5 better and 4 worse,
-    // DeepSeek-V3 FP8 by +0.2%.
+    // the relays' NICs ran past the busiest one). Where every piece is
+    // relayed alike (Scout, GLM-4.5-Air EP, DeepSeek-V3 on DGX H100: all of
+    // their pieces) or none is, the levels change nothing and the plan is
+    // what the NICs' bytes alone give. Counting NVLink levels too makes about
+    // as many rows worse as better, so only NIC levels count.
     // The end game: once the busiest NIC has at most kEndGameRounds more
     // rounds' shares left than a pair's deepest relay, the pair's relayed
     // pieces go first in its queue, deepest first. That key moves only
     // pairs whose head piece is relayed; queued behind their pair's other
     // pieces, relayed ones went in the last rounds, and their relays and
     // the NVLink fan-out after them ran past every other NIC (Qwen3-30B-A3B
-    // -> TP2 DP8 EP: a 77 MB relay in the last two rounds; simulate 1.0724x
-    // -> 1.0685x of the bound, TP2 DP8 84.000 -> 83.998 ms, no other row's
-    // plan changed). Relayed pieces first from round 0 was worse where
-    // relays are few (TP2 DP8: 1.0475x -> 1.0862x), as the sixth and ninth
-    // sessions found for deeper trees first.
+    // -> TP2 DP8 EP: a large relay in the last two rounds). Relayed pieces
+    // first from round 0 is worse where relays are few (TP2 DP8), as is
+    // placing deeper trees first.
     uint64_t crit = 0;
     for (uint32_t g = 0; g < n; ++g) crit = std::max({crit, rem_in[g], rem_out[g]});
     const uint64_t rounds_left = std::max<uint64_t>(1, (crit + net_cap - 1) / net_cap);
@@ -561,7 +547,7 @@ RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>&
     }
     // Otherwise (or where the shares placed nothing), pair by pair, the
     // round filled up to each NIC's pace. (Filling up after the shares as
-    // well measured worse: Qwen3-30B-A3B with EP 1.077x -> 1.094x.) A round
+    // well makes refits slower by `simulate`: Qwen3-30B-A3B with EP.) A round
     // where the pace lets nothing through (no case known) is filled without
     // it, so that every round places something and the loop ends.
     for (const bool paced : {true, false}) {
@@ -573,10 +559,9 @@ RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>&
   // A GPU's local copies (colocated: what it holds in its training
   // buffers and serves from its inference ones) are spread over the rounds,
   // each into the round where that GPU stages least so far. In a round the
-  // runtime packs and copies before it posts, so copies all in round 0 held
-  // back round 0's sends (FSDP2 -> vLLM TP2 x DP4 EP colocated: 7.58 GB per
-  // GPU ahead of the first message; with NVLink paced, 1.75x the bound with
-  // the copies in round 0, 1.40x spread).
+  // runtime packs and copies before it posts, so copies all in round 0 would
+  // hold back round 0's sends (FSDP2 -> vLLM TP2 x DP4 EP colocated: each
+  // GPU's gigabytes of copies ahead of its first message).
   if (!hbm_binds_) {
     RoundRows copied(n);
     for (uint32_t i : copies) {
@@ -596,13 +581,13 @@ RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>&
     // messages fly, so each copy, largest first, goes where the GPU's local
     // work so far least exceeds the previous round's message time. One
     // round more is open to them, after the last message: its copies run
-    // beside the last round's messages, which otherwise ran after the GPU's
-    // last copy. (FSDP2 -> vLLM TP2 DP4 EP colocated, simulate: 1.092x of
-    // the bound with the copies where their GPU stages least, as above;
-    // 1.082x with the extra round; 1.067x filling the gaps, with one pack
-    // for all of a slice's receivers (Unstage), which alone made it 1.098x,
-    // as filling the gaps alone did 1.096x.) Where NVLink binds, the extra
-    // round made refits 1-1.5% slower: Megatron and FSDP2 -> vLLM TP8.
+    // beside the last round's messages, which otherwise run after the GPU's
+    // last copy. (On FSDP2 -> vLLM TP2 DP4 EP colocated, `simulate` finds the
+    // extra round, filling the gaps, and one pack for all of a slice's
+    // receivers (Unstage) each bring the refit closer to its bound than the
+    // copies where their GPU stages least, as above, and the three together
+    // closest.) Where NVLink binds, the extra round makes refits slower
+    // (Megatron and FSDP2 -> vLLM TP8), so only here is it open.
     const size_t rounds = filled + 1;
     const double hbm_Bps = cluster_.hbm_GBps * 1e9;
     auto hbm_seconds = [hbm_Bps](uint64_t bytes) { return 2.0 * static_cast<double>(bytes) / hbm_Bps; };  // read + write
@@ -621,11 +606,10 @@ RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>&
     // A round's local work has until the round's messages can start: until
     // the previous round's messages end at the GPU and at each partner it
     // exchanges with in the round (they post it only then). Counting the
-    // GPU's own alone, a GPU with no messages in a round got few copies in
-    // the next (nothing to hide them behind, it seemed), raced ahead and
-    // idled its HBM until its partners caught up (FSDP2 -> vLLM TP2 DP4 EP
-    // colocated: GPU 0's HBM idle 198 us in round 11; simulate 1.067x ->
-    // 1.030x of the bound, its HBM busy 95.5% -> 98.9% of the refit).
+    // GPU's own alone, a GPU with no messages in a round gets few copies in
+    // the next (nothing to hide them behind, it seems), races ahead and
+    // idles its HBM until its partners catch up (FSDP2 -> vLLM TP2 DP4 EP
+    // colocated).
     std::vector<double> window(size_t{n} * rounds, 0.0);
     auto partner = [&](uint32_t g, uint32_t q, size_t r) {
       if (r == 0 || r >= rounds) return;
@@ -677,27 +661,22 @@ RoundTraffic Router::FillRounds(FillPieces& pieces, const std::vector<uint32_t>&
 // kProportionalMaxPieces pieces: shares of at least kCoarseShare of a
 // round's, since finer ones make plans two to three times larger);
 // greedily at kFillHigh; on small plans also with proportional shares
-// planned for kFillLow of the staging budget (simulate, where it is kept:
-// Qwen3-30B-A3B -> TP2 DP8 EP 1.054x -> 1.045x, TP2 DP8 1.0475x -> 1.042x,
-// Qwen3-Next EP 1.050x -> 1.046x, Mixtral 1.023x -> 1.018x; every other
-// row keeps its fill); with RouteOptions::search_fills also
+// planned for kFillLow of the staging budget (kept on a few small rows -
+// Qwen3-30B-A3B, Qwen3-Next EP, Mixtral - where `simulate` finds it faster;
+// every other row keeps its fill); with RouteOptions::search_fills also
 // kSearchedFills. Where every NIC has about as much to move as the busiest,
-// the greedy fill leaves holes the shares avoid: simulate 1.134x -> 1.071x
-// of the bound for Qwen3-30B-A3B, 1.075x -> 1.037x for DeepSeek-V3 on GB200
-// NVL72. Rounds planned for more of the staging took DeepSeek-V3 on DGX
-// H100 from 1.0505x to 1.044x, and its FP8 plan (TP16) from 1.053x to
-// 1.045x. Lower fills (0.8, 0.85) also help some rows, but the estimate
-// keeps them on Kimi-K2 too, whose plan then passes 64 MiB, so only
-// --search-fills tries them.
+// the greedy fill leaves holes the shares avoid (Qwen3-30B-A3B, DeepSeek-V3
+// on GB200 NVL72). Rounds planned for more of the staging bring DeepSeek-V3
+// on DGX H100, BF16 and FP8, closer to the bound. Lower fills (0.8, 0.85)
+// also help some rows, but the estimate keeps them on Kimi-K2 too, whose
+// plan then passes 64 MiB, so only --search-fills tries them.
 //
-// The estimate used to charge each rank its busiest link's bytes per round
-// and keep another fill only if 0.5% faster than the first: its seconds
-// for DeepSeek-V3 FP8's fills lay within 0.2% where `simulate` found 0.7%
-// between them. The flow estimate keeps the fill `simulate` finds fastest
-// on 14 of the 15 simulate, quant and init rows (the 15th: 1.0245x where
-// 1.0244x was there), and with --search-fills the fill --simulate-fills
-// keeps on DeepSeek-V3 (DGX H100, GB200, FP8) and Kimi-K2, within 0.2% of
-// it on Qwen3-235B.
+// An estimate that charges each rank its busiest link's bytes per round
+// cannot tell the fills apart where `simulate` can. The flow estimate keeps
+// the fill `simulate` finds fastest on all but one of the simulate, quant
+// and init rows of docs/benchmarks.md (there the two differ by a hair), and
+// with --search-fills the fill --simulate-fills keeps on DeepSeek-V3 (DGX
+// H100, GB200, FP8) and Kimi-K2, and one nearly as fast on Qwen3-235B.
 //
 // The fills are independent: each fills a copy of the router (its pieces,
 // staging in use and assemblies), as many at once as the machine has
@@ -758,8 +737,8 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
   const size_t n = candidates.size();
   // Each fill copies the router (which nothing changes until the last fill
   // ends), fills the copy and keeps only what the fill changed: the copies
-  // and their destruction (6.5% of DeepSeek-V3's compile CPU time, by perf,
-  // when the main thread did them) run beside each other too.
+  // and their destruction (a noticeable part of a large compile's CPU time,
+  // by perf, on the main thread) run beside each other too.
   const std::vector<DPiece>& input = pieces;
   const std::vector<uint32_t> order = RotationOrder(pieces);
   // The fills read of the programs only where each rank's inference
@@ -769,7 +748,7 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
   ir_.ranks.assign(programs.size(), RankProgram{});
   for (size_t g = 0; g < programs.size(); ++g) ir_.ranks[g].dst_buffer_base = programs[g].dst_buffer_base;
   // Nor do they read the quantized pieces' boxes (the emit does): those wait
-  // too (DeepSeek-V3 FP8 TP16 DP16: 250 MiB and 0.3 s a copy otherwise).
+  // too (a large FP8 plan's are hundreds of MiB to copy).
   std::vector<QuantPiece> qpieces = std::move(qpieces_);
   qpieces_.clear();
   std::vector<Trial> trials(n);
@@ -798,10 +777,9 @@ void Router::Schedule(std::vector<DPiece>& pieces) {
   // least one), each taking the next fill while any is left, then the
   // estimates of the fills done, the longest first: the proportional fills
   // (splitting more, the slowest) and theirs. With a thread per job it is
-  // every fill at once, each followed by its estimate. On 2 cores, the 3
-  // default fills all at once shared them until the slowest's estimate ran
-  // alone; before that, in waves of two, the third ran alone with a core
-  // idle.
+  // every fill at once, each followed by its estimate. On 2 cores the three
+  // default fills all at once share them until the slowest's estimate runs
+  // alone; in waves of two, the third would run alone with a core idle.
   std::vector<size_t> fill_order(n);
   std::iota(fill_order.begin(), fill_order.end(), 0);
   std::stable_partition(fill_order.begin(), fill_order.end(), [&](size_t c) { return candidates[c].proportional; });

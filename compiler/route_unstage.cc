@@ -19,10 +19,10 @@
 // buffers is packed once for all of them (hops kFromSender).
 //
 // (FSDP2 -> vLLM TP2 DP4 EP, Qwen3-30B-A3B colocated on 8 GPUs, whose
-// bound is the busiest GPU's local copies: packs with copies 66.0 GB and
-// unpacks 6.5 GB -> 60.5 and 0.2 GB over all GPUs, 278 -> 6,976 messages,
-// each slice at least kMinDirectSlice; simulate 1.224x -> 1.067x of the
-// bound with the copies' placement in route_schedule.cc.)
+// bound is the busiest GPU's local copies: unstaged, nearly all the unpacks
+// and some of the packs go, for many more, smaller messages, each slice at
+// least kMinDirectSlice; with the copies' placement in route_schedule.cc,
+// simulate puts the refit much closer to its bound.)
 
 #include "compiler/router.h"
 
@@ -127,8 +127,8 @@ void Router::Unstage(std::vector<DPiece>& pieces) {
   // slice from the same sender straight into their buffers (kDirectDst:
   // o_proj's FSDP2 rows, wanted by every rank of a TP group), the first
   // one's piece carries the others as hops from the sender (kFromSender),
-  // sent in its round from its one pack. (They were packed once per
-  // receiver, in different rounds: a pack shares only within a round.)
+  // sent in its round from its one pack. (Packed once per receiver they
+  // could land in different rounds, and a pack shares only within a round.)
   using Key = std::tuple<int, uint32_t, int, int, Box>;
   std::map<Key, size_t> first;                      // per slice: its first receiver's piece in `out`
   std::vector<std::vector<size_t>> others(out.size());  // per such piece: the other receivers' pieces

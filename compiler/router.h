@@ -199,7 +199,7 @@ class Router {
   /// Whether box b's region in fragment f fits the plan's Region format
   /// (RegionFits of SrcRegion or DstRegion), worked out only where
   /// Fragment::ModesFit cannot tell: splitting a piece to fill a round
-  /// checked each part's regions, a third of the time a split took
+  /// checked each part's regions, a large part of the time a split took
   /// (DeepSeek-V3 -> TP8 DP4 EP, by perf).
   bool SrcFits(const FragmentRef& f, const Box& b) const {
     return SrcFrag(f).ModesFit(b) || RegionFits(SrcRegion(f, b));
