@@ -23,22 +23,59 @@ HostPort ParseHostPort(const std::string& s, const std::string& what);
 /// True for "HOST:PORT" (a rendezvous address), false for a directory path.
 bool IsHostPort(const std::string& s);
 
+/// "rank 3", "ranks 2-11, 14": sorted ranks as messages name them, runs of
+/// three or more as "a-b".
+std::string RankList(const std::vector<uint32_t>& ranks);
+
 class TcpStore : public gloo::rendezvous::Store {
  public:
   /// Serves on `address` and clients it: `clients` other processes are
-  /// expected; the destructor waits (at most `timeout`) until each of them
-  /// has said hello and closed, so that a slower rank still finds its keys.
-  /// Throws reshard::Error when the address cannot be bound.
+  /// expected, as ranks 1..clients (rank 0 is this process). Serving began
+  /// at the call, and the store's deadline is the call plus `timeout`: if
+  /// some rank has not said hello by then, every request still waiting, and
+  /// every later one, is answered with the roster timeout (see
+  /// WaitForRoster). The destructor keeps serving until each client has said
+  /// hello and closed, so that a slower rank still finds its keys: at most
+  /// until that deadline while the roster is incomplete, at most `timeout`
+  /// once it completed; StopServing ends it at once. `job` (optional) names
+  /// the job, as Connect's does. Throws reshard::Error when the address
+  /// cannot be bound.
   static std::unique_ptr<TcpStore> Serve(const std::string& address, uint32_t clients,
-                                         std::chrono::milliseconds timeout);
+                                         std::chrono::milliseconds timeout, const std::string& job = "");
   /// Connects to the server at `address`, retrying until `timeout` (the server
-  /// may start later). `id` is this client's name for the server (its rank).
+  /// may start later), and says hello: `id` is this client's rank, and the
+  /// hello also carries `world_size` (0: not given), `job`, this process's id,
+  /// host name and the time, which the server names when two processes say
+  /// hello as one rank. The store's deadline is the call plus `timeout`.
   static std::unique_ptr<TcpStore> Connect(const std::string& address, uint32_t id,
-                                           std::chrono::milliseconds timeout);
+                                           std::chrono::milliseconds timeout, uint32_t world_size = 0,
+                                           const std::string& job = "");
   ~TcpStore() override;
 
+  /// The roster barrier: returns once every expected rank (1..clients of
+  /// Serve) has said hello exactly once, on the serving store as on a
+  /// client. Call it before any rank publishes its address, so that a
+  /// process that must not join never learns one. Throws ConnectAborted
+  /// (runtime/waiting_store.h) with the reason when a rank said hello twice,
+  /// a process of another job said hello, or a rank gave up (its PREFIX/abort
+  /// key). Until the roster is complete such a hello ends the rendezvous for
+  /// every rank; once it is complete only the latecomer is refused, at its
+  /// first request, and the others go on. Throws reshard::Error at the
+  /// store's deadline: "rendezvous 'HOST:PORT': timed out after 2.0 s waiting
+  /// for every rank to connect (ranks 2, 3 never connected)", the same text
+  /// on every rank.
+  void WaitForRoster();
+  /// For a serving rank whose connecting failed: answers the requests still
+  /// waiting with `why` (as an abort, when not empty and no other reason was
+  /// given before), stops serving and closes every connection; the
+  /// destructor then returns at once. Does nothing on a client.
+  void StopServing(const std::string& why = "");
+
   void set(const std::string& key, const std::vector<char>& data) override;
-  /// Waits (the store's timeout) for the key, then returns its value.
+  /// Waits (the store's timeout) for the key, then returns its value. A
+  /// timeout names the ranks that have not said hello, on a client as on the
+  /// server: "rendezvous 'HOST:PORT': timed out after 2.0 s waiting for key
+  /// 'K' (a rank has not arrived; rank 3 never connected)".
   std::vector<char> get(const std::string& key) override;
   void wait(const std::vector<std::string>& keys) override;
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
@@ -48,11 +85,19 @@ class TcpStore : public gloo::rendezvous::Store {
  private:
   TcpStore() = default;
   std::vector<char> Request(char op, const std::string& key, const std::vector<char>& value,
-                            std::chrono::milliseconds timeout);
+                            std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds timeout);
+  // Reads one reply into `value` before `deadline`: 1 read, 0 timed out (or
+  // interrupted by nothing), -1 the server closed the connection.
+  int ReadReply(std::chrono::steady_clock::time_point deadline, std::vector<char>* value);
+  // The ranks the server says have not said hello; false when it did not answer.
+  bool AskMissing(std::vector<uint32_t>* missing);
+  std::string TimeoutMessage(char op, const std::string& key, std::chrono::milliseconds timeout);
 
   std::string address_;
   std::chrono::milliseconds timeout_{60000};
+  std::chrono::steady_clock::time_point deadline_;  // creation plus timeout_
   int fd_ = -1;                     // client side
+  std::string in_;                  // client side: reply bytes read but not yet taken
   std::unique_ptr<Server> server_;  // server side
 };
 
