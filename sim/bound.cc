@@ -203,8 +203,8 @@ LowerBound ComputeLowerBound(const Plan& plan, const ClusterSpec& cluster) {
   for (uint64_t b : in) net |= b > 0;
   lb.latency_s = net ? m.nic_latency_s : (lb.needed_bytes ? m.nvlink_latency_s : 0);
   // A message takes a latency at least; a GPU's local copy needs none, and
-  // runs while messages fly (a refit of local copies and a few small
-  // messages was predicted under its bound by up to one latency).
+  // runs while messages fly (else a refit of local copies and a few small
+  // messages would be predicted under its bound, by up to one latency).
   lb.seconds = std::max(std::max({lb.ingress_s, lb.egress_s, lb.nvlink_s}) + lb.latency_s, lb.local_s);
   return lb;
 }

@@ -1,7 +1,7 @@
 // The SimGrid replay of a plan's workload (sim/simulate.h: Simulate). Built
 // into a module of its own, libreshard_simgrid.so, that Simulate loads on
-// first use (sim/simulate.cc): SimGrid and the ns-3 libraries it brings took
-// about 20 ms to load and bind, at the start of every reshard command.
+// first use (sim/simulate.cc): linked in, SimGrid and the ns-3 libraries it
+// brings would be loaded and bound at the start of every reshard command.
 #include "sim/simulate.h"
 
 #include <simgrid/s4u.hpp>
