@@ -45,10 +45,10 @@ void Convert(const char* s, int64_t ss, char* d, int64_t ds, uint64_t n) {
 // wire from DRAM; a weight waits for the next forward pass), and streaming
 // stores skip reading each destination line first. glibc's memcpy does the
 // same only for single copies larger than a share of the last-level cache,
-// never for a strided region's runs of a few KiB: on this project's 2-core
-// Xeon host, 8 KiB runs of a 256 MiB strided copy went from 4.9-5.5 GB/s
-// to 7.2-8.1 GB/s (a stand-alone loop, five repetitions each). The caller
-// fences (StreamFence) once the copy is done.
+// never for a strided region's runs of a few KiB, where streaming stores
+// make a large strided copy markedly faster (docs/benchmarks.md, Runtime,
+// row b, measures the packs). The caller fences (StreamFence) once the copy
+// is done.
 void StreamBytes(char* d, const char* s, size_t n) {
 #if defined(__SSE2__)
   size_t head = (16 - (reinterpret_cast<uintptr_t>(d) & 15)) & 15;

@@ -214,8 +214,8 @@ TEST(PipelineTest, OffSwitchRunsInSeries) {
 
 TEST(PipelineTest, DisjointPartsOfOneBufferOverlap) {
   // Round r unpacks into rows the next round's pack does not read: the
-  // rounds pipeline as if they were two buffers (they were serial while the
-  // schedule compared whole buffers).
+  // rounds pipeline as if they were two buffers (a schedule comparing whole
+  // buffers would run them in series).
   Plan plan = Plan::from_bytes(BuildPlan(OneBufferSwapPlan(3, false)), "one.rsplan");
   PipelineSchedule s = SchedulePipeline(plan.program(0));
   EXPECT_EQ(s.early_pack, (std::vector<uint8_t>{0, 1, 1}));

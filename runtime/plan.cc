@@ -178,7 +178,7 @@ const fb::Program* Plan::Impl::Unpack(uint32_t r, const flatbuffers::Vector<uint
   const std::string at = "rank " + std::to_string(r) + ": its packed program ";
   const unsigned long long size = ZSTD_getFrameContentSize(packed.data(), packed.size());
   if (size == ZSTD_CONTENTSIZE_ERROR || size == ZSTD_CONTENTSIZE_UNKNOWN) Fail(at + "is not a zstd frame (the file is damaged)");
-  // A program compresses about 4-6x; a frame that claims far more (a
+  // A program compresses a few times over; a frame that claims far more (a
   // damaged or crafted size) is refused before anything is allocated for it.
   const uint64_t most = std::min<uint64_t>(kMaxPlanBytes, uint64_t{4096} * packed.size() + (uint64_t{1} << 20));
   if (size < 8 || size > most) Fail(at + "would be " + std::to_string(size) + " bytes (the file is damaged)");

@@ -1,5 +1,5 @@
 // The one place where everything a plan says is checked before anything acts
-// on it (README "What a plan's checks guarantee"). Plan::open runs
+// on it (docs/plan-format.md, "What the checks guarantee"). Plan::open runs
 // CheckPlanTables on the plan-wide tables; Plan::program(r) runs CheckProgram
 // on rank r's program. Code after these checks may trust the plan: every
 // index is in range, every size computation fits in 64 bits, every address a

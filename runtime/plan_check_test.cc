@@ -1,8 +1,9 @@
-// Plans that once passed Plan::open and every rank's check and then made the
-// runtime, `validate`, `show` or `run --local` read or write out of bounds or
-// loop forever (issue 17, cases 1 to 6), and the rest of the plan checks'
-// bad-input catalogue (README "What a plan's checks guarantee"). Every case
-// asserts the full refusal, naming the rank and the step where there is one.
+// Plans that, unchecked, would pass Plan::open and every rank's check and
+// then make the runtime, `validate`, `show` or `run --local` read or write
+// out of bounds or loop forever (cases 1 to 6), and the rest of the plan
+// checks' bad-input catalogue (docs/plan-format.md, "What the checks
+// guarantee"; docs/errors.md, "Plan refusals"). Every case asserts the full
+// refusal, naming the rank and the step where there is one.
 //
 // RESHARD_WRITE_PLAN_REGRESSIONS=<dir> also writes every case's plan there
 // (tests/fuzz/regressions/plan/ holds them for the fuzz harness).
@@ -62,8 +63,8 @@ TEST(PlanCheckTest, TheBasePlansPass) {
   EXPECT_EQ(Refusal("ok-fp8-source", testing::QuantPlan(QuantPath::fp8_source)), "");
 }
 
-// Case 1: a zero-element region used to return early before its buffer index
-// was checked; later code read buffers()->Get(7).
+// Case 1: a zero-element region must not return early before its buffer
+// index is checked: later code would read buffers()->Get(7).
 TEST(PlanCheckTest, Case1EmptyRegionOnAMissingBuffer) {
   PlanSpec spec = testing::PackAndDirectPlan();
   ProgramSpec& p0 = spec.programs[0];
@@ -74,7 +75,7 @@ TEST(PlanCheckTest, Case1EmptyRegionOnAMissingBuffer) {
 }
 
 // Case 2: a quant op over regions with an outer mode of size 0: the quantize
-// loop never ended and wrote past the buffer.
+// loop would never end and write past the buffer.
 TEST(PlanCheckTest, Case2QuantOpWithAnEmptyOuterMode) {
   PlanSpec spec = testing::QuantPlan(QuantPath::requantize);
   ProgramSpec& p1 = spec.programs[1];
@@ -87,8 +88,8 @@ TEST(PlanCheckTest, Case2QuantOpWithAnEmptyOuterMode) {
             "p.rsplan: rank 1: step 1 (unpack): src region (0,4,8):(32,8,1) has an empty mode 0");
 }
 
-// Case 3: elements times dtype size wrapped: 16 bytes were allocated for
-// 2^62 + 4 fp32 elements and the synthetic fill wrote past them.
+// Case 3: elements times dtype size wraps: 16 bytes would be allocated for
+// 2^62 + 4 fp32 elements and the synthetic fill write past them.
 TEST(PlanCheckTest, Case3BufferBytesOverflow) {
   PlanSpec spec = testing::PackAndDirectPlan();
   spec.programs[1].buffers[0].shape = {(uint64_t{1} << 62) + 4};
@@ -200,8 +201,8 @@ TEST(PlanCheckTest, TensorBoxes) {
             "p.rsplan: tensor 0 ('w'): box [0,0,0,0]..[2147483648,2147483648,2147483648,8] has more than 2^63 elements");
 }
 
-// Case 5: an empty fragment on a buffer dim: hi - lo - 1 wrapped and
-// `validate` and `run --local` looped forever.
+// Case 5: an empty fragment on a buffer dim: hi - lo - 1 wraps, and
+// `validate` and `run --local` would loop forever.
 TEST(PlanCheckTest, Case5EmptyFragment) {
   PlanSpec spec = testing::PackAndDirectPlan();
   spec.programs[1].fragments[0] = MakeFragment(0, 0, 0, {0, 4}, {8, 4}, {8, 1}, 1, 0b10);
@@ -262,8 +263,8 @@ TEST(PlanCheckTest, RegionsHoldNoMoreThanTheirBuffers) {
             "the staging area holds");
 }
 
-// Found by the plan fuzzer: a forward step naming a src region (out of
-// range) passed the checks; validate read the region.
+// A forward step naming a src region (out of range, and forwards take none)
+// must be refused: validate would read the region.
 TEST(PlanCheckTest, StepsNameOnlyTheRegionsTheyTake) {
   PlanSpec spec = testing::ForwardPlan();
   spec.programs[2].steps[1] = MakeStep(K::forward, 3, 99, kNone, 0, 256, D::fp32, fb::Channel::nvlink);

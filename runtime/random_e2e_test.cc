@@ -34,11 +34,10 @@ constexpr bool kSanitized = false;
 #endif
 // Every rank of a `run --local` waits at the start for the others to fill
 // their sources, at most `run --timeout`. Under the sanitizers two 24-rank
-// runs at once beside a second ctest job took longer than 30 s to fill (CI,
-// 2026-12-06: "barrier: Timed out waiting 30000ms"; two at once there are no
-// faster than one after the other: 34 s against 32 s for a pair), so there
-// they run one at a time and wait up to 120 s. One of them beside 24 busy
-// processes passed within 30 s (45 s in all).
+// runs at once beside a second ctest job can take longer than 30 s to fill
+// ("barrier: Timed out waiting 30000ms"), and two at once are no faster
+// there than one after the other, so there they run one at a time and wait
+// up to 120 s.
 // `reshard run` processes in flight at once (each forks one process per rank).
 constexpr size_t kParallel = kSanitized ? 1 : 2;
 constexpr int kRunTimeout = kSanitized ? 120 : 30;
@@ -257,9 +256,9 @@ uint64_t LargestExpertUnpack(const std::string& plan, uint32_t rank) {
 // fill_candidate with the stripes given, as `compile --simulate-fills`
 // compiles one). The finer routing must change every plan (reshard diff),
 // and each must move every value and scale right. (Channel scales quantized
-// by the receiver are left out: 36 s of `run --local` for the four.) Under
-// the sanitizers (tools/test.d/40-sanitize.sh) only the first plan runs:
-// the three took 367 s there, the longest test of the stage.
+// by the receiver are left out: two more runs for little more coverage.)
+// Under the sanitizers (tools/test.d/40-sanitize.sh) only the first plan
+// runs: all three would make it the longest test of the stage.
 TEST(FinerRoutingE2eTest, QuantizedPiecesCutFinerRunWithEveryValueAndScaleRight) {
   testing::TempDir dir;
   std::vector<Case> cases;

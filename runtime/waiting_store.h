@@ -1,14 +1,13 @@
 // A Gloo rendezvous store that waits for the transport's timeout. Gloo's
 // FileStore waits 30 s (Store::kDefaultTimeout) for a key in get(), whatever
-// the context's timeout, so ranks started more than 30 s apart failed to
+// the context's timeout, so ranks started more than 30 s apart would fail to
 // connect through a shared directory. Every wait ends at one deadline, the
 // store's creation plus the timeout: connecting waits for peers' keys more
-// than once, and with a fresh timeout per wait a rank that never came made
-// connecting outlast the stated timeout (3.1 s at --timeout 2 with 11 ranks
-// missing; 2.15 s with the deadline).
+// than once, and with a fresh timeout per wait a rank that never came would
+// make connecting outlast the stated timeout.
 //
 // Waits poll the keys every 10 ms (Gloo's FileStore::wait sleeps whole
-// seconds: at --timeout 1 connecting took 2.05 s); every 100 ms the store asks
+// seconds, overshooting a short timeout); every 100 ms the store asks
 // `aborted` (a peer's abort key: a duplicate rank, an interrupted peer) and
 // checks for an interrupt (runtime/interrupt.h), so that either ends
 // connecting at once.

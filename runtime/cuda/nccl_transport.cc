@@ -22,8 +22,9 @@ std::string Bytes(const char* verb, size_t bytes) { return std::string(verb) + "
 
 // Between two polls of a message's completion: spin (yield) for the first
 // kSpin of a wait, so that a round the GPU finishes in microseconds is seen
-// without a sleep's delay (a 20 us Linux sleep lasts about 60), then sleep
-// 20 us, which a round long enough to get there hardly notices.
+// without a sleep's delay (a short Linux sleep lasts several times what it
+// asks), then sleep 20 us, which a round long enough to get there hardly
+// notices.
 using Clock = Transport::Clock;
 constexpr auto kSpin = std::chrono::milliseconds(2);
 void Pause(Clock::time_point since) {

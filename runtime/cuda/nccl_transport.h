@@ -31,8 +31,8 @@ struct NcclOptions {
   /// let a stalled peer be detected even while NCCL sets up connections;
   /// blocking ones work, but a peer missing at connection setup blocks there.
   /// Blocking ones are faster: each round's group is posted when
-  /// ncclGroupEnd returns, where a non-blocking one is waited for (up to
-  /// 43 us a round on an H200, tools/bench/gpu_executor_bench.cc).
+  /// ncclGroupEnd returns, where a non-blocking one is waited for (what that
+  /// costs a round: docs/benchmarks.md, On a GPU).
   ncclComm_t net = nullptr;
   /// The nvlink channel's communicator (same ranks); null: nvlink messages
   /// share net's communicator and stream (no overlap).
