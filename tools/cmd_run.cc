@@ -81,8 +81,8 @@ int RunChild(const Plan& plan, uint32_t rank, const std::string& rendezvous, con
     // Over the active ranks only: process_of(rank) of active_ranks().size().
     GlooTransport transport(static_cast<uint32_t>(plan.process_of(rank)),
                             static_cast<uint32_t>(plan.active_ranks().size()), options);
-    // Every rank starts its run together (filling 100 MB of sources takes
-    // each a different time), so that the slowest rank's time is the run's.
+    // Every rank starts its run together (filling its sources takes each a
+    // different time), so that the slowest rank's time is the run's.
     SyntheticRun run = RunSynthetic(plan, rank, transport, 10, [&] { transport.barrier(); });
     std::ostringstream out;
     out.precision(9);

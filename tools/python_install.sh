@@ -4,8 +4,8 @@
 # build-python/ so that a rebuild compiles only what changed. The tree lies
 # at the depth of build/ and compiles with build/'s compiler, so that through
 # ccache (cmake/ccache.cmake) it takes build/'s objects of the runtime, the
-# compiler and the CLI instead of compiling them again (219 s -> 33 s here). Used by the
-# test stages that `import reshard` (tools/test.d/20-megatron.sh, 25-vllm.sh,
+# compiler and the CLI instead of compiling them again. Used by the test
+# stages that `import reshard` (tools/test.d/20-megatron.sh, 25-vllm.sh,
 # 30-python.sh, 35-fsdp2.sh); tools/gpu-check.sh builds it with CUDA.
 #
 # The extension does not link torch, so one wheel serves every venv of the

@@ -63,7 +63,7 @@ class SignalGuard {
 
 // In the child: fill `fill` compiled into `path`, simulated. One compile and
 // one simulation a process: a child that compiled and simulated a second plan
-// predicted 0.456 s for it where a fresh process predicts 0.222 s
+// predicted a much longer refit for it than a fresh process does
 // (DeepSeek-V3 FP8 GB200, 16 MiB stripes; not investigated further).
 nlohmann::ordered_json CompileAndSimulate(const CompileInputs& in, CompileOptions opt, size_t fill,
                                           const std::string& path, const std::string& out) {

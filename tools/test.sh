@@ -25,8 +25,8 @@ for job in tools/sanitize_build.sh tools/vllm_venv.sh; do
   # Each in a session of its own, so that the trap stops its children too.
   # Linux shares the CPU between sessions first (autogroup), whatever their
   # processes' nice values: the session's own nice value (/proc/self/autogroup)
-  # is lowered as well, or the job takes a core from the tests (ctest 114 ->
-  # 269 s in the first try).
+  # is lowered as well, or the job takes a core from the tests and ctest runs
+  # far slower.
   setsid bash -c 'echo 19 >/proc/self/autogroup 2>/dev/null || true; exec nice -n 19 "$0"' "$job" \
     >"build/logs/$(basename "$job" .sh).log" 2>&1 &
   background+=($!)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Where the time above the lower bound goes (issue 32), for the rows that are
-# predicted above 1.05x of it: `simulate` splits predicted / bound at the
-# refit's busiest link (sim/simulate.h, GapOf):
+# Where the time above the lower bound goes, for the rows of gap_rows.sh:
+# `simulate` splits predicted / bound at the refit's busiest link
+# (sim/simulate.h, GapOf):
 #   bytes: that link's bytes at its bandwidth against the bound (1.00 where
 #          the bound's bytes are spread evenly over its links)
 #   idle:  the prediction against that link's busy time (1 / its
@@ -30,7 +30,7 @@ compile() {  # LABEL MODEL TRAIN INFER CLUSTER
 echo "| row | predicted / bound | binding term | busiest link (or GPU HBM) | bytes | idle |"
 echo "|---|---|---|---|---|---|"
 gap_rows compile
-# Training and inference on the same 8 GPUs (the README's colocated rows).
+# Training and inference on the same 8 GPUs (docs/benchmarks.md, Colocated).
 python3 -c "
 import json
 c = json.load(open('$H'))

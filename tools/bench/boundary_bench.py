@@ -1,4 +1,4 @@
-"""What the boundary checks cost and how fast faults end (issue 29), over
+"""What the boundary checks cost and how fast faults end, over
 real processes (fork) and Gloo on this machine:
 
 - hello: Session() on every rank of a plan, the transports already

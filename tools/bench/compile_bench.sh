@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Compile-time benchmark (issue 2): compile time, peak memory and plan size for
+# Compile-time benchmark: compile time, peak memory and plan size for
 # the seed configurations, plus opening and verifying one rank's program and
 # validating the whole plan. Medians of REPS runs. Usage:
 #   tools/bench/compile_bench.sh [REPS]
 # With BASE=path/to/an/older/reshard, that binary's compiles run interleaved
 # with this build's, run for run, and each row gets their medians, peak
 # memory and plan sizes side by side (a noisy machine then slows both alike),
-# and how many times as fast this build's median is. Against the binary an
-# issue was filed with, that ratio is the machine-independent reading of a
-# time it asks for (issue 32: DeepSeek-V3 2 s -> under 1 s is 2x).
+# and how many times as fast this build's median is: against an older
+# binary, that ratio is the machine-independent reading of a speed-up (a
+# target of half the time is a ratio of 2).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 REPS=${1:-3}

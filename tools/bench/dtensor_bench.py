@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """reshard.layout_from_module and Session.bind_module on a 2,000-parameter
-FSDP2 model (issue 30): 4 Gloo ranks forked after importing torch and
+FSDP2 model: 4 Gloo ranks forked after importing torch and
 reshard, a plain torch model with Hugging Face names (400 layers of 5
 parameters), fully_shard per layer then the root; each call timed on every
 rank, RUNS times; prints the median of the slowest rank's times.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A recompile after an inference-side change only (issue 32): DeepSeek-V3,
+# A recompile after an inference-side change only: DeepSeek-V3,
 # Megatron PP16 EP16 -> vLLM TP8 x DP4 with EP, 8 engines, on DGX H100. EPLB
 # moves experts between EP ranks, which a layout says with "assign"; here 8
 # pairs of experts swap ranks (seeded), against the linear placement written

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# FSDP2 trainers (issue 30): Qwen3-30B-A3B trained with FSDP2 on 64 ranks
+# FSDP2 trainers: Qwen3-30B-A3B trained with FSDP2 on 64 ranks
 # (fp32 masters, and bf16) refit into vLLM TP2 x DP8, next to Megatron TP2
 # EP8 on the same 64 GPUs into the same engines. `reshard init`, then compile
 # (median of RUNS), validate and simulate on DGX H100. Prints a markdown

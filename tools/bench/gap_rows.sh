@@ -1,4 +1,4 @@
-# The rows above 1.05x of the bound that issue 32's analyses look at, for
+# The rows whose time above the bound the gap analyses look at, for
 # tools/bench/bound_gap.sh and overlap_what_if.sh (sourced; BUILD=build-dir,
 # default build). Sets BIN, S (samples), C (tools/bench/configs), H (the DGX
 # H100 cluster) and tmp (removed on exit), and defines:
@@ -38,7 +38,7 @@ gap_rows() {
   init_row "$fn" "DeepSeek-V3 -> TP8 DP4 EP x8" $S/deepseek-v3/config.json \
     megatron:pp=16,ep=16,etp=1,grouped-gemm,pp-layers=3,4,4,4,4,4,4,4,4,4,4,4,4,4,4,2 \
     vllm:tp=8,dp=4,ep,engines=8,quant=none
-  # The FP8-serving rows issue 32 names, from `reshard init` (the Qwen3-235B
+  # The FP8-serving rows, from `reshard init` (the Qwen3-235B
   # config: samples/qwen3-235b's with the FP8 release's quantization_config).
   init_row "$fn" "DeepSeek-V3 FP8 -> TP16 x16, GB200 NVL72" $S/deepseek-v3/config.json \
     megatron:pp=16,ep=16,etp=1,grouped-gemm,pp-layers=3,4,4,4,4,4,4,4,4,4,4,4,4,4,4,2 vllm:tp=16,engines=16 gb200-nvl72

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# reshard init acceptance (issue 14): for real models, `reshard init` from the
+# reshard init acceptance: for real models, `reshard init` from the
 # HF config.json and the frameworks' settings, then compile, validate and
 # simulate on DGX H100. Prints a markdown table: init + compile wall time,
 # plan size, predicted refit and its lower bound. Usage:
 #   tools/bench/init_bench.sh            (BUILD=build-dir, default build)
-# (predicted / bound: issue 16 asks for 1.08x on these rows too)
+# (predicted / bound: the target is 1.08x on these rows too)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
@@ -50,7 +50,7 @@ row "Mixtral-8x7B" $C/mixtral-8x7b.json megatron:tp=2,pp=4,ep=8,etp=1,grouped-ge
 DS=megatron:pp=16,ep=16,etp=1,grouped-gemm,pp-layers=3,4,4,4,4,4,4,4,4,4,4,4,4,4,4,2
 row "DeepSeek-V3 BF16" $S/deepseek-v3/config.json $DS vllm:tp=32,engines=8,quant=none
 row "DeepSeek-V3 FP8" $S/deepseek-v3/config.json $DS vllm:tp=16,engines=16
-# Issue 31's architectures (samples/glm-4.5-air, samples/gpt-oss-120b: real configs).
+# GLM-4.5 and gpt-oss (samples/glm-4.5-air, samples/gpt-oss-120b: real configs).
 GLM=megatron:tp=2,pp=4,ep=8,etp=1,grouped-gemm,pp-layers=11,12,12,11
 row "GLM-4.5-Air" $S/glm-4.5-air/config.json $GLM vllm:tp=4,engines=8
 row "GLM-4.5-Air" $S/glm-4.5-air/config.json $GLM vllm:tp=2,dp=4,ep,engines=4

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Row-interleaved fused buffers (issue 13, item 3): vLLM's gpt-oss w13_weight
+# Row-interleaved fused buffers: vLLM's gpt-oss w13_weight
 # alternates gate and up rows (interleave groups of one row). Its plan must
 # match, within 1.15x, the control that holds the same bytes concatenated:
 # plan size, compile time, validate time and predicted refit. Compile and

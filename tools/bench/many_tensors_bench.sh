@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Compile time and peak memory against the number of tensors (issue 17: near
+# Compile time and peak memory against the number of tensors (targets: near
 # linear; a 10^6-tensor model within a minute and 4 GiB). The model is N
 # tensors of [64, 32]; training holds them at TP2, inference at TP1, on the
 # bundled DGX H100 cluster. Prints N, wall seconds, peak RSS and plan size per

@@ -9,7 +9,7 @@
 # for a matching cluster spec, each with and without --no-nvlink-exchange,
 # run three times; the table shows predicted, measured (median) and the lower
 # bound. Run as root on Linux; creates and removes namespaces, veths and
-# bridges (also on failure or Ctrl-C). Takes ~10 minutes.
+# bridges (also on failure or Ctrl-C). Takes minutes.
 # Usage: tools/bench/netem_bench.sh [build-dir] [--reps N] [--only NAME]
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"

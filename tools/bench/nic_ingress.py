@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Where one rank's NIC-received bytes go, by tensor: the breakdown behind a
-row's `bytes` factor in `reshard simulate` (README, "Rows still above 1.05x").
+row's `bytes` factor in `reshard simulate` (docs/benchmarks.md, "Rows
+against the bound"; docs/simulation.md).
 
     reshard show PLAN --rank R --json > rank.json
     tools/bench/nic_ingress.py rank.json

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What overlapping rounds would buy (issue 32): the runtime keeps one round's
+# What overlapping rounds would buy: the runtime keeps one round's
 # messages in flight, and a NIC idles while its partners finish the round
 # (bound_gap.sh's "idle"). `simulate --what-if-overlap N` predicts a runtime
 # that keeps N rounds in flight; such a runtime needs N + 1 staging arenas of

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Python overhead (issue 15): run() of a plan with >100k steps per rank
+# Python overhead: run() of a plan with >100k steps per rank
 # (2 ranks over Gloo, the per-step plan of runtime_bench) through
 # `import reshard` against the same plan driven by C++ Session::run, and
 # bind_module of a 2000-parameter torch module.

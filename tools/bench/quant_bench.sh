@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Quantized refit (issue 7): DeepSeek-V3 from BF16 training (PP16 EP16) into
+# Quantized refit: DeepSeek-V3 from BF16 training (PP16 EP16) into
 # FP8 128x128 block-scaled inference weights (TP16 DP16, the
 # infer-tp16-dp16-fp8.json sample: vLLM refuses block FP8 at TP32, whose
 # 576-row slices of the dense MLPs are not whole 128-row blocks), and Qwen3-235B into per-channel FP8

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Where a row's `idle` goes, round by round: the busiest link's time in each
-round against the time its bytes need (README, "Rows still above 1.05x").
+round against the time its bytes need (docs/benchmarks.md, "Rows against
+the bound"; docs/simulation.md).
 
     tools/bench/round_gap.py PLAN CLUSTER [--rounds]
 

@@ -15,7 +15,7 @@
 // Rows c and d also show raw Gloo with each message cut into the parts
 // reshard's transport cuts it into (GlooOptions::chunk_bytes, 1 MiB unless
 // RESHARD_GLOO_CHUNK_BYTES says otherwise), and the plan over a second
-// transport that sends messages whole (the behaviour before the parts).
+// transport that sends messages whole (what the parts are measured against).
 // Row d also shows the same exchange written by hand as tightly as it can be
 // on a CPU: each part packed (its rows memcpy'd) into a ring of 8 parts just
 // before it is sent, and unpacked as soon as it arrives, so that the copies

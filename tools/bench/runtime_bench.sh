@@ -6,7 +6,7 @@
 #   d. a staged plan (pack, send, recv, unpack of 256 MiB strided bf16 in 16
 #      rounds), pipelined, vs raw Gloo (target >= 85%), and the same in series.
 # Prints a table of medians of 5 repetitions; exits non-zero if the benchmark fails
-# to run (not when a target is missed). Takes ~15 s on 2 cores.
+# to run (not when a target is missed). Takes seconds.
 # Usage: tools/bench/runtime_bench.sh [build-dir] [runtime_bench options, e.g. --reps 9]
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"

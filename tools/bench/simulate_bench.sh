@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Simulated refit times (issues 4 and 5): for each seed configuration, the
+# Simulated refit times: for each seed configuration, the
 # physical lower bound, `gather`, `direct --no-nvlink-exchange` and `direct`
 # predicted by `reshard simulate`, and the ratios; NVIDIA's reported times
 # printed beside them. Simulation is

@@ -8,7 +8,7 @@
 # bit-exact against the Megatron -> HF conversion, and once more through the
 # Python package (installed here by tools/python_install.sh): each rank
 # `reshard.Session.bind_module(model)` of its Float16Module, again bit-exact
-# (python/, issue 15). Skips (exit 0, with a
+# (python/). Skips (exit 0, with a
 # message) only when the Python package registry cannot be reached.
 set -uo pipefail
 cd "$(dirname "$0")/../.."

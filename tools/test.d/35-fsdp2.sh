@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Real FSDP2 on CPU (issue 30): tests/fsdp2/run.py builds tiny Hugging Face
+# Real FSDP2 on CPU: tests/fsdp2/run.py builds tiny Hugging Face
 # transformers models (Qwen3, Qwen3-MoE with fused experts, Qwen3-Next) on 4
 # Gloo processes, one launch for all cases: 1-D FSDP2 with fp32 masters and
 # with bf16, HSDP 2x2, TP2 x FSDP2, fused experts sharded on dim 0 and on dim

@@ -4,10 +4,10 @@
 # (tools/sanitize_build.sh, build-sanitize/), every report fatal, leaks
 # included where LeakSanitizer can run. Some tests skip there, each saying
 # why: two run `reshard` under `ulimit -v`, which ASan's shadow memory cannot
-# fit; six compile plans of 256-1536 ranks, a minute or more each there
-# (their code runs there on the other tests' smaller plans; every plain build
-# runs them all); one checks the flow estimate's default budget on 4 peers
-# only (64 peers took 70 s).
+# fit; six compile plans of 256-1536 ranks, far slower there (their code
+# runs there on the other tests' smaller plans; every plain build runs them
+# all); one checks the flow estimate's default budget on 4 peers only (64
+# peers take too long there).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=$(tools/sanitize_build.sh)
@@ -16,8 +16,8 @@ build=$(tools/sanitize_build.sh)
 # the two words before it as the block's range (compiler-rt,
 # sanitizer_tls_get_addr.cpp, DTLS_on_tls_get_addr; google/sanitizers#1322).
 # `reshard simulate` dlopens libreshard_simgrid.so, whose thread_locals are
-# such blocks; one `simulate` of the CI run of 2026-12-05 ended in "Tracer
-# caught signal 11" at exit, no leak found (576 runs here did not). Without
+# such blocks; a `simulate` has ended in "Tracer caught signal 11" at exit,
+# rarely, with no leak found. Without
 # the interception LeakSanitizer does not scan dynamic TLS for roots; nothing
 # of ours keeps heap memory only there.
 export ASAN_OPTIONS=abort_on_error=1:strict_string_checks=1:detect_leaks=1:intercept_tls_get_addr=0

@@ -2,7 +2,7 @@
 # CI stage: the libFuzzer harnesses (tests/fuzz/, cmake/fuzz.cmake) built with
 # clang and -fsanitize=fuzzer,address,undefined (tools/sanitize_build.sh, the
 # build 40-sanitize ran the test suite in); each runs its whole regression
-# corpus (every input of issue 17 and every finding since), then fuzzes for
+# corpus (the plan checks' regression cases and every finding), then fuzzes for
 # RESHARD_FUZZ_SECONDS (30) from its seed corpus. New inputs go to a scratch
 # directory, never into the tree; a crash leaves its input in
 # build-sanitize/findings/ and fails the stage. (For long runs, a separate
