@@ -4,7 +4,7 @@
 #  - the Python wheel's tree (tools/python_install.sh: build-python/, at the
 #    depth of build/) compiles the runtime, the compiler and the CLI with the
 #    flags build/ used, and takes build/'s objects instead of compiling them
-#    a second time (a wheel build took 219 s, now 33 s);
+#    a second time, so that a wheel build takes a fraction of the time;
 #  - a machine that keeps ~/.cache/ccache (CI, a developer's) recompiles
 #    only what changed, in a fresh clone too.
 # CCACHE_BASEDIR makes the paths inside the checkout relative to the build
