@@ -248,7 +248,8 @@ class FlowReplay {
       lcap_[l] = cap_[l];
       if (depth_[l] < kSolveDepth) {
         // Solve took every flow of a link it looked past into comp_: nothing
-        // to take off its capacity (2.3% of an estimate's instructions).
+        // to take off its capacity, and every flow counts: no need to walk
+        // them (the walk showed in an estimate's instructions).
         lcount_[l] = static_cast<uint32_t>(on_[l].size());
       } else {
         lcount_[l] = 0;

@@ -1,9 +1,9 @@
 // How a region copy (pack, unpack, copy) runs on a device, decided on the
 // host: nothing, one cudaMemcpyAsync (contiguous on both sides, one dtype), or
 // launches of the strided copy kernel (copy_launch.h); rows of one dtype may
-// go to cudaMemcpy2DAsync instead, which on an H200 moves them at half the
-// kernel's rate (tools/bench/gpu_kernel_bench.cu: 40% of a device-to-device
-// copy against 78%), so only when asked. Plain C++: the CPU tests check every
+// go to cudaMemcpy2DAsync instead, which on an H200 moves them much slower
+// than the kernel (tools/bench/gpu_kernel_bench.cu measures both), so only
+// when asked. Plain C++: the CPU tests check every
 // decision and run the kernel's launches on the host against CopyRegion.
 #pragma once
 
