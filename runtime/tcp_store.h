@@ -1,7 +1,11 @@
 // A gloo::rendezvous::Store over TCP, for meshes whose ranks share no
 // directory: one process serves the keys (TcpStore::Serve), every rank talks
 // to it (the serving process through the same object, without a socket).
-// Debian's libgloo ships FileStore, HashStore and RedisStore only.
+// Each client says who it is (rank, world size, pid, host, time, job), and
+// the roster barrier (WaitForRoster) lets no rank publish its address before
+// every rank has come exactly once: a rank started twice, or a second job on
+// the same address, is named to every rank instead of meeting Gloo's pair
+// connect. Debian's libgloo ships FileStore, HashStore and RedisStore only.
 #pragma once
 
 #include <chrono>
@@ -27,6 +31,8 @@ bool IsHostPort(const std::string& s);
 /// three or more as "a-b".
 std::string RankList(const std::vector<uint32_t>& ranks);
 
+/// One object per rank; it takes one request at a time (no two threads may
+/// wait on one store at once).
 class TcpStore : public gloo::rendezvous::Store {
  public:
   /// Serves on `address` and clients it: `clients` other processes are
@@ -55,15 +61,33 @@ class TcpStore : public gloo::rendezvous::Store {
   /// The roster barrier: returns once every expected rank (1..clients of
   /// Serve) has said hello exactly once, on the serving store as on a
   /// client. Call it before any rank publishes its address, so that a
-  /// process that must not join never learns one. Throws ConnectAborted
-  /// (runtime/waiting_store.h) with the reason when a rank said hello twice,
-  /// a process of another job said hello, or a rank gave up (its PREFIX/abort
-  /// key). Until the roster is complete such a hello ends the rendezvous for
-  /// every rank; once it is complete only the latecomer is refused, at its
-  /// first request, and the others go on. Throws reshard::Error at the
-  /// store's deadline: "rendezvous 'HOST:PORT': timed out after 2.0 s waiting
-  /// for every rank to connect (ranks 2, 3 never connected)", the same text
-  /// on every rank.
+  /// process that must not join never learns one.
+  ///
+  /// Throws ConnectAborted (runtime/waiting_store.h) with the reason when a
+  /// rank said hello twice, a process of another job said hello, or a rank
+  /// gave up (its PREFIX/abort key, the reason as it set it). Until the
+  /// roster is complete a conflicting hello ends the rendezvous for every
+  /// rank, half a second after the first (to gather the rest of another
+  /// job's ranks); once it is complete only the latecomer is refused, at its
+  /// first request, and the others go on. The reasons:
+  ///   rank 1 joined the rendezvous at 'HOST:PORT' twice: two processes were
+  ///   started as rank 1 (pid 123 on host-a at 12:00:01, pid 456 on host-b
+  ///   at 12:03:10)
+  ///   rendezvous 'HOST:PORT' is serving another job: rank 1 joined twice
+  ///   (first pid 123 on host-a, 8 ranks, at 12:00:01; then pid 456 on
+  ///   host-b, 4 ranks, at 12:03:10): use another port per job
+  /// (several ranks: "ranks 1, 2 joined twice (rank 1: first ...; then ...;
+  /// rank 2: first ...; then ...)"; a rank out of range or of another world
+  /// size or job than rank 0's: "rank 9 (pid ..., at ...) joined rank 0
+  /// (pid ..., 8 ranks, at ...)"; an older client's bare hello: "a process of
+  /// an older reshard" in place of "pid ... at ...").
+  ///
+  /// Throws reshard::Error when the roster is not complete at the store's
+  /// deadline, with the same text on every rank: "rendezvous 'HOST:PORT':
+  /// timed out after 2.0 s waiting for every rank to connect (ranks 2, 3
+  /// never connected)". The first rank whose deadline passes ends the roster
+  /// for all (a client asks the server, which may answer that the roster
+  /// completed after all; a client gives it half a second beyond its deadline).
   void WaitForRoster();
   /// For a serving rank whose connecting failed: answers the requests still
   /// waiting with `why` (as an abort, when not empty and no other reason was
@@ -86,8 +110,8 @@ class TcpStore : public gloo::rendezvous::Store {
   TcpStore() = default;
   std::vector<char> Request(char op, const std::string& key, const std::vector<char>& value,
                             std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds timeout);
-  // Reads one reply into `value` before `deadline`: 1 read, 0 timed out (or
-  // interrupted by nothing), -1 the server closed the connection.
+  // Reads one reply into `value` before `deadline`: 1 read, 0 at the
+  // deadline or on a signal, -1 the server closed the connection.
   int ReadReply(std::chrono::steady_clock::time_point deadline, std::vector<char>* value);
   // The ranks the server says have not said hello; false when it did not answer.
   bool AskMissing(std::vector<uint32_t>* missing);

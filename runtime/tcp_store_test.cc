@@ -240,9 +240,8 @@ std::string RosterOf(TcpStore& store) {
   return "";
 }
 
-// After a conflicting hello the server waits kConflictGrace (500 ms) for
-// more before it ends the roster; this bound leaves a loaded 2-core machine
-// a second beyond that.
+// After a conflicting hello the server waits kConflictGrace for more before
+// it ends the roster; the rest of this bound is for a loaded machine.
 constexpr double kConflictBound = 1.5;
 
 TEST(TcpStoreRosterTest, CompletesWithEveryRank) {
@@ -306,7 +305,7 @@ TEST(TcpStoreRosterTest, AMissingRankEndsEveryRankAtTheTimeout) {
                                              "': timed out after 2.0 s waiting for every rank to connect (rank 3 "
                                              "never connected)")
         << p;
-    // Its own 2 s, the destructor included; the margin is for a loaded 2-core machine.
+    // Its own timeout, the destructor included, and a margin for a loaded machine.
     EXPECT_LT(took, 2.5) << "rank " << starts[p].rank << " on " << (starts[p].addr == a ? "a" : "b");
     EXPECT_GT(took, 2.0 - starts[p].after_ms / 1000.0 - 0.1) << p;  // not before the first deadline
     std::printf("[ measured ] %s rank %u started at %.1f s ended after %.3f s\n", starts[p].addr == a ? "a" : "b",
@@ -360,7 +359,7 @@ TEST(TcpStoreRosterTest, ADuplicateAfterTheRosterIsRefusedAlone) {
   const std::string want = "rank 2 joined the rendezvous at '" + m.addr +
                            "' twice: two processes were started as rank 2 (" + Me() + " at T, " + Me() + " at T)";
   EXPECT_EQ(TimesAsT(RosterOf(*dup)), "aborted: " + want);
-  EXPECT_LT(SecondsSince(t0), 0.5);
+  EXPECT_LT(SecondsSince(t0), 1.0);  // at once: far from the 5 s timeout
   EXPECT_EQ(TimesAsT(ErrorOf([&] { dup->get("rank/0"); })), want);
   EXPECT_EQ(TimesAsT(ErrorOf([&] { dup->set("rank/2", {'x'}); })), want);
   m.ranks[1]->set("rank/2", {'b'});
@@ -380,7 +379,7 @@ TEST(TcpStoreRosterTest, ARankThatGivesUpEndsTheRoster) {
   EXPECT_EQ(RosterOf(*r1), "aborted: " + why);
   EXPECT_EQ(RosterOf(*m.server), "aborted: " + why);
   for (auto& w : m.rosters) EXPECT_EQ(w.get(), "aborted: " + why);
-  EXPECT_LT(SecondsSince(t0), 0.5);
+  EXPECT_LT(SecondsSince(t0), 1.0);  // at once: far from the 5 s timeout
 }
 
 // A serving rank that gives up stops at once: a client waiting hears why,
@@ -392,12 +391,12 @@ TEST(TcpStoreRosterTest, StopServingAnswersAndEndsAtOnce) {
   m.server->StopServing("rank 0: gloo: cannot connect 3 ranks");
   m.server.reset();
   EXPECT_EQ(m.rosters[0].get(), "aborted: rank 0: gloo: cannot connect 3 ranks");
-  EXPECT_LT(SecondsSince(t0), 0.5);
+  EXPECT_LT(SecondsSince(t0), 1.0);  // at once: far from the 5 s timeout
 }
 
 // A server that accepts and never answers (the kernel completes the
 // handshake on a socket that listens): every wait still ends, the roster's
-// at the deadline plus the half second it gives the server to answer why.
+// at the deadline plus the time it gives the server to answer why.
 TEST(TcpStoreRosterTest, AServerThatNeverAnswersEndsAtTheDeadline) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
