@@ -31,15 +31,22 @@ Worker side::
     stats = refit.run()                                             # each step
 
 Trainer side: :class:`TrainerRefit` (bind once, re-bind what the framework
-replaced, run). As a vLLM weight-transfer engine: :func:`register` adds
-``"reshard"`` to ``WeightTransferEngineFactory`` (vllm/distributed/
-weight_transfer/factory.py ``register_engine`` takes engine classes from
-outside vLLM).
+replaced, run).
+
+vLLM's own doors (``vllm/distributed/weight_transfer/``): the worker-side
+:class:`ReshardWeightTransferEngine` (``weight_transfer_config.backend =
+"reshard"``) and the trainer-side
+:class:`reshard.vllm_trainer.ReshardTrainerWeightTransferEngine`
+(``WeightTransferTrainerFactory.trainer_init``), registered in every vLLM
+process by the ``vllm.general_plugins`` entry point
+(:func:`reshard.vllm_plugin.register`) or here by :func:`register`. One
+init dict serves every worker of an engine: each worker adds its own
+position (DP, PP, TP ranks from vLLM's parallel state) to ``rank_offset``.
 """
 
 from __future__ import annotations
 
-import os
+import logging
 import re
 import time
 from dataclasses import dataclass
@@ -54,14 +61,12 @@ except ImportError as _e:  # one line, what to do
 from .errors import BindError, Error
 from .refit import BoundModule, TrainerRefit  # noqa: F401 (the trainer side)
 from .session import RunStats, Session
+from .vllm_plugin import VLLM_VERSION, version_problem
 
-#: The vLLM release whose layouts and post-processing reshard was proven against (tests/vllm).
-VLLM_VERSION = "0.33.0"
+if version_problem(_vllm.__version__) is not None:
+    raise ImportError(version_problem(_vllm.__version__))
 
-if _vllm.__version__.split("+")[0] != VLLM_VERSION and not os.environ.get("RESHARD_VLLM_ANY_VERSION"):
-    raise ImportError(f"reshard.vllm was proven against vLLM {VLLM_VERSION}; this is vLLM {_vllm.__version__}, whose "
-                      "parameter layouts and post-processing may differ. Check the layout against a dump of a real "
-                      "rank (tools/dump_state_dict.py, `reshard check`) and set RESHARD_VLLM_ANY_VERSION=1 to use it.")
+_log = logging.getLogger("reshard.vllm")
 
 
 class KernelLayoutError(BindError):
@@ -70,6 +75,12 @@ class KernelLayoutError(BindError):
 
 class EngineMismatchError(Error):
     """The vLLM engine's parallel sizes are not the plan's inference layout."""
+
+
+class WorkerRankError(EngineMismatchError):
+    """A worker's plan rank (``rank_offset`` plus its DP / PP / TP position,
+    or an explicit ``rank``) is not an inference rank of the plan at that
+    worker's position, or one explicit ``rank`` was sent to every worker."""
 
 
 #: Kernel classes whose weights are the layout `reshard init` writes, proven
@@ -215,11 +226,147 @@ from vllm.distributed.weight_transfer.base import (  # noqa: E402
 
 
 @dataclass
+class WorkerPosition:
+    """Where a vLLM worker sits in its engine, from vLLM's parallel state."""
+
+    dp: int
+    pp: int
+    tp: int
+    dp_size: int
+    pp_size: int
+    tp_size: int
+    external_dp: int = 0  #: engine index among the independent engines of one torch world (external launcher)
+
+    @property
+    def engine_world(self) -> int:
+        return self.dp_size * self.pp_size * self.tp_size
+
+    @property
+    def in_engine(self) -> int:
+        """The worker's index in its engine, in the order of the plan's inference mesh
+        (engine, dp, pp, tp: frameworks/vllm.cc) and of vLLM's ranks (ExternalDP x DP x PP x PCP x TP:
+        distributed/parallel_state.py initialize_model_parallel)."""
+        return (self.dp * self.pp_size + self.pp) * self.tp_size + self.tp
+
+    @property
+    def local(self) -> int:
+        """The worker's offset from its engine group's first worker (the rank_offset)."""
+        return self.external_dp * self.engine_world + self.in_engine
+
+    def __str__(self) -> str:
+        s = f"DP {self.dp} PP {self.pp} TP {self.tp}"
+        return (f"engine {self.external_dp} " + s) if self.external_dp else s
+
+
+def worker_position() -> WorkerPosition:
+    """This worker's DP, PP and TP ranks, read from vLLM's parallel state
+    (``distributed/parallel_state.py``: ``get_dp_group`` / ``get_pp_group`` /
+    ``get_tp_group``), as vLLM's NCCL engine finds its rank in the
+    trainer's group (``distributed/weight_transfer/nccl_common.py``
+    ``_worker_group_rank``: ``rank_offset`` + DP index x TP x PP + rank in
+    the DP replica). Raises EngineMismatchError under context parallelism,
+    whose ranks the plan does not have."""
+    from vllm.distributed import parallel_state as ps
+
+    tp, pp, dp = ps.get_tp_group(), ps.get_pp_group(), ps.get_dp_group()
+    pcp = ps.get_pcp_group().world_size if getattr(ps, "_PCP", None) is not None else 1
+    if pcp > 1:
+        raise EngineMismatchError(f"this vLLM engine runs prefill context parallel {pcp}; reshard's inference "
+                                  "layouts have no context-parallel ranks")
+    pos = WorkerPosition(dp.rank_in_group, pp.rank_in_group, tp.rank_in_group, dp.world_size, pp.world_size,
+                         tp.world_size)
+    # The torch world spans the engine's DP replicas (init_distributed_environment offsets the rank by
+    # the DP rank) and, under the external launcher, several independent engines (ExternalDP).
+    pos.external_dp = ps.get_world_group().rank // pos.engine_world
+    return pos
+
+
+def worker_plan_rank(plan: Any, pos: WorkerPosition, rank_offset: int) -> int:
+    """The plan rank of the worker at `pos`: `rank_offset` (the plan rank of
+    its engine group's first worker) + its offset. Raises WorkerRankError,
+    naming the worker, when that rank is not an inference rank of the plan,
+    or is one at another position of the plan's inference mesh (an offset
+    that is not a first worker would give TP rank 0 the shard of TP rank 1:
+    same shapes, other values)."""
+    rank = rank_offset + pos.local
+    where = f"vLLM worker {pos} (rank_offset {rank_offset} + {pos.local} = plan rank {rank})"
+    dest = plan.dest_ranks
+    if not 0 <= rank < plan.num_ranks:
+        raise WorkerRankError(f"{where}: the plan has ranks 0..{plan.num_ranks - 1}; its inference ranks are "
+                              f"{_ranges(dest)}")
+    layout_rank = plan.program(rank).dst_rank
+    if layout_rank < 0:
+        raise WorkerRankError(f"{where}: plan rank {rank} is not an inference rank (the plan's inference ranks are "
+                              f"{_ranges(dest)}): rank_offset is the plan rank of the engine's first worker")
+    if layout_rank % pos.engine_world != pos.in_engine:
+        at = layout_rank % pos.engine_world
+        t, p, d = at % pos.tp_size, at // pos.tp_size % pos.pp_size, at // (pos.tp_size * pos.pp_size)
+        raise WorkerRankError(f"{where}: plan rank {rank} is the plan's DP {d} PP {p} TP {t} of an engine of "
+                              f"{pos.engine_world} ranks, not this worker's position: rank_offset must be the plan "
+                              f"rank of an engine's first worker (the plan's inference ranks are {_ranges(dest)})")
+    return rank
+
+
+def _ranges(ranks: List[int]) -> str:
+    out, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        out.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ", ".join(out) or "none"
+
+
+def connect(plan: Any, rank: int, *, store: str = "", nccl_unique_id: bytes = b"", timeout_s: float = 120.0,
+            device: int = 0) -> Any:
+    """The transport of plan rank `rank` over the plan's active ranks
+    (process i plays plan rank active_ranks[i]): Gloo through `store`, or
+    NCCL from `nccl_unique_id` (made by process 0) on CUDA `device`, with
+    one NVLink communicator per NVLink domain. Blocks until every process connected."""
+    from . import GlooTransport
+
+    process, processes = plan.process_of(rank), len(plan.active_ranks)
+    if nccl_unique_id:
+        from . import NcclTransport, nccl
+
+        world = nccl.Communicator.init(processes, process, nccl_unique_id, device=device)
+        return NcclTransport(world, world.split(color=plan.domains[rank], key=process), timeout_s=timeout_s)
+    if not store:
+        raise ValueError("the init info has neither a Gloo store (a fresh directory every process sees, or "
+                         "HOST:PORT) nor an NCCL unique id")
+    return GlooTransport(process, processes, store=store, timeout_s=timeout_s)
+
+
+def decode_unique_id(b64: str, what: str) -> bytes:
+    """An NCCL unique id shipped as standard base64 (JSON carries no bytes: the HTTP routes), as vLLM's
+    NCCL engine ships it (``nccl_common.py`` ``decode_nccl_unique_id``)."""
+    import base64
+    import binascii
+
+    try:
+        return base64.b64decode(b64, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(f"{what}: nccl_unique_id_b64 is not standard base64") from None
+
+
+@dataclass
 class ReshardInitInfo(WeightTransferInitInfo):
+    """What every worker of an engine gets, the same dict for all
+    (``LLM.init_weight_transfer_engine`` and ``/init_weight_transfer_engine``
+    send one dict to every worker through ``collective_rpc``:
+    ``entrypoints/rl/offline.py``, ``v1/engine/async_llm.py``)."""
+
     plan_path: str  #: the compiled plan, readable by every worker
-    rank: int  #: this worker's global rank in the plan (an inference rank)
-    store: str = ""  #: Gloo rendezvous (a shared directory or HOST:PORT); "" with an NCCL unique id
-    nccl_unique_id: bytes = b""  #: made by process 0 (plan rank active_ranks[0]: reshard.nccl.unique_id()), shipped by the trainer
+    #: the plan rank of the engine's first worker (DP 0, PP 0, TP 0); each worker adds its own position.
+    #: None: the plan's first inference rank.
+    rank_offset: Optional[int] = None
+    #: this worker's plan rank, for a dict sent to one worker alone (a one-rank engine, or the external
+    #: launcher, where each process's collective_rpc reaches its own worker only)
+    rank: Optional[int] = None
+    store: str = ""  #: Gloo rendezvous (a fresh shared directory or HOST:PORT); "" with an NCCL unique id
+    nccl_unique_id_b64: str = ""  #: made by process 0 (reshard.nccl.unique_id()), standard base64
+    nccl_unique_id: bytes = b""  #: the same as bytes (in-process and Ray callers; JSON has no bytes)
     timeout_s: float = 120.0
 
 
@@ -229,54 +376,159 @@ class ReshardUpdateInfo(WeightTransferUpdateInfo):
 
 
 class ReshardWeightTransferEngine(WeightTransferEngine):
-    """``weight_transfer_config.backend = "reshard"`` after :func:`register`:
-    each worker replays its part of one precompiled plan in place."""
+    """``weight_transfer_config.backend = "reshard"``: each worker replays
+    its part of one precompiled plan in place. ``start_weight_update``
+    re-binds what the engine replaced, ``update_weights`` runs the plan,
+    ``finish_weight_update`` recomputes what vLLM derives (:class:`WorkerRefit`).
+
+    Refusals every worker of an engine reaches alike (a rank the plan does
+    not have there, parallel sizes not the plan's, no init) are raised by
+    the executor's last worker only, naming every worker concerned; the
+    others stand down. vLLM 0.33's ``MultiprocExecutor.collective_rpc``
+    raises at the first failed reply and leaves the other workers' replies
+    queued (``v1/executor/multiproc_executor.py`` ``get_response``), so an
+    error raised by every worker would answer the engine's next call with
+    this one's leftover replies, one call late, from then on."""
 
     init_info_cls = ReshardInitInfo
     update_info_cls = ReshardUpdateInfo
+    # The plan writes the target model's parameters only (Worker._start_weight_update refuses a draft
+    # update for an engine that says so: v1/worker/gpu_worker.py).
+    supports_draft_weight_update = False
 
-    def init_transfer_engine(self, init_info: ReshardInitInfo) -> None:
-        from . import GlooTransport, Plan
+    refit: Optional[WorkerRefit] = None
+    stats: Optional[RunStats] = None
 
-        plan = Plan.open(init_info.plan_path)
-        # Transports over the plan's active ranks: process i plays plan rank active_ranks[i].
-        process, processes = plan.process_of(init_info.rank), len(plan.active_ranks)
-        if init_info.nccl_unique_id:
-            from . import NcclTransport, nccl
+    def _refuse(self, error: Exception) -> None:
+        """Raises `error`, reached by every worker of this executor alike, on its last worker; the others return."""
+        pc = self.vllm_config.parallel_config
+        if pc.distributed_executor_backend == "mp" and pc.rank != pc.world_size - 1:
+            _log.warning("reshard: worker %d stands down (the executor's last worker raises for all): %s", pc.rank,
+                         str(error).splitlines()[0])
+            return
+        raise error
 
-            device = self.device.index or 0
-            world = nccl.Communicator.init(processes, process, init_info.nccl_unique_id, device=device)
-            transport = NcclTransport(world, world.split(color=plan.domains[init_info.rank], key=process),
-                                      timeout_s=init_info.timeout_s)
-        else:
-            transport = GlooTransport(process, processes, store=init_info.store, timeout_s=init_info.timeout_s)
-        self.refit = WorkerRefit(Session(plan, init_info.rank, transport), self.model, self.vllm_config)
-        self.stats: Optional[RunStats] = None
+    def plan_rank(self, plan: Any, init_info: ReshardInitInfo, pos: Optional[WorkerPosition] = None) -> int:
+        """The plan rank of the worker at `pos` (default: this one); WorkerRankError names a worker whose rank is not
+        the plan's (see ReshardInitInfo)."""
+        pc = self.vllm_config.parallel_config
+        pos = pos or worker_position()
+        if init_info.rank is not None:
+            if init_info.rank_offset is not None:
+                raise WorkerRankError(f"vLLM worker {pos}: the init info has both rank {init_info.rank} and "
+                                      f"rank_offset {init_info.rank_offset}; give rank_offset only")
+            if pc.distributed_executor_backend != "external_launcher" and pos.engine_world > 1:
+                raise WorkerRankError(
+                    f"vLLM worker {pos}: the init info names one plan rank ({init_info.rank}) and this engine has "
+                    f"{pos.engine_world} workers, which all get the same dict (collective_rpc): give rank_offset "
+                    "(the plan rank of the engine's first worker) instead; each worker adds its position")
+            return worker_plan_rank(plan, pos, init_info.rank - pos.local)
+        offset = plan.dest_ranks[0] if init_info.rank_offset is None else init_info.rank_offset
+        return worker_plan_rank(plan, pos, offset)
+
+    def _engine_problem(self, plan: Any, init_info: ReshardInitInfo, pos: WorkerPosition) -> Optional[Exception]:
+        """What refuses this executor's workers (this worker's DP replica), decided alike on each of them."""
+        try:
+            check_engine(plan, self.vllm_config)
+        except EngineMismatchError as e:
+            return e
+        if not init_info.store and not (init_info.nccl_unique_id or init_info.nccl_unique_id_b64):
+            return ValueError("the init info has neither a Gloo store (a fresh directory every process sees, or "
+                              "HOST:PORT) nor an NCCL unique id (nccl_unique_id_b64)")
+        # An explicit rank in a dict that reaches this worker alone places it alone; otherwise every worker of
+        # the replica got the same dict.
+        alone = self.vllm_config.parallel_config.distributed_executor_backend == "external_launcher" \
+            or pos.engine_world == 1
+        others = [pos] if init_info.rank is not None and alone else [
+            WorkerPosition(pos.dp, pp, tp, pos.dp_size, pos.pp_size, pos.tp_size, pos.external_dp)
+            for pp in range(pos.pp_size) for tp in range(pos.tp_size)]
+        errors = []
+        for other in others:
+            try:
+                self.plan_rank(plan, init_info, other)
+            except WorkerRankError as e:
+                errors.append(str(e))
+        if not errors:
+            return None
+        more = f"\n  (and {len(errors) - 4} more workers)" if len(errors) > 4 else ""
+        return WorkerRankError("\n  ".join(errors[:4]) + more)
+
+    def parse_init_info(self, init_dict: Dict[str, Any]) -> Optional[ReshardInitInfo]:
+        """The typed init info; a dict every worker got alike and none can read is refused engine-wide (None
+        where this worker stands down)."""
+        try:
+            return super().parse_init_info(init_dict)
+        except ValueError as e:
+            self._refuse(e)
+            return None
+
+    def init_transfer_engine(self, init_info: Optional[ReshardInitInfo]) -> None:
+        from . import Plan, PlanError
+
+        self.shutdown()
+        if init_info is None:  # stood down in parse_init_info
+            return
+        try:
+            plan = Plan.open(init_info.plan_path)
+            pos = worker_position()
+        except (PlanError, EngineMismatchError) as e:
+            return self._refuse(e)
+        # Everything that can be refused is refused before connecting: the trainer's RPC then fails at
+        # once instead of its ranks waiting for this one until their timeout.
+        problem = self._engine_problem(plan, init_info, pos)
+        if problem is not None:
+            return self._refuse(problem)
+        rank = self.plan_rank(plan, init_info, pos)
+        written = {b.name for b in plan.buffers(rank) if b.is_destination}
+        problems = kernel_layout_problems(self.model, written)
+        if problems:
+            raise KernelLayoutError(f"rank {rank}: {len(problems)} module(s) the plan writes keep their weights in "
+                                    "a layout reshard has not proven; nothing was bound:\n  " + "\n  ".join(problems))
+        uid = init_info.nccl_unique_id or (decode_unique_id(init_info.nccl_unique_id_b64, "ReshardInitInfo")
+                                           if init_info.nccl_unique_id_b64 else b"")
+        transport = connect(plan, rank, store=init_info.store, nccl_unique_id=uid, timeout_s=init_info.timeout_s,
+                            device=self.device.index or 0)
+        self.refit = WorkerRefit(Session(plan, rank, transport), self.model, self.vllm_config)
+
+    def _ready(self) -> Optional[WorkerRefit]:
+        if self.refit is None:
+            self._refuse(RuntimeError("the reshard weight-transfer engine is not initialized: call "
+                                      "init_weight_transfer_engine first"))
+        return self.refit
 
     def start_weight_update(self) -> None:
-        self.refit.rebind_if_replaced()
+        refit = self._ready()
+        if refit is not None:
+            refit.rebind_if_replaced()
 
     def receive_weights(self, update_info: ReshardUpdateInfo) -> None:
-        self.stats = self.refit.session.run()
+        refit = self._ready()
+        if refit is not None:
+            self.stats = refit.session.run()
 
     def update_weights(self, update_info: Dict[str, Any]) -> None:
-        self.receive_weights(self.parse_update_info(update_info))  # run() returns once every byte is written
+        # Not the base class's: run() returns once every byte is written (no device-wide synchronize).
+        self.receive_weights(self.parse_update_info(update_info))
 
     def finish_weight_update(self) -> None:
-        self.refit.finish()
+        refit = self._ready()
+        if refit is not None:
+            refit.finish()
 
     def shutdown(self) -> None:
-        self.refit = None
-
-    @staticmethod
-    def trainer_send_weights(iterator: Any, trainer_args: Dict[str, Any]) -> None:
-        """Trainer side: each training rank runs its own TrainerRefit (trainer_args["refit"])."""
-        trainer_args["refit"].run()
+        self.refit = None  # the session and its transport go with it
 
 
 def register(name: str = "reshard") -> None:
-    """Registers the engine with vLLM's WeightTransferEngineFactory (once per process)."""
-    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+    """Registers both engines, worker side and trainer side, with vLLM's
+    factories (``distributed/weight_transfer/factory.py``), once per process.
+    The ``vllm.general_plugins`` entry point does the same in every vLLM
+    process (:func:`reshard.vllm_plugin.register`)."""
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
+
+    from .vllm_trainer import ReshardTrainerWeightTransferEngine
 
     if name not in WeightTransferEngineFactory._registry:
         WeightTransferEngineFactory.register_engine(name, ReshardWeightTransferEngine)
+    if name not in WeightTransferTrainerFactory._registry:
+        WeightTransferTrainerFactory.register_engine(name, ReshardTrainerWeightTransferEngine)
