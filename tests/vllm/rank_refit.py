@@ -78,8 +78,13 @@ def main():
         engine_api = WeightTransferEngineFactory.create_engine(WeightTransferConfig(backend="reshard"), config,
                                                                torch.device("cpu"), model)
         assert isinstance(engine_api, reshard.vllm.ReshardWeightTransferEngine), type(engine_api)
+        # One dict for every rank, as collective_rpc sends it: each rank finds its plan rank from
+        # rank_offset and its DP / PP / TP ranks in vLLM's parallel state.
         engine_api.init_transfer_engine(engine_api.parse_init_info(
-            {"plan_path": a["plan"], "rank": g, "store": a["store"], "timeout_s": a["timeout_s"]}))
+            {"plan_path": a["plan"], "rank_offset": a["first"], "store": a["store"], "timeout_s": a["timeout_s"]}))
+        if engine_api.refit.session.rank != g:
+            raise SystemExit(f"rank {rank}: the engine took plan rank {engine_api.refit.session.rank} from "
+                             f"rank_offset {a['first']}, expected {g}")
         refit = engine_api.refit
         session = refit.session
     else:

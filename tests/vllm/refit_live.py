@@ -5,8 +5,10 @@ ranks (this venv, torch 2.15) refit into real vLLM 0.33 CPU ranks
 weights; after each refit every parameter and buffer of every vLLM rank must
 equal, bit for bit, a fresh vLLM model loaded from the HF checkpoint of the
 same weights (tests/vllm/rank_refit.py). The vLLM ranks go through
-reshard.vllm (WorkerRefit: bind once, run, the engine's post-processing), the
-training ranks through reshard.TrainerRefit.
+reshard.vllm (WorkerRefit: bind once, run, the engine's post-processing;
+the MLA case through its weight-transfer engine, made by vLLM's factory, with
+one init dict for all four ranks: each finds its plan rank from rank_offset
+and its DP / TP ranks), the training ranks through reshard.TrainerRefit.
 
 Cases (CASES below): dense Llama into TP4 with replicated KV heads; Qwen3-MoE
 into TP2 x DP2 with EP; Qwen3-MoE into per-channel FP8 (transposed views);

@@ -5,7 +5,12 @@
 #     dumped; each dump must equal the recorded one (tests/vllm/record.py;
 #     RecordedDumps in ctest checks `reshard init` against them);
 #  2. reshard.vllm's checks on a real rank (tests/vllm/worker_checks.py);
-#  3. live refits: real Megatron-Core ranks, a BF16 HF rank, and real FSDP2
+#  3. vLLM's own weight-transfer doors: `vllm serve` (API server, engine core,
+#     TP2 workers) finds reshard's engines through the vllm.general_plugins
+#     entry point, and a two-rank trainer refits it through
+#     WeightTransferTrainerFactory.trainer_init / send_weights and vLLM's HTTP
+#     client, one init dict for every worker (tests/vllm/doors.py);
+#  4. live refits: real Megatron-Core ranks, a BF16 HF rank, and real FSDP2
 #     ranks (transformers Qwen3, TP2 x FSDP2, fp32 masters; build/venv) into
 #     real vLLM ranks through one plan, twice, every parameter and buffer of
 #     each vLLM rank equal to a fresh vLLM load after each
@@ -29,6 +34,9 @@ echo "25-vllm: real vLLM dumps checked in $(( $(date +%s) - t )) s"
 t=$(date +%s)
 "$VPY" tests/vllm/worker_checks.py --build build
 echo "25-vllm: worker checks in $(( $(date +%s) - t )) s"
+t=$(date +%s)
+"$VPY" tests/vllm/doors.py --build build
+echo "25-vllm: vLLM's weight-transfer doors in $(( $(date +%s) - t )) s"
 t=$(date +%s)
 "$PY" tests/vllm/refit_live.py --build build --vllm-python "$VPY"
 echo "25-vllm: live refits in $(( $(date +%s) - t )) s"
