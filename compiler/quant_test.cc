@@ -118,8 +118,16 @@ TEST(QuantLayout, ChannelTensorAndMxfp8Scales) {
 
 TEST(QuantLayout, BadQuantRules) {
   auto with = [](const char* q) { return Infer(json::parse(q)); };
+  // Suggestions stay within the format's kind: E5M2 is not E4M3, MXFP4 not MXFP8.
   EXPECT_EQ(ParseError(with(R"({"format": "fp8_e5m2", "scale": "block"})")),
-            "infer.json: /buffers/0/quant/format: unknown quant format 'fp8_e5m2', expected 'fp8_e4m3' or 'mxfp8'; "
+            "infer.json: /buffers/0/quant/format: unknown quant format 'fp8_e5m2', expected 'fp8_e4m3' or 'mxfp8'");
+  EXPECT_EQ(ParseError(with(R"({"format": "mxfp4"})")),
+            "infer.json: /buffers/0/quant/format: unknown quant format 'mxfp4', expected 'fp8_e4m3' or 'mxfp8'");
+  EXPECT_EQ(ParseError(with(R"({"format": "fp8", "scale": "block"})")),
+            "infer.json: /buffers/0/quant/format: unknown quant format 'fp8', expected 'fp8_e4m3' or 'mxfp8'; "
+            "did you mean 'fp8_e4m3'?");
+  EXPECT_EQ(ParseError(with(R"({"format": "fp8-e4m3", "scale": "block"})")),
+            "infer.json: /buffers/0/quant/format: unknown quant format 'fp8-e4m3', expected 'fp8_e4m3' or 'mxfp8'; "
             "did you mean 'fp8_e4m3'?");
   EXPECT_EQ(ParseError(with(R"({"format": "fp8_e4m3"})")),
             "infer.json: /buffers/0/quant: missing required field 'scale'");

@@ -1,6 +1,8 @@
 #include "compiler/spec.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -83,6 +85,64 @@ std::string DidYouMean(const std::string& word, const std::vector<std::string>& 
 
 namespace {
 
+std::string Lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+bool IsDigit(char c) { return c >= '0' && c <= '9'; }
+
+// The words of a name that hold a number, in order: what says its kind
+// ("dgx-a100" -> a100; "gb200-nvl72" -> gb200, nvl72; "fp8_e4m3" -> fp8, e4m3).
+std::vector<std::string> NumberedWords(const std::string& s) {
+  std::vector<std::string> out;
+  std::string word;
+  for (size_t i = 0; i <= s.size(); ++i) {
+    if (i < s.size() && std::isalnum(static_cast<unsigned char>(s[i]))) {
+      word += s[i];
+      continue;
+    }
+    if (std::any_of(word.begin(), word.end(), IsDigit)) out.push_back(word);
+    word.clear();
+  }
+  return out;
+}
+
+// `head` begins `s` and does not end inside one of its numbers.
+bool Begins(const std::string& head, const std::string& s) {
+  return head.size() >= 2 && head.size() < s.size() && s.compare(0, head.size(), head) == 0 &&
+         !(IsDigit(head.back()) && IsDigit(s[head.size()]));
+}
+
+// `part` is one or more of the dash- or underscore-separated parts of `s`
+// ("h100" of "dgx-h100", "block" of "fp8-block").
+bool IsPartOf(const std::string& part, const std::string& s) {
+  auto sep = [](char c) { return c == '-' || c == '_'; };
+  for (size_t at = s.find(part, 1); part.size() >= 2 && at != std::string::npos; at = s.find(part, at + 1))
+    if (sep(s[at - 1]) && (at + part.size() == s.size() || sep(s[at + part.size()]))) return true;
+  return false;
+}
+
+}  // namespace
+
+std::string DidYouMeanSameKind(const std::string& word, const std::vector<std::string>& candidates,
+                               size_t min_edits) {
+  const std::string w = Lower(word);
+  std::vector<std::string> begun, same;
+  for (const auto& c : candidates) {
+    const std::string lc = Lower(c);
+    if (Begins(w, lc) || Begins(lc, w) || IsPartOf(w, lc)) begun.push_back(c);
+    if (NumberedWords(lc) == NumberedWords(w)) same.push_back(c);
+  }
+  if (begun.empty()) return DidYouMean(w, same, min_edits);
+  std::string out = "; did you mean ";
+  for (size_t i = 0; i < begun.size(); ++i)
+    out += (i == 0 ? "" : i + 1 == begun.size() ? " or " : ", ") + ("'" + begun[i] + "'");
+  return out + "?";
+}
+
+namespace {
+
 // Reads one spec file: every accessor reports "file: /json/path: what".
 class Reader {
  public:
@@ -102,6 +162,18 @@ class Reader {
   // Every integer of a spec is at most kMaxSpecInt unless a field says less
   // (dims, shapes and sizes are tensor extents: fragment coordinates are 32-bit).
   int64_t Int(const json& v, const std::string& path, int64_t min_value, int64_t max_value = kMaxSpecInt) const {
+    if (v.is_number_float()) {
+      // A whole number written with an exponent or a point (1e30, 8.0) is
+      // out of range, or an integer in the wrong notation; not a fraction.
+      const double d = v.get<double>();
+      if (d == std::floor(d)) {
+        if (d > static_cast<double>(max_value) || d >= 0x1p63)
+          Fail(path, "expected an integer <= " + std::to_string(max_value) + ", got " + v.dump());
+        if (d < static_cast<double>(min_value) || d < -0x1p63)
+          Fail(path, "expected an integer >= " + std::to_string(min_value) + ", got " + v.dump());
+        Fail(path, "expected an integer, got " + v.dump() + "; write it as " + std::to_string(static_cast<int64_t>(d)));
+      }
+    }
     if (!v.is_number_integer()) Fail(path, "expected an integer, got " + Kind(v));
     if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(max_value))
       Fail(path, "expected an integer <= " + std::to_string(max_value) + ", got " + std::to_string(v.get<uint64_t>()));
@@ -149,7 +221,7 @@ class Reader {
     static const std::vector<std::string> names = {"bf16", "fp16", "fp32", "fp8_e4m3"};
     for (size_t i = 0; i < names.size(); ++i)
       if (s == names[i]) return static_cast<Dtype>(i);
-    Fail(path, "unknown dtype '" + s + "', expected one of bf16, fp16, fp32, fp8_e4m3" + DidYouMean(s, names));
+    Fail(path, "unknown dtype '" + s + "', expected one of bf16, fp16, fp32, fp8_e4m3" + DidYouMeanSameKind(s, names));
   }
   static std::string Kind(const json& v) {
     switch (v.type()) {
@@ -158,7 +230,8 @@ class Reader {
       case json::value_t::string: return "a string";
       case json::value_t::array: return "an array";
       case json::value_t::object: return "an object";
-      case json::value_t::number_float: return "a number with a fraction";
+      case json::value_t::number_float:
+        return v.get<double>() == std::floor(v.get<double>()) ? "a number" : "a number with a fraction";
       default: return "a number";
     }
   }
@@ -670,7 +743,7 @@ QuantSpec ParseQuant(const Reader& r, const json& v, const std::string& rule_pat
     }
   } else {
     r.Fail(path + "/format", "unknown quant format '" + q.format + "', expected 'fp8_e4m3' or 'mxfp8'" +
-                                 DidYouMean(q.format, {"fp8_e4m3", "mxfp8"}));
+                                 DidYouMeanSameKind(q.format, {"fp8_e4m3", "mxfp8"}));
   }
   q.scale_name = r.String(r.Get(v, path, "scale_name"), path + "/scale_name");
   const NameTemplate data = ParseNameTemplate(b.name), scale = ParseNameTemplate(q.scale_name);

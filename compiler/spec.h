@@ -195,6 +195,18 @@ std::string ClusterText(const std::string& path_or_name, const std::string& opti
 /// enough (a few edits), else "".
 std::string DidYouMean(const std::string& word, const std::vector<std::string>& candidates, size_t min_edits = 3);
 
+/// "; did you mean ...?" among names of one kind whose numbers matter
+/// (formats, dtypes, clusters), never a name of another kind: every
+/// candidate that `word` begins or that begins `word`, not cut inside a
+/// number, or that has `word` as one of its dash-separated parts ("fp8" ->
+/// "did you mean 'fp8-block' or 'fp8-channel'?", "gb200" and "nvl72" ->
+/// 'gb200-nvl72'; "h20" does not begin "h200"); else the closest candidate
+/// whose words holding a number are those of `word` (a typo: "fp8_block" ->
+/// 'fp8-block', but "mxfp4" is not 'mxfp8', "dgx-a100" and "dgx-h200" not
+/// 'dgx-h100'). Case is ignored.
+std::string DidYouMeanSameKind(const std::string& word, const std::vector<std::string>& candidates,
+                               size_t min_edits = 2);
+
 /// A name template cut at its placeholders: text[0] {dims[0]} text[1] ...
 /// text[n]. Each placeholder names a stack dim's index as `kind` says:
 ///   {dim}          the global index;

@@ -49,7 +49,7 @@ TEST(SpecErrors, RanksHaveAnUpperLimit) {
   EXPECT_EQ(LayoutError(With(kLayout, "\"ranks\": 2", "\"ranks\": 1000000000")),
             "infer.json: /ranks: expected an integer <= 1048576, got 1000000000");
   EXPECT_EQ(LayoutError(With(kLayout, "\"ranks\": 2", "\"ranks\": 1e9")),
-            "infer.json: /ranks: expected an integer, got a number with a fraction");
+            "infer.json: /ranks: expected an integer <= 1048576, got 1000000000.0");
   EXPECT_EQ(LayoutError(With(kLayout, "[\"tp\", 2]", "[\"tp\", 4294967295]")),
             "infer.json: /meshes/dense/0/1: expected an integer <= 1048576, got 4294967295");
   // Axes within the limit whose product is not: no 64-bit overflow on the way.
@@ -68,6 +68,54 @@ TEST(SpecErrors, NumbersOutOfRange) {
             "cluster.json: /nic_gbps: expected a positive number, got -0.0");
   EXPECT_EQ(ClusterError(With(kCluster, "\"gpus_per_domain\": 8", "\"gpus_per_domain\": 18446744073709551615")),
             "cluster.json: /gpus_per_domain: expected an integer <= 4294967295, got 18446744073709551615");
+}
+
+// JSON holds 1e30 and 8.0 as floats: a whole number out of range is too
+// large (or small), one in range is an integer in the wrong notation; only a
+// number with a fractional part is called one.
+TEST(SpecErrors, WholeNumbersWrittenAsFloats) {
+  EXPECT_EQ(LayoutError(With(kLayout, "\"ranks\": 2", "\"ranks\": 1e30")),
+            "infer.json: /ranks: expected an integer <= 1048576, got 1e+30");
+  EXPECT_EQ(LayoutError(With(kLayout, "\"ranks\": 2", "\"ranks\": -1e30")),
+            "infer.json: /ranks: expected an integer >= 1, got -1e+30");
+  EXPECT_EQ(ModelError(With(kModel, "[8, 8]", "[8, 1e19]")),
+            "model.json: /tensors/0/shape/1: expected an integer <= 4294967295, got 1e+19");
+  EXPECT_EQ(LayoutError(With(kLayout, "\"ranks\": 2", "\"ranks\": 2.0")),
+            "infer.json: /ranks: expected an integer, got 2.0; write it as 2");
+  EXPECT_EQ(LayoutError(With(kLayout, "\"ranks\": 2", "\"ranks\": 2.5")),
+            "infer.json: /ranks: expected an integer, got a number with a fraction");
+  EXPECT_EQ(LayoutError(With(kLayout, "\"name\": \"l\"", "\"name\": 1e30")),
+            "infer.json: /name: expected a string, got a number");
+}
+
+// A suggestion among formats, dtypes or clusters never changes what the
+// value is: the ones it begins or is a part of, else a typo that keeps its numbers.
+TEST(SpecErrors, DidYouMeanStaysWithinTheKind) {
+  const std::vector<std::string> quant = {"none", "fp8-block", "fp8-channel", "mxfp8"};
+  EXPECT_EQ(DidYouMeanSameKind("fp8", quant), "; did you mean 'fp8-block' or 'fp8-channel'?");
+  EXPECT_EQ(DidYouMeanSameKind("FP8", quant), "; did you mean 'fp8-block' or 'fp8-channel'?");
+  EXPECT_EQ(DidYouMeanSameKind("fp8_block", quant), "; did you mean 'fp8-block'?");
+  EXPECT_EQ(DidYouMeanSameKind("block", quant), "; did you mean 'fp8-block'?");
+  EXPECT_EQ(DidYouMeanSameKind("mxfp4", quant), "");
+  EXPECT_EQ(DidYouMeanSameKind("fp4", quant), "");
+  const std::vector<std::string> clusters = {"dgx-h100", "gb200-nvl72"};
+  EXPECT_EQ(DidYouMeanSameKind("dgx-h200", clusters), "");
+  EXPECT_EQ(DidYouMeanSameKind("dgx-a100", clusters), "");
+  EXPECT_EQ(DidYouMeanSameKind("dgx-h10", clusters), "");  // H10 is not the start of H100
+  EXPECT_EQ(DidYouMeanSameKind("gb200", clusters), "; did you mean 'gb200-nvl72'?");
+  EXPECT_EQ(DidYouMeanSameKind("gb200-nvl36", clusters), "");
+  EXPECT_EQ(DidYouMeanSameKind("nvl72", clusters), "; did you mean 'gb200-nvl72'?");
+  EXPECT_EQ(DidYouMeanSameKind("h100", clusters), "; did you mean 'dgx-h100'?");
+  EXPECT_EQ(DidYouMeanSameKind("dgx_h100", clusters), "; did you mean 'dgx-h100'?");
+  EXPECT_EQ(DidYouMeanSameKind("dgx-h100-sxm", clusters), "; did you mean 'dgx-h100'?");
+  EXPECT_EQ(ModelError(With(kModel, "\"bf16\"", "\"fp8\"")),
+            "model.json: /dtype: unknown dtype 'fp8', expected one of bf16, fp16, fp32, fp8_e4m3; did you mean "
+            "'fp8_e4m3'?");
+  EXPECT_EQ(ModelError(With(kModel, "\"bf16\"", "\"fp8-e4m3\"")),
+            "model.json: /dtype: unknown dtype 'fp8-e4m3', expected one of bf16, fp16, fp32, fp8_e4m3; did you mean "
+            "'fp8_e4m3'?");
+  EXPECT_EQ(ModelError(With(kModel, "\"bf16\"", "\"bf32\"")),
+            "model.json: /dtype: unknown dtype 'bf32', expected one of bf16, fp16, fp32, fp8_e4m3");
 }
 
 TEST(SpecErrors, ShapesAreUnsigned64BitValues) {
