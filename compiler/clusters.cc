@@ -5,6 +5,8 @@
 #include <fstream>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "compiler/spec.h"
 #include "runtime/error.h"
 
@@ -68,17 +70,39 @@ const std::vector<std::pair<std::string, std::string>>& BuiltinClusters() {
   return clusters;
 }
 
+namespace {
+
+// What a bundled cluster is, for a name that is none of them: "'dgx-h100'
+// (H100 80 GB, 8 GPUs per NVLink domain)". A suggestion never changes the GPU,
+// so the list says which GPU each one has.
+std::string Described(const std::string& name, const std::string& text) {
+  static const std::vector<std::pair<std::string, std::string>> gpus = {{"dgx-h100", "H100"}, {"gb200-nvl72", "GB200"}};
+  const nlohmann::json j = nlohmann::json::parse(text);
+  std::string gpu;
+  for (const auto& [n, g] : gpus)
+    if (n == name) gpu = g;
+  std::ostringstream out;
+  out << "'" << name << "' (" << gpu << " " << j.at("gpu_memory_GB").get<double>() << " GB, "
+      << j.at("gpus_per_domain").get<int64_t>() << " GPUs per NVLink domain)";
+  return out.str();
+}
+
+}  // namespace
+
 std::string ClusterText(const std::string& path_or_name, const std::string& option, std::string* file) {
   *file = path_or_name;
   std::error_code ec;
   if (!std::filesystem::exists(path_or_name, ec)) {
     std::vector<std::string> names;
-    for (const auto& [name, text] : BuiltinClusters()) {
-      if (name == path_or_name) return text;
-      names.push_back(name);
+    std::string listed;
+    const auto& all = BuiltinClusters();
+    for (size_t i = 0; i < all.size(); ++i) {
+      if (all[i].first == path_or_name) return all[i].second;
+      names.push_back(all[i].first);
+      listed += (i == 0 ? "" : i + 1 == all.size() ? " or " : ", ") + Described(all[i].first, all[i].second);
     }
-    throw Error(option + ": cannot open '" + path_or_name + "'; expected dgx-h100, gb200-nvl72 or a reshard.cluster/1 file" +
-                DidYouMean(path_or_name, names));
+    throw Error(option + ": cannot open '" + path_or_name + "'; expected a reshard.cluster/1 file or a bundled cluster: " +
+                listed + DidYouMeanSameKind(path_or_name, names));
   }
   if (std::filesystem::is_directory(path_or_name, ec))
     throw Error(option + ": '" + path_or_name + "' is a directory; expected dgx-h100, gb200-nvl72 or a reshard.cluster/1 file");

@@ -35,15 +35,28 @@ TEST(CliClusters, EveryClusterOptionTakesTheBundledNames) {
   r = Shell(dir, "cd " + Quote(dir.path()) + " && " + Quote(RESHARD_BINARY) + " simulate p.rsplan --cluster dgx-h100");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find(" on mine: "), std::string::npos) << r.out;
-  // An unknown name: the names, and the closest.
-  for (const char* cmd : {"compile", "simulate"}) {
+  // An unknown name: the bundled clusters with the GPU each has, and a
+  // suggestion only of a cluster with the GPU the name says (issue 59).
+  const std::string listed =
+      "expected a reshard.cluster/1 file or a bundled cluster: 'dgx-h100' (H100 80 GB, 8 GPUs per NVLink domain) "
+      "or 'gb200-nvl72' (GB200 186 GB, 72 GPUs per NVLink domain)";
+  for (const char* cmd : {"compile", "simulate", "init"}) {
     SCOPED_TRACE(cmd);
-    r = std::string(cmd) == "compile" ? Reshard(dir, CompileTinyDense("dgx-h10", plan))
-                                      : Reshard(dir, {"simulate", plan, "--cluster", "dgx-h10"});
+    auto with = [&](const std::string& cluster) {
+      if (std::string(cmd) == "compile") return Reshard(dir, CompileTinyDense(cluster, plan));
+      if (std::string(cmd) == "simulate") return Reshard(dir, {"simulate", plan, "--cluster", cluster});
+      return Reshard(dir, {"init", "--hf-config", Sample("tiny-dense/config.json"), "--train", "hf", "--infer", "hf",
+                           "--cluster", cluster, "-o", dir.File("specs")});
+    };
+    r = with("dgx-h200");  // another GPU: no suggestion of an H100
     EXPECT_EQ(r.code, 2);
-    EXPECT_EQ(r.err,
-              "reshard: error: --cluster: cannot open 'dgx-h10'; expected dgx-h100, gb200-nvl72 or a "
-              "reshard.cluster/1 file; did you mean 'dgx-h100'?\n");
+    EXPECT_EQ(r.err, "reshard: error: --cluster: cannot open 'dgx-h200'; " + listed + "\n");
+    r = with("dgx-h10");
+    EXPECT_EQ(r.err, "reshard: error: --cluster: cannot open 'dgx-h10'; " + listed + "\n");
+    r = with("gb200");
+    EXPECT_EQ(r.err, "reshard: error: --cluster: cannot open 'gb200'; " + listed + "; did you mean 'gb200-nvl72'?\n");
+    r = with("dgx_h100");
+    EXPECT_EQ(r.err, "reshard: error: --cluster: cannot open 'dgx_h100'; " + listed + "; did you mean 'dgx-h100'?\n");
   }
   for (const char* cmd : {"compile", "simulate", "init"}) {
     SCOPED_TRACE(cmd);

@@ -90,7 +90,7 @@ TEST(InitCli, RefusedSettingsWriteNothing) {
                            "--infer", "vllm:tp=4", "-o", dir.File("specs")});
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.err.find("--train 'megatron:tp=8': Megatron-Core needs num_attention_heads (4) divisible by "
-                       "tensor_model_parallel_size (8)"),
+                       "tensor_model_parallel_size (8); use tp=1, tp=2 or tp=4\n"),
             std::string::npos)
       << r.err;
   EXPECT_FALSE(fs::exists(dir.File("specs")));
@@ -101,7 +101,9 @@ TEST(InitCli, RefusedSettingsWriteNothing) {
   r = Reshard(dir, {"init", "--hf-config", Sample("tiny-dense"), "--train", "hf", "--infer", "hf", "--cluster",
                     "dgx-a100", "-o", dir.File("specs")});
   EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.err.find("--cluster: cannot open 'dgx-a100'; expected dgx-h100, gb200-nvl72 or a reshard.cluster/1 file"),
+  EXPECT_NE(r.err.find("--cluster: cannot open 'dgx-a100'; expected a reshard.cluster/1 file or a bundled cluster: "
+                       "'dgx-h100' (H100 80 GB, 8 GPUs per NVLink domain) or 'gb200-nvl72' (GB200 186 GB, 72 GPUs "
+                       "per NVLink domain)\n"),  // an A100 cluster: no suggestion of an H100 one
             std::string::npos)
       << r.err;
   EXPECT_FALSE(fs::exists(dir.File("specs")));
