@@ -107,7 +107,8 @@ TEST(Init, MegatronQkvInterleavedAndSplitAsAWholeWhenTpExceedsGroups) {
   EXPECT_FALSE(Place(t4, "model.layers.{layer}.self_attn.k_proj.weight")->contains("tp"));
   EXPECT_EQ(r.notes.back(), "--train: TP 4 exceeds 2 query groups: linear_qkv is split evenly by rows of the interleaved matrix");
   EXPECT_EQ(ErrorOf([&] { Gen(Tiny("llama"), "megatron:tp=8", "hf"); }),
-            "--train 'megatron:tp=8': Megatron-Core needs num_attention_heads (4) divisible by tensor_model_parallel_size (8)");
+            "--train 'megatron:tp=8': Megatron-Core needs num_attention_heads (4) divisible by tensor_model_parallel_size (8); "
+            "use tp=1, tp=2 or tp=4");
 }
 
 // Vocabulary padding: Megatron to a multiple of vocab-divisible x TP with the
@@ -131,7 +132,7 @@ TEST(Init, VocabPadding) {
   c["vocab_size"] = 301;
   EXPECT_EQ(ErrorOf([&] { Gen(c, "megatron:tp=4,vocab-divisible=0", "hf"); }),
             "--train 'megatron:tp=4,vocab-divisible=0': Megatron-Core's VocabParallelEmbedding splits the vocabulary "
-            "(301) evenly over TP; without padding (vocab-divisible=0) TP must divide it");
+            "(301) evenly over TP; without padding (vocab-divisible=0) TP must divide it; use tp=1");
 }
 
 // vLLM's qkv_proj: KV heads replicated when TP exceeds them.
@@ -145,7 +146,7 @@ TEST(Init, VllmQkvReplicatesKvHeads) {
   c["num_attention_heads"] = 12;
   EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "vllm:tp=6"); }),
             "--infer 'vllm:tp=6': vLLM replicates KV heads when TP exceeds them: tensor_parallel_size (6) must be a "
-            "multiple of num_key_value_heads (4)");
+            "multiple of num_key_value_heads (4); use tp=1, tp=2 or tp=4");
 }
 
 // Megatron's two spec flavours and two expert modules.
@@ -236,7 +237,21 @@ TEST(Init, Fp8Checkpoint) {
   EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "vllm:tp=4"); }),
             "--infer 'vllm:tp=4': vLLM refuses block-quantized weights whose per-rank slice is not a whole number of "
             "128-blocks (quantization/fp8.py validate_fp8_block_shape): "
-            "model.layers.{layer}.mlp.experts.{expert}.gate_proj.weight dim 0 is 256 / 4 = 64");
+            "model.layers.{layer}.mlp.experts.{expert}.gate_proj.weight dim 0 is 256 / 4 = 64; use tp=1 or tp=2, or "
+            "quant=none (BF16 weights)");
+  // hf stores the checkpoint's format: a smaller TP is the fix.
+  EXPECT_EQ(ErrorOf([&] { Gen(c, "hf:tp=4", "hf"); }),
+            "--train 'hf:tp=4': vLLM refuses block-quantized weights whose per-rank slice is not a whole number of "
+            "128-blocks (quantization/fp8.py validate_fp8_block_shape): "
+            "model.layers.{layer}.mlp.experts.{expert}.gate_proj.weight dim 0 is 256 / 4 = 64; use tp=1 or tp=2");
+  // Block FP8 asked of a BF16 checkpoint: quant=none is the fix at this TP.
+  json bf16 = c;
+  bf16.erase("quantization_config");
+  EXPECT_EQ(ErrorOf([&] { Gen(bf16, "hf", "vllm:tp=4,quant=fp8-block"); }),
+            "--infer 'vllm:tp=4,quant=fp8-block': vLLM refuses block-quantized weights whose per-rank slice is not a "
+            "whole number of 128-blocks (quantization/fp8.py validate_fp8_block_shape): "
+            "model.layers.{layer}.mlp.experts.{expert}.gate_proj.weight dim 0 is 256 / 4 = 64; use tp=1 or tp=2, or "
+            "quant=none (BF16 weights)");
 }
 
 TEST(Init, PipelineStages) {
@@ -305,13 +320,29 @@ TEST(Init, BadSettingsNameTheOptionAndTheAllowedValues) {
   EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "vllm:tp=0"); }), "--infer 'vllm:tp=0': 'tp' expects a positive integer, got '0'");
   EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "vllm:tp=2,quant=int4"); }),
             "--infer 'vllm:tp=2,quant=int4': 'quant' expects one of none, fp8-block, fp8-channel, mxfp8, got 'int4'");
+  // An FP8 user is shown the FP8 formats, never another kind (issue 59: fp8 -> 'mxfp8').
+  EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "vllm:tp=2,quant=fp8"); }),
+            "--infer 'vllm:tp=2,quant=fp8': 'quant' expects one of none, fp8-block, fp8-channel, mxfp8, got 'fp8'; "
+            "did you mean 'fp8-block' or 'fp8-channel'?");
+  EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "vllm:tp=2,quant=fp8_channel"); }),
+            "--infer 'vllm:tp=2,quant=fp8_channel': 'quant' expects one of none, fp8-block, fp8-channel, mxfp8, got "
+            "'fp8_channel'; did you mean 'fp8-channel'?");
+  EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "vllm:tp=2,quant=mxfp4"); }),
+            "--infer 'vllm:tp=2,quant=mxfp4': 'quant' expects one of none, fp8-block, fp8-channel, mxfp8, got 'mxfp4'");
+  // Too large, not malformed (1e30 is a whole number).
+  EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "vllm:tp=1e30"); }),
+            "--infer 'vllm:tp=1e30': 'tp' is too large: expected a positive integer up to 1048576, got '1e30'");
+  EXPECT_EQ(ErrorOf([&] { Gen(c, "megatron:pp=99999999999999999999", "hf"); }),
+            "--train 'megatron:pp=99999999999999999999': 'pp' is too large: expected a positive integer up to "
+            "1048576, got '99999999999999999999'");
+  EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "vllm:tp=2.5"); }), "--infer 'vllm:tp=2.5': 'tp' expects a positive integer, got '2.5'");
   EXPECT_EQ(ErrorOf([&] { Gen(c, "megatron:spec=apex", "hf"); }), "--train 'megatron:spec=apex': 'spec' expects te or local, got 'apex'");
   EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "vllm:tp=2,ep"); }), "--infer 'vllm:tp=2,ep': the model has no experts; leave out ep");
   json odd = c;
   odd["intermediate_size"] = 130;
   EXPECT_EQ(ErrorOf([&] { Gen(odd, "megatron:tp=4", "hf"); }),
             "--train 'megatron:tp=4': Megatron-Core splits model.layers.{layer}.mlp.gate_proj.weight dim 0 (130) evenly "
-            "over tensor_model_parallel_size (4)");
+            "over tensor_model_parallel_size (4); use tp=1 or tp=2");
   EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "vllm"); }),
             "--infer 'vllm': expected vllm:key=value,... (tp, pp, dp, ep, engines, quant)");
 }
@@ -433,6 +464,10 @@ TEST(Init, BadConfigFieldsNameTheFieldAndTheFile) {
       {[](json& c) { c["vocab_size"] = 512.0; }, "/vocab_size: expected a positive integer, got 512.0"},
       {[](json& c) { c["hidden_size"] = int64_t{1} << 40; },
        "/hidden_size: expected at most 4294967295, got 1099511627776"},
+      // Too large, not fractional, however JSON holds it.
+      {[](json& c) { c["hidden_size"] = 1e30; }, "/hidden_size: expected at most 4294967295, got 1e+30"},
+      {[](json& c) { c["hidden_size"] = uint64_t{18446744073709551615u}; },
+       "/hidden_size: expected at most 4294967295, got 18446744073709551615"},
       {[](json& c) { c["model_type"] = 5; }, "/model_type: expected a string, got 5"},
       {[](json& c) { c["_name_or_path"] = json::array(); }, "/_name_or_path: expected a string, got []"},
       {[](json& c) { c["tie_word_embeddings"] = "yes"; }, "/tie_word_embeddings: expected true or false, got \"yes\""},
@@ -788,17 +823,23 @@ TEST(Init, Qwen3NextLayersAndFusedParts) {
 
 TEST(Init, Qwen3NextRefusals) {
   const json c = Tiny("qwen3_next");
-  EXPECT_EQ(ErrorOf([&] { Gen(c, "megatron:tp=2", "hf"); }).rfind("--train 'megatron:tp=2': Megatron-Bridge holds "
-                                                                  "Qwen3-Next's linear-attention out_norm as HF's "
-                                                                  "weight - 1", 0),
+  const std::string megatron = ErrorOf([&] { Gen(c, "megatron:tp=2", "hf"); });
+  EXPECT_EQ(megatron.rfind("--train 'megatron:tp=2': Megatron-Bridge holds Qwen3-Next's linear-attention out_norm as "
+                           "HF's weight - 1", 0),
             0u);
+  // The refusal names the training sides that work, and they do.
+  const std::string fix = "; describe the training side as fsdp2:dp_shard=N or hf[:tp=N] instead, which reshard init "
+                          "does for qwen3_next";
+  EXPECT_EQ(megatron.substr(megatron.size() - std::min(megatron.size(), fix.size())), fix);
+  CompileAndValidate(Gen(c, "fsdp2:dp_shard=2", "vllm:tp=2"));
+  CompileAndValidate(Gen(c, "hf:tp=2", "vllm:tp=2"));
   EXPECT_EQ(ErrorOf([&] { Gen(c, "fsdp2:dp_shard=2,tp=2", "hf"); }),
             "--train 'fsdp2:dp_shard=2,tp=2': NeMo RL's TP plan has no rule for Qwen3-Next's linear attention "
             "(in_proj_qkvz, conv1d, ...) nor its gated q_proj; use tp=1");
   EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "vllm:tp=4"); }),
             "--infer 'vllm:tp=4': vLLM's Qwen3-Next linear attention keeps whole key heads on a rank "
             "(layers/mamba/gdn/qwen_gdn_linear_attn.py: num_k_heads / tp_size): linear_num_key_heads (2) must "
-            "divide by tp (4)");
+            "divide by tp (4); use tp=1 or tp=2");
   json bad = c;
   bad["layer_types"] = json::array({"linear_attention", "full_attention"});
   EXPECT_EQ(ErrorOf([&] { Gen(bad, "hf", "hf"); }),

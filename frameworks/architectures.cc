@@ -4,6 +4,7 @@
 #include "frameworks/architectures.h"
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <map>
 
@@ -28,17 +29,11 @@ class Config {
   bool Present(const std::string& k) const { return j_.contains(k); }  // null included
   int64_t Int(const std::string& k) const {
     if (!Present(k)) Fail(k, "missing; a " + Str("model_type") + " config.json has it");
-    const json& v = j_.at(k);
-    if (!v.is_number_integer() || v.get<int64_t>() <= 0) Fail(k, "expected a positive integer, got " + v.dump());
-    if (v.get<int64_t>() > 0xFFFFFFFFll) Fail(k, "expected at most 4294967295, got " + v.dump());
-    return v.get<int64_t>();
+    return Whole(k, 1, "a positive integer");
   }
   int64_t Int(const std::string& k, int64_t def) const { return Has(k) ? Int(k) : def; }
   int64_t IntOrZero(const std::string& k) const {  // 0 allowed (first_k_dense_replace, n_shared_experts)
-    if (!Has(k)) return 0;
-    const json& v = j_.at(k);
-    if (!v.is_number_integer() || v.get<int64_t>() < 0) Fail(k, "expected an integer >= 0, got " + v.dump());
-    return v.get<int64_t>();
+    return Has(k) ? Whole(k, 0, "an integer >= 0") : 0;
   }
   bool Bool(const std::string& k, bool def) const {
     if (!Has(k)) return def;
@@ -54,6 +49,17 @@ class Config {
   const std::string& file() const { return file_; }
 
  private:
+  // An integer field, min..4294967295. A whole number past that is too large
+  // whether JSON holds it as an integer or, written 1e30, as a float.
+  int64_t Whole(const std::string& k, int64_t min, const char* expected) const {
+    const json& v = j_.at(k);
+    if (v.is_number() && v.get<double>() > 4294967295.0 &&
+        (v.is_number_integer() || v.get<double>() == std::floor(v.get<double>())))
+      Fail(k, "expected at most 4294967295, got " + v.dump());
+    if (!v.is_number_integer() || v.get<int64_t>() < min) Fail(k, std::string("expected ") + expected + ", got " + v.dump());
+    return v.get<int64_t>();
+  }
+
   const json& j_;
   std::string file_, prefix_;
 };

@@ -43,6 +43,7 @@
 #include <algorithm>
 #include <set>
 
+#include "compiler/spec.h"
 #include "frameworks/layout_builder.h"
 #include "runtime/error.h"
 
@@ -147,7 +148,7 @@ ordered_json MakeFsdp2(const Arch& a, const std::string& model, Settings& s, Not
     const int64_t heads = t.shape[d] / t.head_dim;
     if (heads % tp == 0) continue;
     const bool kv = t.role == Role::k || t.role == Role::v || t.role == Role::k_bias || t.role == Role::v_bias;
-    Fail(s, "tp (" + S(tp) + ") would cut an attention head: NeMo RL's TP plan shards " + t.name + " dim " + S(d) +
+    FailTp(s, "tp (" + S(tp) + ") would cut an attention head: NeMo RL's TP plan shards " + t.name + " dim " + S(d) +
                 (d == 0 ? " (ColwiseParallel)" : " (RowwiseParallel)") + ", " + S(heads) + " heads of " +
                 S(t.head_dim) + " (" + (kv ? "num_key_value_heads" : "num_attention_heads") + " " + S(heads) +
                 "), which tp does not divide");
@@ -328,7 +329,7 @@ void Set(Settings& s, const std::string& key, const std::string& value) {
   else if (key == "master") {
     if (value != "fp32" && value != "bf16")
       Fail(s, "'master' expects fp32 or bf16 (the dtype the sharded parameters hold), got '" + value + "'" +
-                  DidYouMean(value, {"fp32", "bf16"}));
+                  DidYouMeanSameKind(value, {"fp32", "bf16"}));
     s.master = value;
   } else if (key == "experts-dim") {
     if (value != "0" && value != "1")

@@ -175,7 +175,7 @@ TEST(Fsdp2, TpThenFsdpChunksTheTpLocalPiece) {
   EXPECT_EQ(ErrorOf([] { Gen(Dense(), "fsdp2:dp_shard=2,tp=4", "hf"); }),
             "--train 'fsdp2:dp_shard=2,tp=4': tp (4) would cut an attention head: NeMo RL's TP plan shards "
             "model.layers.{layer}.self_attn.k_proj.weight dim 0 (ColwiseParallel), 2 heads of 16 "
-            "(num_key_value_heads 2), which tp does not divide");
+            "(num_key_value_heads 2), which tp does not divide; use tp=1 or tp=2");
   EXPECT_NE(ErrorOf([] { Gen(Tiny("deepseek_v3"), "fsdp2:dp_shard=2,tp=2", "hf"); })
                 .find("no rule for MLA's q_a_proj / q_b_proj / kv_a_proj_with_mqa / kv_b_proj (deepseek_v3)"),
             std::string::npos);
@@ -292,7 +292,7 @@ TEST(Fsdp2, BadSettingsNameTheOption) {
             "dp_replicate, tp, master, experts-dim; did you mean 'dp_shard'?");
   EXPECT_EQ(ErrorOf([&] { Gen(c, "fsdp2:dp_shard=4,master=fp16", "hf"); }),
             "--train 'fsdp2:dp_shard=4,master=fp16': 'master' expects fp32 or bf16 (the dtype the sharded parameters "
-            "hold), got 'fp16'; did you mean 'fp32'?");
+            "hold), got 'fp16'");  // FP16 is neither: no suggestion of another dtype
   EXPECT_EQ(ErrorOf([&] { Gen(c, "fsdp2:tp=2", "hf"); }),
             "--train 'fsdp2:tp=2': fsdp2 needs dp_shard=N: the size of the DeviceMesh dim fully_shard shards over "
             "(TorchTitan's dp_shard)");

@@ -31,22 +31,22 @@ ordered_json MakeHf(const Arch& a, const std::string& model, Settings& s, Notes&
                                                  t.role == Role::v_bias || t.role == Role::k_odd);
     const int64_t per = replicated_kv ? t.shape[dim] / a.kv_heads : t.shape[dim] / tp;
     if (!replicated_kv && t.shape[dim] % tp != 0)
-      Fail(s, "a plain HF TP split splits it evenly over TP; " + t.name + " dim " + S(dim) + " is " + S(t.shape[dim]));
+      FailTp(s, "a plain HF TP split splits it evenly over TP; " + t.name + " dim " + S(dim) + " is " + S(t.shape[dim]));
     // The checkpoint's block scales cut with their weights: each rank's slice
     // a whole number of blocks (the rule vLLM's quantization/fp8.py
     // validate_fp8_block_shape states, and says so).
     if (!q.kind.empty() && q.block_rows > 0 && IsQuantized(t.role) && tp > 1) {
       const int64_t block = dim == 0 ? q.block_rows : q.block_cols;
       if (per % block != 0)
-        Fail(s, "vLLM refuses block-quantized weights whose per-rank slice is not a whole number of " + S(block) +
-                    "-blocks (quantization/fp8.py validate_fp8_block_shape): " + t.name + " dim " + S(dim) + " is " +
-                    S(t.shape[dim]) + " / " + S(tp) + " = " + S(per));
+        FailTp(s, "vLLM refuses block-quantized weights whose per-rank slice is not a whole number of " + S(block) +
+                      "-blocks (quantization/fp8.py validate_fp8_block_shape): " + t.name + " dim " + S(dim) + " is " +
+                      S(t.shape[dim]) + " / " + S(tp) + " = " + S(per));
     }
   }
   Builder b;
   b.AddMesh("dense", {{"tp", tp}});
   const VocabSplit vocab = SplitVocab(a.vocab, 0, tp);
-  if (a.vocab % tp != 0) Fail(s, "a plain HF TP split needs vocab_size (" + S(a.vocab) + ") divisible by tp");
+  if (a.vocab % tp != 0) FailTp(s, "a plain HF TP split needs vocab_size (" + S(a.vocab) + ") divisible by tp");
 
   for (const auto& t : a.tensors) {
     const Cut c = CutOf(t.role);

@@ -4,6 +4,8 @@
 #include "frameworks/layout_builder.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <set>
 
 #include "compiler/spec.h"
@@ -36,16 +38,22 @@ std::string DidYouMean(const std::string& word, const std::vector<std::string>& 
 }
 
 int64_t PositiveInt(const Settings& s, const std::string& key, const std::string& value) {
-  size_t used = 0;
-  long long x = 0;
-  try {
-    x = std::stoll(value, &used);
-  } catch (const std::exception&) {
-    used = 0;
+  // Any parallel size or layer count past kMaxRanks is too large for a spec;
+  // so is a number written with an exponent (1e30), which is no fraction.
+  const auto too_large = [&] {
+    Fail(s, "'" + key + "' is too large: expected a positive integer up to " + S(kMaxRanks) + ", got '" + value + "'");
+  };
+  if (!value.empty() && std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    int64_t x = 0;
+    for (char c : value)
+      if ((x = x * 10 + (c - '0')) > kMaxRanks) too_large();
+    if (x >= 1) return x;
+  } else {
+    char* end = nullptr;
+    const double d = std::strtod(value.c_str(), &end);
+    if (!value.empty() && end == value.c_str() + value.size() && d > kMaxRanks && d == std::floor(d)) too_large();
   }
-  if (used != value.size() || value.empty() || x < 1)
-    Fail(s, "'" + key + "' expects a positive integer, got '" + value + "'");
-  return x;
+  Fail(s, "'" + key + "' expects a positive integer, got '" + value + "'");
 }
 
 // --- settings ---------------------------------------------------------------------
@@ -104,8 +112,61 @@ Settings ParseSettings(const std::string& text, const std::string& option) {
   return s;
 }
 
+namespace {
+
+// A refusal that another TP, or quant=none, may fix (FailTp).
+struct TpRefusal : Error {
+  TpRefusal(const std::string& what, bool quant_none) : Error(what), try_quant_none(quant_none) {}
+  bool try_quant_none;
+};
+
+bool Works(const Arch& arch, const std::string& model_name, Settings s) {
+  Notes ignored;
+  try {
+    s.def->make(arch, model_name, s, ignored);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+// What fixes a TpRefusal of `given`: the TPs that work with the other
+// settings as given (every framework splits the attention heads over TP, so
+// the divisors of num_attention_heads), and quant=none when asked to try it;
+// "" when none does.
+std::string Fixes(const Arch& arch, const std::string& model_name, const Settings& given, bool try_quant_none) {
+  std::vector<std::string> tps;
+  for (int64_t tp = 1; tp <= std::min<int64_t>(arch.heads, 1024); ++tp) {
+    if (arch.heads % tp != 0 || tp == given.tp) continue;
+    Settings t = given;
+    t.tp = tp;
+    if (Works(arch, model_name, t)) tps.push_back("tp=" + S(tp));
+  }
+  bool quant_none = false;
+  if (try_quant_none) {
+    Settings t = given;
+    t.quant = "none";
+    quant_none = Works(arch, model_name, t);
+  }
+  std::string out;
+  for (size_t i = 0; i < tps.size(); ++i) out += (i == 0 ? "" : i + 1 == tps.size() ? " or " : ", ") + tps[i];
+  if (quant_none) out += (out.empty() ? "" : ", or ") + std::string("quant=none (BF16 weights)");
+  return out.empty() ? "" : "; use " + out;  // nothing else fixes it alone: the message as it was
+}
+
+}  // namespace
+
+[[noreturn]] void FailTp(const Settings& s, const std::string& what, bool try_quant_none) {
+  throw TpRefusal(s.option + " '" + s.text + "': " + what, try_quant_none);
+}
+
 ordered_json MakeLayout(const Arch& arch, const std::string& model_name, Settings s, Notes& notes) {
-  return s.def->make(arch, model_name, s, notes);
+  const Settings given = s;  // make() resolves defaults in s
+  try {
+    return s.def->make(arch, model_name, s, notes);
+  } catch (const TpRefusal& e) {
+    throw Error(e.what() + Fixes(arch, model_name, given, e.try_quant_none));
+  }
 }
 
 // --- roles -------------------------------------------------------------------------

@@ -86,11 +86,18 @@ std::string Join(const std::vector<std::string>& v);
 /// Throws "OPTION 'TEXT': what".
 [[noreturn]] void Fail(const Settings& s, const std::string& what);
 
+/// Fail, for a refusal that another tensor-parallel size may fix (or, where
+/// `try_quant_none`, vLLM's quant=none): MakeLayout then tries the other
+/// TPs with the rest of the settings as given, and quant=none, and adds those
+/// that work: "...; use tp=1 or tp=2, or quant=none (BF16 weights)" (nothing
+/// where none does).
+[[noreturn]] void FailTp(const Settings& s, const std::string& what, bool try_quant_none = false);
+
 /// "; did you mean 'x'?" for the candidate closest to `word` when it is close
 /// (two edits, or a third of its letters for longer words), else "".
 std::string DidYouMean(const std::string& word, const std::vector<std::string>& candidates);
 
-/// `value` as an integer >= 1, or an error naming `key`.
+/// `value` as an integer from 1 to kMaxRanks, or an error naming `key`.
 int64_t PositiveInt(const Settings& s, const std::string& key, const std::string& value);
 
 /// Role classes: how a tensor is cut by tensor parallelism in every framework.

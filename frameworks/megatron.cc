@@ -143,7 +143,8 @@ ordered_json MakeMegatron(const Arch& a, const std::string& model, Settings& s, 
             "RMSNorm2ZeroCenteredRMSNormMapping), and the local spec cannot hold zero-centered norms at all "
             "(transformer/torch_norm.py); a refit moves bytes and adds no constant, so reshard init does not "
             "describe Megatron for qwen3_next (names seen on real Megatron-Core 0.19.2 ranks: "
-            "tests/data/archs/megatron-qwen3next-tp2-pp2-ep2)");
+            "tests/data/archs/megatron-qwen3next-tp2-pp2-ep2); describe the training side as fsdp2:dp_shard=N or "
+            "hf[:tp=N] instead, which reshard init does for qwen3_next");
   const int64_t tp = s.tp, pp = s.pp, cp = s.cp, ep = s.ep;
   const bool etp_default = s.etp == 0;
   if (s.etp == 0) s.etp = tp;  // Megatron: expert_tensor_parallel_size defaults to tensor_model_parallel_size
@@ -165,10 +166,10 @@ ordered_json MakeMegatron(const Arch& a, const std::string& model, Settings& s, 
   const int64_t edp = dense_width * dp / (ep * etp);
   // TransformerConfig.__post_init__: heads and query groups over TP.
   if (a.heads % tp != 0)
-    Fail(s, "Megatron-Core needs num_attention_heads (" + S(a.heads) + ") divisible by tensor_model_parallel_size (" + S(tp) + ")");
+    FailTp(s, "Megatron-Core needs num_attention_heads (" + S(a.heads) + ") divisible by tensor_model_parallel_size (" + S(tp) + ")");
   const bool fused_shard = !a.mla && tp > a.kv_heads;
   if (fused_shard && tp % a.kv_heads != 0)
-    Fail(s, "Megatron-Core splits linear_qkv evenly when TP exceeds num_query_groups; TP " + S(tp) +
+    FailTp(s, "Megatron-Core splits linear_qkv evenly when TP exceeds num_query_groups; TP " + S(tp) +
                 " must then be a multiple of num_key_value_heads (" + S(a.kv_heads) + ")");
   // transformer_config.py __post_init__: "Bias in Moe is only supported when ETP==1".
   if (Find(a, Role::expert_down_bias) && etp != 1)
@@ -183,9 +184,12 @@ ordered_json MakeMegatron(const Arch& a, const std::string& model, Settings& s, 
     const bool expert = c == Cut::expert_column || c == Cut::expert_row;
     const int64_t n = expert ? etp : tp;
     const int dim = (c == Cut::row || c == Cut::expert_row) ? 1 : 0;
-    if (c != Cut::replicate && c != Cut::vocab && c != Cut::expert_whole && t.shape[dim] % n != 0)
-      Fail(s, "Megatron-Core splits " + t.name + " dim " + S(dim) + " (" + S(t.shape[dim]) + ") evenly over " +
-                  (expert ? "expert_tensor_parallel_size" : "tensor_model_parallel_size") + " (" + S(n) + ")");
+    if (c == Cut::replicate || c == Cut::vocab || c == Cut::expert_whole || t.shape[dim] % n == 0) continue;
+    const std::string what = "Megatron-Core splits " + t.name + " dim " + S(dim) + " (" + S(t.shape[dim]) +
+                             ") evenly over " +
+                             (expert ? "expert_tensor_parallel_size" : "tensor_model_parallel_size") + " (" + S(n) + ")";
+    if (expert && !etp_default) Fail(s, what);  // etp given: another TP leaves it as it is
+    FailTp(s, what);
   }
   // Pipeline stages: even split, or the sizes given (first/last stage sizes
   // as decoder_first/last_pipeline_num_layers make them).
@@ -217,7 +221,7 @@ ordered_json MakeMegatron(const Arch& a, const std::string& model, Settings& s, 
   const MegatronNames name{s.te, s.vpp};
   const VocabSplit vocab = SplitVocab(a.vocab, s.vocab_divisible * tp, tp);
   if (s.vocab_divisible == 0 && a.vocab % tp != 0)
-    Fail(s, "Megatron-Core's VocabParallelEmbedding splits the vocabulary (" + S(a.vocab) +
+    FailTp(s, "Megatron-Core's VocabParallelEmbedding splits the vocabulary (" + S(a.vocab) +
                 ") evenly over TP; without padding (vocab-divisible=0) TP must divide it");
   if (vocab.padded != a.vocab) {
     const int64_t last_real = a.vocab - (tp - 1) * vocab.per_rank;

@@ -48,6 +48,7 @@
 #include <algorithm>
 #include <set>
 
+#include "compiler/spec.h"
 #include "frameworks/layout_builder.h"
 #include "runtime/error.h"
 
@@ -58,10 +59,10 @@ namespace reshard::init {
 bool HeadsOverTp(const Arch& a, const Settings& s, const std::string& who, Notes& notes) {
   const int64_t tp = s.tp;
   if (a.heads % tp != 0)
-    Fail(s, who + " needs num_attention_heads (" + S(a.heads) + ") divisible by tensor_parallel_size (" + S(tp) + ")");
+    FailTp(s, who + " needs num_attention_heads (" + S(a.heads) + ") divisible by tensor_parallel_size (" + S(tp) + ")");
   const bool kv_replicated = !a.mla && tp > a.kv_heads;
   if (kv_replicated && tp % a.kv_heads != 0)
-    Fail(s, who + " replicates KV heads when TP exceeds them: tensor_parallel_size (" + S(tp) +
+    FailTp(s, who + " replicates KV heads when TP exceeds them: tensor_parallel_size (" + S(tp) +
                 ") must be a multiple of num_key_value_heads (" + S(a.kv_heads) + ")");
   if (kv_replicated)
     notes.push_back(s.option + ": TP " + S(tp) + " > " + S(a.kv_heads) + " KV heads: each KV head replicated on " +
@@ -158,7 +159,7 @@ ordered_json MakeVllm(const Arch& a, const std::string& model, Settings& s, Note
     const ArchTensor* lq = Find(a, Role::lin_q);
     const int64_t nk = lq->shape[0] / lq->head_dim;
     if (nk % tp != 0)
-      Fail(s, "vLLM's Qwen3-Next linear attention keeps whole key heads on a rank (layers/mamba/gdn/"
+      FailTp(s, "vLLM's Qwen3-Next linear attention keeps whole key heads on a rank (layers/mamba/gdn/"
               "qwen_gdn_linear_attn.py: num_k_heads / tp_size): linear_num_key_heads (" + S(nk) +
                   ") must divide by tp (" + S(tp) + ")");
     if (!s.quant.empty() && s.quant != "none")
@@ -215,19 +216,21 @@ ordered_json MakeVllm(const Arch& a, const std::string& model, Settings& s, Note
     const bool replicated_kv = kv_replicated && (t.role == Role::k || t.role == Role::v || t.role == Role::k_bias ||
                                                  t.role == Role::v_bias || t.role == Role::k_odd);
     const int64_t per = replicated_kv ? t.shape[dim] / a.kv_heads : t.shape[dim] / n;
+    if (!replicated_kv && t.shape[dim] % n != 0 && expert && n != tp)
+      Fail(s, "vLLM shards each expert's intermediate dim over DP x TP (" + S(n) +
+                  ") when data parallel runs without expert parallelism; " + t.name + " dim " + S(dim) + " is " +
+                  S(t.shape[dim]));
     if (!replicated_kv && t.shape[dim] % n != 0)
-      Fail(s, std::string("vLLM") + (expert && n != tp ? " shards each expert's intermediate dim over DP x TP (" + S(n) +
-                                                          ") when data parallel runs without expert parallelism; "
-                                                    : " splits it evenly over TP; ") +
-                  t.name + " dim " + S(dim) + " is " + S(t.shape[dim]));
+      FailTp(s, "vLLM splits it evenly over TP; " + t.name + " dim " + S(dim) + " is " + S(t.shape[dim]));
     // quantization/fp8.py validate_fp8_block_shape: each rank's slice of a
     // block-quantized weight is a whole number of blocks.
     if (!q.kind.empty() && q.block_rows > 0 && IsQuantized(t.role) && n > 1) {
       const int64_t block = dim == 0 ? q.block_rows : q.block_cols;
       if (per % block != 0)
-        Fail(s, "vLLM refuses block-quantized weights whose per-rank slice is not a whole number of " + S(block) +
-                    "-blocks (quantization/fp8.py validate_fp8_block_shape): " + t.name + " dim " + S(dim) + " is " +
-                    S(t.shape[dim]) + " / " + S(n) + " = " + S(per));
+        FailTp(s, "vLLM refuses block-quantized weights whose per-rank slice is not a whole number of " + S(block) +
+                      "-blocks (quantization/fp8.py validate_fp8_block_shape): " + t.name + " dim " + S(dim) + " is " +
+                      S(t.shape[dim]) + " / " + S(n) + " = " + S(per),
+               true);
     }
   }
   // fused_moe/config.py FusedMoEParallelConfig.make: with EP, ep_size = dp x tp
@@ -329,7 +332,7 @@ ordered_json MakeVllm(const Arch& a, const std::string& model, Settings& s, Note
                                       : ""));
   const VocabSplit vocab = SplitVocab(a.vocab, 64, tp);
   if (vocab.padded % tp != 0)
-    Fail(s, "vLLM's VocabParallelEmbedding splits the vocabulary padded to a multiple of 64 (" + S(vocab.padded) +
+    FailTp(s, "vLLM's VocabParallelEmbedding splits the vocabulary padded to a multiple of 64 (" + S(vocab.padded) +
                 ") evenly over TP (" + S(tp) + ")");
   if (vocab.padded != a.vocab)
     notes.push_back(s.option + ": vLLM pads the vocabulary " + S(a.vocab) + " -> " + S(vocab.padded) + " (" +
@@ -478,7 +481,7 @@ void Set(Settings& s, const std::string& key, const std::string& value) {
   else if (key == "quant") {
     static const std::vector<std::string> kinds = {"none", "fp8-block", "fp8-channel", "mxfp8"};
     if (std::find(kinds.begin(), kinds.end(), value) == kinds.end())
-      Fail(s, "'quant' expects one of " + Join(kinds) + ", got '" + value + "'" + DidYouMean(value, kinds));
+      Fail(s, "'quant' expects one of " + Join(kinds) + ", got '" + value + "'" + DidYouMeanSameKind(value, kinds));
     s.quant = value;
   }
 }
