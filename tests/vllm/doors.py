@@ -249,7 +249,8 @@ class HttpDoor:
         cmd = [os.path.join(os.path.dirname(sys.executable), "vllm"), "serve", model, "--host", "127.0.0.1",
                "--port", str(self.port), *engine_args(settings, cli=True)]
         self.log = open(log, "w")
-        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     preexec_fn=_die_with_parent)
         import requests
 
         t0 = time.time()
@@ -295,6 +296,15 @@ class HttpDoor:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         self.log.close()
+
+
+def _die_with_parent():
+    """In the server's process: SIGKILL when this test's process dies, however it dies, so no server outlives
+    the test (its engine core and workers then exit by themselves; after a SIGTERM the API server waited for
+    its background tasks without end)."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 class LLMClient:
@@ -501,13 +511,19 @@ def run_door(door_cls, args, work, plan_path, config, tensors, env):
 
 def timed(door, engines, n):
     """Medians of n updates each way: send_weights() through the door (rank 0's wall time: the engine's start,
-    update and finish RPCs around every rank's run), and bare Session.run() on every rank at once (the workers'
-    through collective_rpc 'reshard_bare_run', which returns each worker's own run time)."""
+    update and finish RPCs around every rank's run, each RPC also timed), and bare Session.run() on every rank at
+    once (the workers' through collective_rpc 'reshard_bare_run', which returns each worker's own run time)."""
     send, bare_trainer, bare_worker = [], [], []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        run_ranks([lambda e=e: e.send_weights() for e in engines])
-        send.append(time.perf_counter() - t0)
+    calls = {"start_weight_update": [], "update_weights": [], "finish_weight_update": []}
+    client = engines[0].client
+    engines[0].client = Timed(client, calls)
+    try:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            run_ranks([lambda e=e: e.send_weights() for e in engines])
+            send.append(time.perf_counter() - t0)
+    finally:
+        engines[0].client = client
     for _ in range(n):
         def trainer(e):
             t0 = time.perf_counter()
@@ -518,8 +534,28 @@ def timed(door, engines, n):
         bare_worker.append(max(x["seconds"] for x in out[0]))
         bare_trainer.append(max(out[1:]))
     med = lambda xs: round(statistics.median(xs), 4) if xs else None  # noqa: E731
-    return {"timed_runs": n, "send_weights_s": med(send), "bare_run_trainer_s": med(bare_trainer),
-            "bare_run_worker_s": med(bare_worker)}
+    return {"timed_runs": n, "send_weights_s": med(send), **{k + "_s": med(v) for k, v in calls.items()},
+            "bare_run_trainer_s": med(bare_trainer), "bare_run_worker_s": med(bare_worker)}
+
+
+class Timed:
+    """A client that times each call it passes on (update_weights includes every rank's run)."""
+
+    def __init__(self, client, calls):
+        self.client, self.calls = client, calls
+
+    def __getattr__(self, name):
+        fn = getattr(self.client, name)
+        if name not in self.calls:
+            return fn
+
+        def timed_call(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.calls[name].append(time.perf_counter() - t0)
+        return timed_call
 
 
 def main(argv=None):
