@@ -187,5 +187,7 @@ class Plan:
         return self.program(rank).staging_bytes
 
     def __repr__(self) -> str:
+        # The content digest, which every rank's session compares at connect
+        # and `reshard show` prints: two plans with equal inputs may differ.
         return (f"<reshard.Plan {self.path!r}: {self.num_ranks} ranks, {self.num_rounds} rounds, "
-                f"{self.strategy}, digest {self.digest[:12]}>")
+                f"{self.strategy}, content digest {self.content_digest}>")

@@ -8,7 +8,9 @@
 #include <vector>
 
 #include "compiler/compile.h"
+#include "compiler/spec.h"
 #include "compiler/write_file.h"
+#include "runtime/error.h"
 #include "runtime/plan.h"
 #include "python/src/ext.h"
 
@@ -22,12 +24,22 @@ void BindCompile(nb::module_& m) {
       [](const std::string& model, const std::string& from, const std::string& to, const std::string& cluster,
          const std::string& output, const std::string& strategy, uint64_t staging_mb, bool nvlink_exchange,
          bool quantize_on_sender, bool search_fills, const std::string& fill_of) {
+        // The cluster argument first: an unknown name is a ValueError naming
+        // the argument ("cluster: cannot open 'dgx-h200'; ..."), not a
+        // compile error naming the CLI's --cluster.
+        std::string cluster_file, cluster_text;
+        try {
+          cluster_text = ClusterText(cluster, "cluster", &cluster_file);
+        } catch (const Error& e) {
+          throw nb::value_error(e.what());
+        }
         std::string json, line;
         {
           nb::gil_scoped_release release;
           Tagged(ErrorKind::kCompile, [&] {
             auto t0 = std::chrono::steady_clock::now();
-            CompileInputs in = LoadInputs(model, from, to, cluster);
+            CompileInputs in = ParseInputs(LoadJson(model), LoadJson(from), LoadJson(to),
+                                           ParseJson(cluster_text, cluster_file), model, from, to, cluster_file);
             CompileOptions opt;
             opt.strategy = strategy;
             opt.staging_mb = staging_mb;

@@ -11,6 +11,7 @@
 
 #include "compiler/init.h"
 #include "compiler/spec.h"
+#include "runtime/error.h"
 #include "python/src/ext.h"
 
 namespace reshard::py {
@@ -20,6 +21,14 @@ void BindInit(nb::module_& m) {
       "_init",
       [](const std::string& config_path, const std::string& config_text, const std::string& train,
          const std::string& infer, const std::string& cluster, const std::string& name, const std::string& out_dir) {
+        if (!cluster.empty()) {  // an unknown name is a ValueError naming the argument, as in reshard.compile
+          std::string file;
+          try {
+            ClusterText(cluster, "cluster", &file);
+          } catch (const Error& e) {
+            throw nb::value_error(e.what());
+          }
+        }
         init::Result res;
         {
           nb::gil_scoped_release release;

@@ -110,24 +110,13 @@ def test_compile_matches_the_cli(tmp_path):
 
 
 def test_compile_errors_carry_the_cli_messages(tmp_path):
+    # Argument errors (Python's names, ValueError / TypeError / FileNotFoundError): test_messages.py.
     d = SAMPLES / "tiny-dense"
     ok = [d / "model.json", d / "train.json", d / "infer.json", CLUSTER]
-    with pytest.raises(reshard.CompileError) as e:
-        reshard.compile(tmp_path / "model.json", *ok[1:], tmp_path / "p.rsplan")
-    assert str(e.value) == f"--model: File does not exist: {tmp_path / 'model.json'}"
-    with pytest.raises(reshard.CompileError) as e:
-        reshard.compile(*ok, tmp_path / "p.rsplan", staging_mb=1)
-    assert str(e.value) == "--staging-mb: Value 1 not in range 2 to 4095"
-    with pytest.raises(reshard.CompileError) as e:
-        reshard.compile(*ok, tmp_path / "p.rsplan", strategy="fastest")
-    assert str(e.value) == "--strategy: fastest not in {direct,gather}"
     reshard.compile(*ok, tmp_path / "g.rsplan", strategy="gather")
     with pytest.raises(reshard.CompileError) as e:
         reshard.compile(*ok, tmp_path / "p.rsplan", fill_of=tmp_path / "g.rsplan")
     assert "the plan records no round fill" in str(e.value)
-    with pytest.raises(reshard.CompileError) as e:
-        reshard.compile(*ok, tmp_path / "p.rsplan", fill_of=tmp_path / "none.rsplan")
-    assert str(e.value) == f"--fill-of: File does not exist: {tmp_path / 'none.rsplan'}"
     broken = tmp_path / "train.json"
     broken.write_text('{"format": "reshard.layout/1", "ranks": }')
     with pytest.raises(reshard.CompileError) as e:
@@ -148,8 +137,8 @@ def test_compile_takes_bundled_cluster_names_and_warns_on_gpu_memory(tmp_path):
     with pytest.warns(UserWarning, match=r"rank \d+ holds 117\.\d+ GB .*more than its GPU's 80 GB"):
         summary = reshard.compile(*args, "dgx-h100", tmp_path / "p.rsplan")
     assert summary["memory_warnings"] and (tmp_path / "p.rsplan").exists()
-    with pytest.raises(reshard.CompileError) as e:
-        reshard.compile(*args, "dgx-h10", tmp_path / "q.rsplan")
+    with pytest.raises(ValueError) as e:
+        reshard.compile(*args, "dgx-h", tmp_path / "q.rsplan")
     assert "did you mean 'dgx-h100'" in str(e.value)
     assert not (tmp_path / "q.rsplan").exists()
 
@@ -214,8 +203,10 @@ def test_bind_checks_name_dtype_shape_device(dense):
     assert len(s.missing()) == len(s.buffers)  # nothing was bound by the failures
 
 
-def test_missing_rebind_and_run_with_unbound(dense):
-    s = session(dense, 0)
+def test_missing_rebind_and_run_with_unbound(plans, tmp_path):
+    # Its own transports: a run that fails ends their use (test_misuse.py).
+    plan = reshard.Plan.open(plans["tiny-dense"])
+    s = make_sessions(plan, mesh(plan.num_ranks, tmp_path))[0]
     names = [b.name for b in s.buffers]
     assert s.missing() == names
     t = rt.allocate(s)

@@ -1,10 +1,12 @@
 """reshard.init: `reshard init` in-process. The specs it returns and writes are
 the CLI's byte for byte; a refused setting raises CompileError with the CLI's
-message and writes nothing."""
+message, in Python's argument names (train='...' for --train '...'), and
+writes nothing."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 import pytest
@@ -35,10 +37,11 @@ def test_init_writes_and_returns_what_the_cli_writes(tmp_path):
         assert (tmp_path / "py" / n).read_bytes() == (tmp_path / "cli" / n).read_bytes(), n
         assert specs[n[:-5]] == json.loads((tmp_path / "cli" / n).read_text()), n
     assert list(specs) == ["model", "train", "infer", "cluster", "notes"]
-    # The lines the CLI prints under "wrote ...", indented by two spaces.
-    assert ["  " + n for n in specs["notes"]] == [line for line in out.splitlines() if line.startswith("  ") and
-                                                  not line.startswith("  reshard compile")]
+    # The lines the CLI prints under "wrote ...", indented by two spaces, in Python's names.
+    assert ["  " + n for n in specs["notes"]] == [as_python(line) for line in out.splitlines()
+                                                  if line.startswith("  ") and not line.startswith("  reshard compile")]
     assert specs["notes"][:2] == ["train: megatron-tp2-pp2-ep2-local, 4 ranks", "infer: vllm-tp4, 4 ranks"]
+    assert "infer: TP 4 > 2 KV heads: each KV head replicated on 2 ranks" in specs["notes"]
     # What it wrote compiles.
     d = tmp_path / "py"
     summary = reshard.compile(d / "model.json", d / "train.json", d / "infer.json", d / "cluster.json",
@@ -57,6 +60,12 @@ def test_init_without_out_dir_writes_nothing_and_takes_a_config_mapping(tmp_path
     assert reshard.init(CONFIG, "hf", "hf", name="mine")["model"]["name"] == "mine"
 
 
+def as_python(cli_text):
+    """The CLI's text as reshard.init says it: --train 'x' -> train='x', --infer: -> infer:, -o -> out_dir."""
+    text = re.sub(r"--(train|infer) '", r"\1='", cli_text)
+    return re.sub(r"^-o:", "out_dir:", re.sub(r"--(train|infer|cluster)\b", r"\1", text))
+
+
 def cli_error(*args):
     r = subprocess.run([str(cli()), "init", *map(str, args)], capture_output=True, text=True)
     assert r.returncode != 0 and r.stdout == ""
@@ -65,33 +74,46 @@ def cli_error(*args):
     return r.stderr[len(prefix):-1]
 
 
-@pytest.mark.parametrize("train,infer,cluster,message", [
-    ("megatron:tp=2,ep=3", INFER, None,
-     "--train 'megatron:tp=2,ep=3': Megatron-Core needs num_moe_experts (4) divisible by "
+@pytest.mark.parametrize("train,infer,message", [
+    ("megatron:tp=2,ep=3", INFER,
+     "train='megatron:tp=2,ep=3': Megatron-Core needs num_moe_experts (4) divisible by "
      "expert_model_parallel_size (3)"),
-    ("megatron:tp=2,pq=2", INFER, None, None),
-    (TRAIN, "vllm:tp=3", None, None),
-    (TRAIN, INFER, "nowhere-nvl9",
-     "--cluster: cannot open 'nowhere-nvl9'; expected dgx-h100, gb200-nvl72 or a reshard.cluster/1 file"),
+    ("megatron:tp=3", INFER,
+     "train='megatron:tp=3': Megatron-Core needs num_attention_heads (8) divisible by tensor_model_parallel_size (3); "
+     "use tp=1, tp=2, tp=4 or tp=8"),
+    ("megatron:tp=2,pq=2", INFER, None),
+    (TRAIN, "vllm:tp=3", None),
 ])
-def test_init_refusals_carry_the_cli_message_and_write_nothing(tmp_path, train, infer, cluster, message):
+def test_init_refusals_carry_the_cli_message_and_write_nothing(tmp_path, train, infer, message):
     out = tmp_path / "out"
     with pytest.raises(reshard.CompileError) as e:
-        reshard.init(CONFIG, train=train, infer=infer, cluster=cluster, out_dir=out)
+        reshard.init(CONFIG, train=train, infer=infer, out_dir=out)
     assert not out.exists()
     if message is not None:
         assert str(e.value) == message
     args = ["--hf-config", CONFIG, "--train", train, "--infer", infer, "-o", tmp_path / "cli"]
-    assert str(e.value) == cli_error(*args, *(["--cluster", cluster] if cluster else []))
+    assert str(e.value) == as_python(cli_error(*args))
     assert not (tmp_path / "cli").exists()
+
+
+def test_init_unknown_cluster_is_a_value_error(tmp_path):
+    with pytest.raises(ValueError) as e:
+        reshard.init(CONFIG, train=TRAIN, infer=INFER, cluster="nowhere-nvl9", out_dir=tmp_path / "out")
+    assert str(e.value) == ("cluster: cannot open 'nowhere-nvl9'; expected a reshard.cluster/1 file or a bundled "
+                            "cluster: 'dgx-h100' (H100 80 GB, 8 GPUs per NVLink domain) or 'gb200-nvl72' (GB200 186 "
+                            "GB, 72 GPUs per NVLink domain)")
+    assert not (tmp_path / "out").exists()
+    assert str(e.value) == as_python(cli_error("--hf-config", CONFIG, "--train", TRAIN, "--infer", INFER, "--cluster",
+                                               "nowhere-nvl9", "-o", tmp_path / "cli"))
 
 
 def test_init_bad_config_messages(tmp_path):
     missing = tmp_path / "none" / "config.json"
-    with pytest.raises(reshard.CompileError) as e:
+    with pytest.raises(FileNotFoundError) as e:
         reshard.init(missing, "hf", "hf", out_dir=tmp_path / "out")
-    assert str(e.value) == f"{missing}: cannot open file: No such file or directory"
-    assert str(e.value) == cli_error("--hf-config", missing, "--train", "hf", "--infer", "hf", "-o", tmp_path / "o")
+    assert str(e.value) == f"hf_config: no such file or directory: '{missing}'"
+    assert cli_error("--hf-config", missing, "--train", "hf", "--infer", "hf", "-o", tmp_path / "o") == \
+        f"{missing}: cannot open file: No such file or directory"
     broken = tmp_path / "config.json"
     broken.write_text('{"model_type": "llama",}')
     with pytest.raises(reshard.CompileError) as e:
@@ -111,5 +133,5 @@ def test_init_out_dir_that_cannot_be_made(tmp_path):
     f.write_text("")
     with pytest.raises(reshard.CompileError) as e:
         reshard.init(CONFIG, "hf", "hf", out_dir=f / "specs")
-    assert str(e.value) == f"-o: cannot create directory '{f / 'specs'}': Not a directory"
-    assert str(e.value) == cli_error("--hf-config", CONFIG, "--train", "hf", "--infer", "hf", "-o", f / "specs")
+    assert str(e.value) == f"out_dir: cannot create directory '{f / 'specs'}': Not a directory"
+    assert str(e.value) == as_python(cli_error("--hf-config", CONFIG, "--train", "hf", "--infer", "hf", "-o", f / "specs"))
