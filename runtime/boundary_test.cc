@@ -85,7 +85,41 @@ TEST(BoundaryTest, ARankStartedTwiceEndsEveryRankThroughTcp) {
   const std::string address = "127.0.0.1:" + std::to_string(FreePort());
   ExpectDuplicateEndsEveryRank(address, "^rank [01]: gloo: cannot connect 3 ranks through '" + address +
                                             "': rank 1 joined the rendezvous at '" + address +
-                                            "' twice: two processes were started as rank 1$");
+                                            "' twice: two processes were started as rank 1 \\(pid [0-9]+ on .* at "
+                                            ".*, pid [0-9]+ on .* at .*\\)$");
+}
+
+// A rank started twice, arriving at every moment of connecting: before the
+// others, among them, after the mesh is up. No process outlives its timeout
+// (Gloo's first connect of a pair waits five times the timeout: a duplicate
+// must never reach it), and the duplicate is always named.
+TEST(BoundaryTest, ARankStartedTwiceNeverOutlivesTheTimeout) {
+  for (int k = 0; k < 12; ++k) {
+    const std::string address = "127.0.0.1:" + std::to_string(FreePort());
+    const auto delay = std::chrono::milliseconds(50 * k);
+    auto out = RunRanks(
+        4,
+        [&](int p) -> std::string {
+          const uint32_t rank = p == 3 ? 1 : static_cast<uint32_t>(p);
+          if (p == 3) std::this_thread::sleep_for(delay);
+          GlooTransport gloo(rank, 3, Options(address, 2000));
+          return "connected";
+        },
+        30);
+    int named = 0, failed = 0;
+    for (int p = 0; p < 4; ++p) {
+      EXPECT_LT(out[p].seconds, 2.0 + 2.5) << k << " " << p << ": " << out[p].message;
+      if (out[p].exit_code != 0) {
+        ++failed;
+        named += out[p].message.find("rank 1 joined the rendezvous at '" + address + "' twice") != std::string::npos;
+      }
+    }
+    EXPECT_GT(failed, 0) << k;  // one of the two rank-1 processes, at least
+    // A duplicate that comes after the job's processes have ended finds no
+    // rendezvous (connection refused, at its timeout); while they live it is named.
+    if (out[3].seconds > 0.001 * delay.count() + 1.5) continue;
+    EXPECT_GT(named, 0) << k << ": " << out[0].message << " / " << out[1].message << " / " << out[2].message << " / " << out[3].message;
+  }
 }
 
 // A directory an earlier run used (Gloo cannot overwrite its keys): the
@@ -178,6 +212,39 @@ TEST(BoundaryTest, InterruptDuringRunEndsItAndThePeerNamesTheRank) {
                                                            "failed: ")))
       << out[0].message;
   EXPECT_EQ(out[0].message.find("timed out"), std::string::npos) << out[0].message;
+}
+
+// A rank that fails its own checks before sending (a buffer left unbound)
+// tells its peer why at once: the peer, waiting for it, ends well inside its
+// timeout, naming the rank and its reason.
+TEST(BoundaryTest, ARankThatFailsBeforeSendingTellsItsPeers) {
+  TempDir dir;
+  std::vector<uint8_t> bytes = BuildPlan(PackAndDirectPlan());
+  auto out = RunRanks(
+      2,
+      [&](int r) -> std::string {
+        Plan plan = Plan::from_bytes(bytes, "p.rsplan");
+        GlooTransport gloo(static_cast<uint32_t>(r), 2, Options(dir.path(), 20000));
+        if (r == 0) {
+          RunSynthetic(plan, 0, gloo);
+          return "ran";
+        }
+        Session s(plan, 1, gloo);
+        std::this_thread::sleep_for(500ms);  // rank 0 waits in run() meanwhile
+        s.run();                             // nothing bound
+        return "ran";
+      },
+      30);
+  EXPECT_EQ(out[1].exit_code, 1);
+  EXPECT_TRUE(std::regex_search(out[1].message, std::regex("^rank 1: [0-9]+ of [0-9]+ buffers are not bound|^rank 1: "
+                                                           "buffer '.*' is not bound$")))
+      << out[1].message;
+  EXPECT_EQ(out[0].exit_code, 1);
+  EXPECT_LT(out[0].seconds, 3.0) << out[0].message;
+  EXPECT_TRUE(std::regex_search(out[0].message, std::regex("^rank 0: step [0-9]+ \\([a-z]+\\) of round 0 (to|from) "
+                                                           "peer 1 failed: .*another rank failed first: rank 1: .*not "
+                                                           "bound.* \\(nothing was sent\\)")))
+      << out[0].message;
 }
 
 // `reshard run` of one rank of two, the other never started: Ctrl-C ends it

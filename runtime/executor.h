@@ -60,6 +60,8 @@ class Executor {
   RunStats Run(const std::vector<char*>& buffers, char* staging);
   /// The pipelined schedule Run follows (RESHARD_PIPELINE=0 turns it off).
   const PipelineSchedule& schedule() const { return schedule_; }
+  /// Whether some step writes into program buffer `buffer` (a destination).
+  bool writes(uint32_t buffer) const { return buffer < writers_.size() && writers_[buffer] != 0; }
 
  private:
   struct Round {

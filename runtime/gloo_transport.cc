@@ -8,8 +8,11 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <condition_variable>
 #include <cstring>
 #include <ctime>
+#include <exception>
+#include <thread>
 
 #include <gloo/barrier.h>
 #include <gloo/common/error.h>
@@ -73,16 +76,7 @@ std::vector<uint32_t> WaitedRanks(const std::string& what, const std::string& pr
 
 // "ranks 2-11, 14 never joined the rendezvous (...)": runs of consecutive ranks as "a-b".
 std::string NeverJoined(const std::vector<uint32_t>& ranks) {
-  std::string list;
-  for (size_t i = 0; i < ranks.size();) {
-    size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    list += (list.empty() ? "" : ", ") + std::to_string(ranks[i]) +
-            (j > i + 1 ? "-" + std::to_string(ranks[j]) : j == i + 1 ? ", " + std::to_string(ranks[j]) : "");
-    i = j + 1;
-  }
-  return (ranks.size() == 1 ? "rank " : "ranks ") + list +
-         " never joined the rendezvous (no process published its address: not started, or started with another "
+  return RankList(ranks) + " never joined the rendezvous (no process published its address: not started, or started with another "
          "rendezvous, prefix or rank count)";
 }
 
@@ -101,6 +95,16 @@ std::string HostName() {
 // The key a rank that gives up connecting sets, with why, so that every peer
 // still waiting stops with that reason instead of at the timeout.
 std::string AbortKey(const std::string& prefix) { return prefix + "/abort"; }
+
+// The key a rank whose run failed sets, with why: every peer's watcher polls
+// it, so that ranks that do not talk to the failed one stop too.
+std::string FailedKey(const std::string& prefix) { return prefix + "/failed"; }
+
+// The published reason, cut to what a message can carry.
+std::string Reason(const std::string& why) {
+  constexpr size_t kMax = 2000;
+  return why.size() <= kMax ? why : why.substr(0, kMax) + " ...";
+}
 
 // Claims `rank` in the rendezvous directory: creates DIR/PREFIX.rank.N.claim
 // exclusively, holding "pid host time". Another process's claim is a second
@@ -143,6 +147,125 @@ std::string ClaimRank(const std::string& dir, const std::string& prefix, uint32_
          ", or the directory holds an earlier job's rendezvous (use a fresh directory per job)";
 }
 
+// What connecting a mesh makes, shared by the constructor and the thread
+// that connects: the constructor stops waiting at the deadline even where
+// Gloo does not (its first pair connect waits up to five times the timeout
+// for a peer that died while the mesh was being connected), and the thread,
+// left behind then, keeps what it uses alive.
+struct Connecting {
+  uint32_t rank = 0, size = 0;
+  GlooOptions options;
+  std::string where;
+  size_t chunk_bytes = 0;
+  std::unique_ptr<gloo::rendezvous::Store> base;
+  ProbingFileStore* files = nullptr;  // the directory's store, to tell who never joined
+  TcpStore* tcp = nullptr;            // or HOST:PORT's
+  std::shared_ptr<gloo::Context> context, nvlink;
+  std::string mismatch;  // of the part sizes, found once connected
+  std::exception_ptr error;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+};
+
+void ConnectMesh(Connecting& c) {
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = c.options.hostname;
+    auto device = gloo::transport::tcp::CreateDevice(attr);
+    if (IsHostPort(c.where)) {
+      std::unique_ptr<TcpStore> tcp = c.rank == 0 ? TcpStore::Serve(c.where, c.size - 1, c.options.timeout)
+                                                  : TcpStore::Connect(c.where, c.rank, c.options.timeout, c.size);
+      c.tcp = tcp.get();
+      c.base = std::move(tcp);
+      // Every rank present, each once, before any publishes its address: a
+      // rank started twice (or another job's) never enters Gloo's connect.
+      c.tcp->WaitForRoster();
+    } else {
+      auto file_store = std::make_unique<ProbingFileStore>(c.where);
+      c.files = file_store.get();
+      const std::string abort_key = AbortKey(c.options.prefix);
+      if (std::string taken = ClaimRank(c.where, c.options.prefix, c.rank); !taken.empty()) {
+        // Tell the ranks waiting for this rank's address why it will not come.
+        try {
+          c.files->set(abort_key, std::vector<char>(taken.begin(), taken.end()));
+        } catch (const std::exception&) {  // a peer has set it already
+        }
+        throw ConnectAborted(taken);
+      }
+      auto has = [files = c.files](const std::vector<std::string>& keys) {
+        for (const std::string& k : keys)
+          if (!files->Has(k)) return false;
+        return true;
+      };
+      c.base = std::make_unique<WaitingStore>(std::move(file_store), c.options.timeout, has,
+                                              [files = c.files, abort_key] {
+                                                if (!files->Has(abort_key)) return std::string();
+                                                const std::vector<char> why = files->get(abort_key);
+                                                return std::string(why.begin(), why.end());
+                                              });
+    }
+    gloo::rendezvous::PrefixStore store(c.options.prefix, *c.base);
+    auto context = std::make_shared<gloo::rendezvous::Context>(static_cast<int>(c.rank), static_cast<int>(c.size));
+    context->setTimeout(c.options.timeout);
+    context->connectFullMesh(store, device);
+    c.context = std::move(context);
+    // A receive completes on the first part that arrives, however short: ranks
+    // that cut messages differently would take parts for whole messages. Each
+    // rank checks that it cuts them as rank 0 does.
+    const std::string mine = std::to_string(c.chunk_bytes);
+    if (c.rank == 0) {
+      store.set("gloo_chunk_bytes", std::vector<char>(mine.begin(), mine.end()));
+    } else {
+      const std::vector<char> v = store.get("gloo_chunk_bytes");
+      const std::string theirs(v.begin(), v.end());
+      if (theirs != mine) {
+        c.mismatch = "rank " + std::to_string(c.rank) + " cuts messages into parts of " + mine +
+                     " bytes but rank 0 into parts of " + theirs +
+                     " (0: whole messages); every rank must use the same RESHARD_GLOO_CHUNK_BYTES";
+      }
+    }
+    if (!c.options.nvlink_hostname.empty()) {
+      gloo::transport::tcp::attr nv_attr;
+      nv_attr.hostname = c.options.nvlink_hostname;
+      auto nv_device = gloo::transport::tcp::CreateDevice(nv_attr);
+      gloo::rendezvous::PrefixStore nv_store(c.options.prefix + "/nvlink", *c.base);
+      auto nv = std::make_shared<gloo::rendezvous::Context>(static_cast<int>(c.rank), static_cast<int>(c.size));
+      nv->setTimeout(c.options.timeout);
+      nv->connectFullMesh(nv_store, nv_device);
+      c.nvlink = std::move(nv);
+    }
+  } catch (const ConnectAborted& e) {
+    if (c.tcp != nullptr) c.tcp->StopServing(e.what());  // the serving rank: the others hear why at once
+    throw Error("rank " + std::to_string(c.rank) + ": gloo: cannot connect " + std::to_string(c.size) +
+                " ranks through '" + c.where + "': " + e.what());
+  } catch (const Interrupted& e) {
+    const std::string why = "rank " + std::to_string(c.rank) + " left: " + e.what();
+    try {
+      if (c.tcp != nullptr && c.rank == 0) {
+        c.tcp->StopServing(why);
+      } else if (c.base) {
+        c.base->set(AbortKey(c.options.prefix), std::vector<char>(why.begin(), why.end()));
+      }
+    } catch (const std::exception&) {
+    }
+    throw Interrupted(e.signal(), "rank " + std::to_string(c.rank) + ": " + e.what());
+  } catch (const std::exception& e) {
+    if (c.tcp != nullptr) c.tcp->StopServing();
+    std::string why = Clean(e.what());
+    std::vector<uint32_t> missing = WaitedRanks(why, c.options.prefix);
+    if (!missing.empty() && c.files != nullptr) {
+      // Every rank that has not published its address by now, not only the one waited for.
+      missing.clear();
+      for (uint32_t r = 0; r < c.size; ++r)
+        if (r != c.rank && !c.files->Has(c.options.prefix + "/" + std::to_string(r))) missing.push_back(r);
+    }
+    if (!missing.empty()) why = NeverJoined(missing);
+    throw Error("rank " + std::to_string(c.rank) + ": gloo: cannot connect " + std::to_string(c.size) +
+                " ranks through '" + c.where + "' within " + SecondsString(c.options.timeout) + ": " + why);
+  }
+}
+
 }  // namespace
 
 size_t GlooChunkBytes(const GlooOptions& options) {
@@ -161,112 +284,88 @@ GlooTransport::GlooTransport(uint32_t rank, uint32_t size, const GlooOptions& op
   if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) std::signal(SIGPIPE, SIG_IGN);
   if (rank >= size) throw Error("gloo: rank " + std::to_string(rank) + " out of range for " + std::to_string(size) + " ranks");
   const std::string where = options.rendezvous.empty() ? options.store_dir : options.rendezvous;
-  std::string mismatch;  // of the part sizes, found once connected
   if (where.empty()) throw Error("gloo: no rendezvous given (a shared directory or HOST:PORT)");
-  std::unique_ptr<gloo::rendezvous::Store> base;
-  ProbingFileStore* files = nullptr;  // the directory's store, to tell who never joined
-  try {
-    gloo::transport::tcp::attr attr;
-    attr.hostname = options.hostname;
-    auto device = gloo::transport::tcp::CreateDevice(attr);
-    if (IsHostPort(where)) {
-      if (rank == 0) {
-        base = TcpStore::Serve(where, size - 1, options.timeout);
-      } else {
-        base = TcpStore::Connect(where, rank, options.timeout);
-      }
-    } else {
-      auto file_store = std::make_unique<ProbingFileStore>(where);
-      files = file_store.get();
-      const std::string abort_key = AbortKey(options.prefix);
-      if (std::string taken = ClaimRank(where, options.prefix, rank); !taken.empty()) {
-        // Tell the ranks waiting for this rank's address why it will not come.
-        try {
-          files->set(abort_key, std::vector<char>(taken.begin(), taken.end()));
-        } catch (const std::exception&) {  // a peer has set it already
-        }
-        throw ConnectAborted(taken);
-      }
-      auto has = [files](const std::vector<std::string>& keys) {
-        for (const std::string& k : keys)
-          if (!files->Has(k)) return false;
-        return true;
-      };
-      base = std::make_unique<WaitingStore>(std::move(file_store), options.timeout, has, [files, abort_key] {
-        if (!files->Has(abort_key)) return std::string();
-        const std::vector<char> why = files->get(abort_key);
-        return std::string(why.begin(), why.end());
-      });
-    }
-    gloo::rendezvous::PrefixStore store(options.prefix, *base);
-    auto context = std::make_shared<gloo::rendezvous::Context>(static_cast<int>(rank), static_cast<int>(size));
-    context->setTimeout(options.timeout);
-    context->connectFullMesh(store, device);
-    context_ = std::move(context);
-    // A receive completes on the first part that arrives, however short: ranks
-    // that cut messages differently would take parts for whole messages. Each
-    // rank checks that it cuts them as rank 0 does.
-    const std::string mine = std::to_string(chunk_bytes_);
-    if (rank == 0) {
-      store.set("gloo_chunk_bytes", std::vector<char>(mine.begin(), mine.end()));
-    } else {
-      const std::vector<char> v = store.get("gloo_chunk_bytes");
-      const std::string theirs(v.begin(), v.end());
-      if (theirs != mine) {
-        mismatch = "rank " + std::to_string(rank) + " cuts messages into parts of " + mine +
-                   " bytes but rank 0 into parts of " + theirs +
-                   " (0: whole messages); every rank must use the same RESHARD_GLOO_CHUNK_BYTES";
-      }
-    }
-    if (!options.nvlink_hostname.empty()) {
-      gloo::transport::tcp::attr nv_attr;
-      nv_attr.hostname = options.nvlink_hostname;
-      auto nv_device = gloo::transport::tcp::CreateDevice(nv_attr);
-      gloo::rendezvous::PrefixStore nv_store(options.prefix + "/nvlink", *base);
-      auto nv = std::make_shared<gloo::rendezvous::Context>(static_cast<int>(rank), static_cast<int>(size));
-      nv->setTimeout(options.timeout);
-      nv->connectFullMesh(nv_store, nv_device);
-      nvlink_context_ = std::move(nv);
-    }
-  } catch (const ConnectAborted& e) {
-    throw Error("rank " + std::to_string(rank) + ": gloo: cannot connect " + std::to_string(size) + " ranks through '" +
-                where + "': " + e.what());
-  } catch (const Interrupted& e) {
-    const std::string why = "rank " + std::to_string(rank) + " left: " + e.what();
+  auto c = std::make_shared<Connecting>();
+  c->rank = rank;
+  c->size = size;
+  c->options = options;
+  c->where = where;
+  c->chunk_bytes = chunk_bytes_;
+  std::thread worker([c] {
     try {
-      if (base) base->set(AbortKey(options.prefix), std::vector<char>(why.begin(), why.end()));
-    } catch (const std::exception&) {
+      ConnectMesh(*c);
+    } catch (...) {
+      c->error = std::current_exception();
     }
-    throw Interrupted(e.signal(), "rank " + std::to_string(rank) + ": " + e.what());
-  } catch (const std::exception& e) {
-    std::string why = Clean(e.what());
-    std::vector<uint32_t> missing = WaitedRanks(why, options.prefix);
-    if (!missing.empty() && files != nullptr) {
-      // Every rank that has not published its address by now, not only the one waited for.
-      missing.clear();
-      for (uint32_t r = 0; r < size; ++r)
-        if (r != rank && !files->Has(options.prefix + "/" + std::to_string(r))) missing.push_back(r);
+    std::lock_guard<std::mutex> lock(c->mu);
+    c->done = true;
+    c->cv.notify_all();
+  });
+  {
+    // The stores' waits end at the timeout; a second more lets the thread say why.
+    const auto deadline = Clock::now() + options.timeout + std::chrono::seconds(1);
+    std::unique_lock<std::mutex> lock(c->mu);
+    while (!c->done && Clock::now() < deadline && InterruptSignal() == 0) {
+      c->cv.wait_for(lock, std::chrono::milliseconds(100));
     }
-    if (!missing.empty()) why = NeverJoined(missing);
-    throw Error("rank " + std::to_string(rank) + ": gloo: cannot connect " + std::to_string(size) +
-                " ranks through '" + where + "' within " + SecondsString(options.timeout) + ": " + why);
+    // Interrupted: the stores' waits see it within their 100 ms poll, tell
+    // the peers (the abort key) and end the thread; give them that long.
+    if (!c->done && InterruptSignal() != 0) c->cv.wait_for(lock, std::chrono::milliseconds(500), [&] { return c->done; });
+    if (!c->done) {
+      lock.unlock();
+      worker.detach();  // it holds `c`: what it uses stays alive until it returns
+      const std::string head = "rank " + std::to_string(rank) + ": gloo: cannot connect " + std::to_string(size) +
+                               " ranks through '" + where + "'";
+      if (int sig = InterruptSignal()) throw Interrupted(sig, head + ": interrupted (" + SignalName(sig) + ")");
+      throw Error(head + " within " + SecondsString(options.timeout) +
+                  ": the connections to the peers did not complete (a peer died or stopped while the mesh was being "
+                  "connected)");
+    }
   }
+  worker.join();
+  if (c->error) std::rethrow_exception(c->error);
+  const std::string& mismatch = c->mismatch;
+  ProbingFileStore* files = c->files;
+  context_ = c->context;
+  nvlink_context_ = c->nvlink;
   if (!mismatch.empty()) throw Error(mismatch);
+  if (files != nullptr) {
+    // The directory stays: a failed rank publishes why there, and every
+    // waiting rank finds it within the watcher's poll.
+    const std::string key = FailedKey(options.prefix);
+    probe_failure_ = [files, key] {
+      if (!files->Has(key)) return std::string();
+      const std::vector<char> why = files->get(key);
+      return std::string(why.begin(), why.end());
+    };
+    publish_failure_ = [files, key](const std::string& why) {
+      files->set(key, std::vector<char>(why.begin(), why.end()));
+    };
+    store_ = std::move(c->base);
+    watcher_ = std::thread([this] { Watch(); });
+  } else if (c->tcp != nullptr && rank == 0) {
+    // Rank 0 keeps serving while the transport lives: a process that comes
+    // late as a rank of this job (a duplicate, another job on this address)
+    // hears why at once instead of waiting for a server that has gone.
+    store_ = std::move(c->base);
+  }
   aborter_ = RegisterAborter([this] {
     std::lock_guard<std::mutex> lock(wait_mu_);
     interrupted_ = true;
-    if (waiting_ != nullptr) {
-      if (waiting_send_) {
-        waiting_->abortWaitSend();
-      } else {
-        waiting_->abortWaitRecv();
-      }
-    }
+    AbortWaitLocked();
   });
 }
 
 GlooTransport::~GlooTransport() {
   if (aborter_ >= 0) UnregisterAborter(aborter_);
+  if (watcher_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(watch_mu_);
+      stop_watch_ = true;
+    }
+    watch_cv_.notify_all();
+    watcher_.join();
+  }
   ops_.clear();
   // A destructor must not throw: Gloo enforces on pairs whose peer has gone
   // already, and an escaping exception here would abort the process.
@@ -296,7 +395,7 @@ size_t GlooTransport::Post(gloo::Context& context, bool send, uint32_t peer, uin
         }
       }
     } catch (const gloo::Exception& e) {
-      throw Error(Clean(e.what()) + (send ? " (sending " : " (receiving ") + std::to_string(bytes) + " bytes)");
+      throw Error(Explain(Clean(e.what()), (send ? "sending " : "receiving ") + std::to_string(bytes) + " bytes"));
     }
   }
   ops_.push_back(std::move(op));
@@ -320,6 +419,12 @@ void GlooTransport::wait(size_t handle, Clock::time_point deadline) {
   Op& op = ops_.at(handle);
   if (!op.buffer) return;
   const std::string what = std::to_string(op.bytes) + " bytes";
+  const std::string doing = (op.send ? "sending " : "receiving ") + what;
+  auto stopped = [&] {
+    std::lock_guard<std::mutex> lock(wait_mu_);
+    return Error("stopped " + doing + ": another rank failed first: " + peer_failure_);
+  };
+  if (peer_failed_) throw stopped();
   try {
     bool ok = true;
     {
@@ -334,15 +439,15 @@ void GlooTransport::wait(size_t handle, Clock::time_point deadline) {
         t->waiting_ = nullptr;
       }
     } done{this};
-    for (size_t k = 0; k < op.parts && ok && !interrupted_; ++k) {
+    for (size_t k = 0; k < op.parts && ok && !interrupted_ && !peer_failed_; ++k) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       // Gloo reads a zero timeout as "wait forever".
       if (left < std::chrono::milliseconds(1)) left = std::chrono::milliseconds(1);
       ok = op.send ? op.buffer->waitSend(nullptr, left) : op.buffer->waitRecv(nullptr, left);
     }
-    if (interrupted_ || !ok) {
-      const std::string doing = (op.send ? "sending " : "receiving ") + what;
+    if (interrupted_ || peer_failed_ || !ok) {
       if (int sig = InterruptSignal()) throw Interrupted(sig, "interrupted (" + SignalName(sig) + ") while " + doing);
+      if (peer_failed_) throw stopped();
       throw Error("aborted while " + doing);
     }
   } catch (const gloo::IoException& e) {
@@ -350,9 +455,70 @@ void GlooTransport::wait(size_t handle, Clock::time_point deadline) {
     if (msg.find("Timed out") != std::string::npos || msg.find("timed out") != std::string::npos) {
       throw Error("timed out after " + SecondsString(timeout_) + (op.send ? " sending " : " receiving ") + what);
     }
-    throw Error(msg + (op.send ? " (sending " : " (receiving ") + what + ")");
+    throw Error(Explain(msg, doing));
   } catch (const gloo::Exception& e) {
-    throw Error(Clean(e.what()) + (op.send ? " (sending " : " (receiving ") + what + ")");
+    throw Error(Explain(Clean(e.what()), doing));
+  }
+}
+
+std::string GlooTransport::Explain(const std::string& msg, const std::string& doing) {
+  // A peer that failed publishes why before it closes its connections.
+  if (std::string first = PeerFailure(std::chrono::milliseconds(300)); !first.empty()) {
+    return msg + " (" + doing + "): another rank failed first: " + first;
+  }
+  if (!probe_failure_) return msg + " (" + doing + ")";
+  return msg + " (" + doing + "; the peer closed its connections without saying why: it was killed, crashed or "
+         "exited during the run)";
+}
+
+std::string GlooTransport::PeerFailure(std::chrono::milliseconds grace) {
+  if (!probe_failure_) return "";
+  const auto until = Clock::now() + grace;
+  for (;;) {
+    try {
+      if (std::string why = probe_failure_(); !why.empty()) return why;
+    } catch (const std::exception&) {
+      return "";
+    }
+    if (Clock::now() >= until) return "";
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+void GlooTransport::Publish(const std::string& why) {
+  if (publish_failure_ && PeerFailure(std::chrono::milliseconds(0)).empty()) publish_failure_(Reason(why));
+}
+
+void GlooTransport::AbortWaitLocked() {
+  if (waiting_ == nullptr) return;
+  if (waiting_send_) {
+    waiting_->abortWaitSend();
+  } else {
+    waiting_->abortWaitRecv();
+  }
+}
+
+void GlooTransport::Watch() {
+  std::unique_lock<std::mutex> lock(watch_mu_);
+  while (!stop_watch_) {
+    watch_cv_.wait_for(lock, std::chrono::milliseconds(100));
+    if (stop_watch_ || peer_failed_) continue;
+    {
+      std::lock_guard<std::mutex> wl(wait_mu_);
+      if (waiting_ == nullptr) continue;  // polled only while a wait may be stuck on a failed peer
+    }
+    lock.unlock();
+    std::string why;
+    try {
+      why = probe_failure_();
+    } catch (const std::exception&) {
+    }
+    lock.lock();
+    if (why.empty() || !failure().empty()) continue;  // nothing published, or this rank failed itself
+    std::lock_guard<std::mutex> wl(wait_mu_);
+    peer_failure_ = why;
+    peer_failed_ = true;
+    AbortWaitLocked();
   }
 }
 

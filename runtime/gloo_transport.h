@@ -1,17 +1,23 @@
 // Transport over Gloo's TCP pairs: the CPU transport of tests and `reshard run`.
 #pragma once
 
-#include <chrono>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime/transport.h"
 
 namespace gloo {
 class Context;
+namespace rendezvous {
+class Store;
+}
 namespace transport {
 class UnboundBuffer;
 }
@@ -76,12 +82,21 @@ class GlooTransport : public Transport {
   bool allgather(const void* mine, size_t bytes, void* all, Clock::time_point deadline) override;
   /// Closes every connection: the peers' waits on this rank fail at once.
   void abandon() override;
+  /// Whether a peer's failure reaches this rank through the rendezvous store
+  /// (a directory: always; HOST:PORT: while rank 0's store serves), besides
+  /// the connections its failing peers close.
+  bool watches_failures() const { return static_cast<bool>(probe_failure_); }
   /// Waits until every rank has called barrier() (within the timeout). Call
   /// it before destroying the transport once a run is over: a rank that
   /// closes its connections while a peer is still receiving what it sent can
   /// lose the data still in flight (the kernel resets a socket closed with
   /// unread input). Throws reshard::Error naming what went wrong.
   void barrier();
+
+ protected:
+  /// Publishes `why` under the rendezvous's failure key (PREFIX/failed),
+  /// which every rank's watcher polls while it waits.
+  void Publish(const std::string& why) override;
 
  private:
   struct Op {
@@ -103,6 +118,26 @@ class GlooTransport : public Transport {
   bool waiting_send_ = false;
   std::atomic<bool> interrupted_{false};
   int aborter_ = -1;
+
+  // Failures of the peers, through the rendezvous store kept for the
+  // transport's life: a watcher thread polls the failure key every 100 ms
+  // while a wait is in progress and ends that wait with the peer's reason.
+  void Watch();
+  // Ends the wait in progress, if any (wait_mu_ held).
+  void AbortWaitLocked();
+  // A Gloo error while `doing`, with the failure a peer published first, if any.
+  std::string Explain(const std::string& msg, const std::string& doing);
+  // A failure published by a peer within `grace` ("" if none).
+  std::string PeerFailure(std::chrono::milliseconds grace);
+  std::unique_ptr<gloo::rendezvous::Store> store_;
+  std::function<std::string()> probe_failure_;  // "" while no rank has published a failure
+  std::function<void(const std::string&)> publish_failure_;
+  std::atomic<bool> peer_failed_{false};
+  std::string peer_failure_;  // guarded by wait_mu_
+  std::mutex watch_mu_;
+  std::condition_variable watch_cv_;
+  bool stop_watch_ = false;
+  std::thread watcher_;
 
   std::shared_ptr<gloo::Context> context_;
   std::shared_ptr<gloo::Context> nvlink_context_;  // null: nvlink shares context_

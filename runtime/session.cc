@@ -1,6 +1,9 @@
 #include "runtime/session.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <iterator>
+#include <optional>
 #include <unordered_map>
 
 #include "runtime/dtype.h"
@@ -56,6 +59,18 @@ Session::Session(const Plan& plan, uint32_t global_rank, Transport& transport)
       mapped_(MapRanks(plan, transport)),
       executor_(program_, mapped_ ? *mapped_ : transport) {
   const std::string at = "rank " + std::to_string(rank_) + ": ";
+  transport.CheckUsable(at);
+  if (!transport.Claim()) {
+    throw Error(at + "this transport already serves a session: one session per transport at a time (a second one "
+                "would take the first one's messages); drop the other session first, or make a new transport");
+  }
+  struct ReleaseOnThrow {
+    Transport& t;
+    bool armed = true;
+    ~ReleaseOnThrow() {
+      if (armed) t.Release();
+    }
+  } release{transport};
   // First, while every rank is here: one plan, distinct ranks (a mismatch
   // found only locally would leave the peers waiting for this rank).
   try {
@@ -73,9 +88,13 @@ Session::Session(const Plan& plan, uint32_t global_rank, Transport& transport)
   const uint32_t nbuf = program_.buffers() ? program_.buffers()->size() : 0;
   staging_ = kernels_.Allocate(staging_bytes_);
   bound_.assign(nbuf, nullptr);
+  release.armed = false;
 }
 
-Session::~Session() { kernels_.Release(staging_); }
+Session::~Session() {
+  kernels_.Release(staging_);
+  transport_.Release();
+}
 
 std::vector<std::string> Session::buffer_names() const {
   std::vector<std::string> names;
@@ -135,11 +154,63 @@ void Session::bind_index(uint32_t index, void* ptr, fb::Dtype dtype, std::vector
                 ShapeString(want));
   }
   if (ptr == nullptr && BufferElements(b) != 0) throw Error(at + "buffer '" + name + "' is bound to a null pointer");
-  if (ptr != nullptr) kernels_.CheckMemory(ptr, BufferElements(b) * DtypeSize(b.dtype()), at + "buffer '" + name + "'");
+  const uint64_t bytes = BufferElements(b) * DtypeSize(b.dtype());
+  if (ptr != nullptr) kernels_.CheckMemory(ptr, bytes, at + "buffer '" + name + "'");
+  if (executor_.writes(index)) BindDestination(index, reinterpret_cast<uintptr_t>(ptr), bytes, at);
   bound_[index] = static_cast<char*>(ptr);
 }
 
+void Session::BindDestination(uint32_t index, uintptr_t start, uint64_t bytes, const std::string& at) {
+  // Rebinding replaces the buffer's previous memory: it is left out of the
+  // check, and put back if the new memory is refused.
+  std::optional<std::pair<uintptr_t, std::pair<uintptr_t, uint32_t>>> old;
+  if (char* was = bound_[index]; was != nullptr) {
+    auto it = destinations_.find(reinterpret_cast<uintptr_t>(was));
+    if (it != destinations_.end() && it->second.second == index) {
+      old = *it;
+      destinations_.erase(it);
+    }
+  }
+  if (bytes == 0 || start == 0) return;
+  const uintptr_t end = start + bytes;
+  // Ranges in the map never overlap, so only the neighbours by start address
+  // can overlap the new one: the first starting at or after it, and the one before.
+  auto next = destinations_.lower_bound(start);
+  auto hit = destinations_.end();
+  if (next != destinations_.end() && next->first < end) hit = next;
+  if (hit == destinations_.end() && next != destinations_.begin() && std::prev(next)->second.first > start) {
+    hit = std::prev(next);
+  }
+  if (hit != destinations_.end()) {
+    if (old) destinations_.insert(*old);
+    auto range = [](uintptr_t a, uintptr_t b) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "[0x%zx, 0x%zx)", static_cast<size_t>(a), static_cast<size_t>(b));
+      return std::string(buf);
+    };
+    throw Error(at + "buffer '" + program_.buffers()->Get(index)->name()->str() + "' is bound to memory " +
+                range(start, end) + " that overlaps buffer '" +
+                program_.buffers()->Get(hit->second.second)->name()->str() + "' " +
+                range(hit->first, hit->second.first) +
+                ": both are destinations, so each would overwrite the other's weights; bind each to its own tensor");
+  }
+  destinations_.emplace(start, std::make_pair(end, index));
+}
+
+void Session::abort(const std::string& why) { transport_.Fail(why); }
+
 RunStats Session::run() {
+  const std::string at = "rank " + std::to_string(rank_) + ": ";
+  if (running_.exchange(true)) {
+    throw Error(at + "run() is already in progress on this session in another thread: a session runs one refit at a "
+                "time (wait for it to return)");
+  }
+  struct Done {
+    std::atomic<bool>& running;
+    ~Done() { running = false; }
+  } done{running_};
+  transport_.CheckUsable(at);
+  transport_.CountRun();
   std::vector<std::string> missing;
   for (size_t b = 0; b < bound_.size(); ++b) {
     if (bound_[b] == nullptr && BufferElements(*program_.buffers()->Get(b)) != 0) {
@@ -160,16 +231,19 @@ RunStats Session::run() {
       }
       if (missing.size() > kShow) msg += ", ...";
     }
+    transport_.Fail(msg + " (nothing was sent)");  // the peers stop waiting for this rank now
     throw Error(msg);
   }
   try {
     return executor_.Run(bound_, staging_);
   } catch (const Error& e) {
     if (int sig = InterruptSignal()) {
-      transport_.abandon();  // the peers' waits on this rank fail now, naming it
-      throw Interrupted(sig, "rank " + std::to_string(rank_) + ": interrupted (" + SignalName(sig) +
-                                 ") during run(); the transport is closed: " + e.what());
+      const std::string why =
+          at + "interrupted (" + SignalName(sig) + ") during run(); the transport is closed: " + e.what();
+      transport_.Fail(why);  // the peers' waits on this rank fail now, naming it
+      throw Interrupted(sig, why);
     }
+    transport_.Fail(e.what());
     throw;
   }
 }

@@ -2,7 +2,9 @@
 // replay the program. See README.md, "Python" and "Using it".
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,9 +42,16 @@ class Session {
   const std::vector<char*>& bound() const { return bound_; }
   /// Replays the program. Throws reshard::Error before any byte moves when a
   /// buffer is unbound, and on a failed or stalled peer (see Executor::Run);
-  /// Interrupted on SIGINT/SIGTERM/SIGHUP within an InterruptScope, after
-  /// abandoning the transport (its peers fail at once, naming this rank).
+  /// Interrupted on SIGINT/SIGTERM/SIGHUP within an InterruptScope. Any
+  /// failure ends the transport's use (Transport::Fail): the peers learn
+  /// this rank's reason at once, and a later run on it says it failed.
+  /// Throws at once, without touching the transport, when another thread is
+  /// running this session.
   RunStats run();
+  /// Fails the transport with `why` (this rank's reason, e.g. a check of its
+  /// own before run() that failed): every peer learns it at once. Python's
+  /// run() calls it when its checks of the bound tensors fail.
+  void abort(const std::string& why);
 
   const fb::Program& program() const { return program_; }
   uint32_t rank() const { return rank_; }
@@ -54,6 +63,8 @@ class Session {
   std::vector<std::string> buffer_names() const;
 
  private:
+  void BindDestination(uint32_t index, uintptr_t start, uint64_t bytes, const std::string& at);
+
   [[maybe_unused]] const Plan& plan_;
   const fb::Program& program_;
   uint32_t rank_;
@@ -65,6 +76,10 @@ class Session {
   std::unique_ptr<Transport> mapped_;  // plan ranks over a transport of the active ones (runtime/rank_map.h)
   std::vector<char*> bound_;
   Executor executor_;
+  // Destination buffers' bound memory by start address (end, buffer): two
+  // destinations in one memory would each overwrite the other's weights.
+  std::map<uintptr_t, std::pair<uintptr_t, uint32_t>> destinations_;
+  std::atomic<bool> running_{false};
 };
 
 }  // namespace reshard

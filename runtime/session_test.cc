@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <set>
 
 #include "runtime/dtype.h"
@@ -76,13 +77,74 @@ TEST(SessionTest, BindingErrors) {
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(), "rank 0: 2 of 3 buffers are not bound: 'vt', 'half'");
   }
+  // The failed run ended the transport's use: the next one says so.
   EXPECT_EQ(BindError(s, "vt", D::fp16, {16, 8}), "");
   try {
     s.run();
     FAIL();
   } catch (const Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "rank 0: this transport failed in run 1 (rank 0: 2 of 3 buffers are not bound: 'vt', 'half' (nothing "
+                 "was sent)); its connections are closed: make a new transport, and a session on it, for the next "
+                 "refit");
+  }
+  NoTransport fresh(0, 1);
+  Session again(plan, 0, fresh);
+  EXPECT_EQ(BindError(again, "v", D::fp32, {8, 16}), "");
+  EXPECT_EQ(BindError(again, "vt", D::fp16, {16, 8}), "");
+  try {
+    again.run();
+    FAIL();
+  } catch (const Error& e) {
     EXPECT_STREQ(e.what(), "rank 0: buffer 'half' is not bound");
   }
+}
+
+// Two destination buffers in one memory would each overwrite the other's
+// weights: the second binding is refused, naming both; rebinding a buffer
+// to its own memory, and sources sharing memory, are fine.
+TEST(SessionTest, DestinationsMustNotOverlap) {
+  Plan plan = Plan::from_bytes(BuildPlan(LocalPlan()), "p.rsplan");
+  NoTransport t(0, 1);
+  Session s(plan, 0, t);
+  alignas(64) static char memory[4096];
+  s.bind("vt", memory, D::fp16, {16, 8});  // bytes [0, 256)
+  s.bind("vt", memory, D::fp16, {16, 8});  // again: its own memory
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "[0x%zx, 0x%zx) that overlaps buffer 'vt' [0x%zx, 0x%zx)",
+                reinterpret_cast<size_t>(memory + 128), reinterpret_cast<size_t>(memory + 256),
+                reinterpret_cast<size_t>(memory), reinterpret_cast<size_t>(memory + 256));
+  EXPECT_EQ(BindError(s, "half", D::bf16, {8, 8}), "");  // the static buffer of BindError: elsewhere
+  try {
+    s.bind("half", memory + 128, D::bf16, {8, 8});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "rank 0: buffer 'half' is bound to memory " + std::string(buf) +
+                                         ": both are destinations, so each would overwrite the other's weights; "
+                                         "bind each to its own tensor");
+  }
+  s.bind("half", memory + 256, D::bf16, {8, 8});  // just after: fine
+  s.bind("v", memory, D::fp32, {8, 16});          // a source over destinations: not checked here
+  s.bind("vt", memory + 512, D::fp16, {16, 8});   // moved: its old memory is free again
+  s.bind("half", memory + 128, D::bf16, {8, 8});
+}
+
+TEST(SessionTest, OneSessionPerTransport) {
+  Plan plan = Plan::from_bytes(BuildPlan(LocalPlan()), "p.rsplan");
+  NoTransport t(0, 1);
+  {
+    Session first(plan, 0, t);
+    try {
+      Session second(plan, 0, t);
+      FAIL();
+    } catch (const Error& e) {
+      EXPECT_STREQ(e.what(),
+                   "rank 0: this transport already serves a session: one session per transport at a time (a second "
+                   "one would take the first one's messages); drop the other session first, or make a new transport");
+    }
+  }
+  Session after(plan, 0, t);  // the first one gave it back
+  EXPECT_EQ(after.rank(), 0u);
 }
 
 TEST(SessionTest, TransportMustMatch) {

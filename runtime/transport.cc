@@ -8,6 +8,50 @@
 
 namespace reshard {
 
+void Transport::Fail(const std::string& why) {
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lock(failure_mu_);
+    if (failure_.empty()) {
+      failure_ = why.empty() ? "a run failed" : why;
+      failed_in_run_ = runs_;
+      first = true;
+    }
+  }
+  if (first) {
+    try {
+      Publish(why);
+    } catch (const std::exception&) {  // the peers still see the connections close
+    }
+  }
+  abandon();
+}
+
+std::string Transport::failure() const {
+  std::lock_guard<std::mutex> lock(failure_mu_);
+  return failure_;
+}
+
+void Transport::CheckUsable(const std::string& who) const {
+  std::lock_guard<std::mutex> lock(failure_mu_);
+  if (failure_.empty()) return;
+  const std::string when = failed_in_run_ == 0 ? "before its first run" : "in run " + std::to_string(failed_in_run_);
+  throw Error(who + "this transport failed " + when + " (" + failure_ +
+              "); its connections are closed: make a new transport, and a session on it, for the next refit");
+}
+
+bool Transport::Claim() {
+  std::lock_guard<std::mutex> lock(failure_mu_);
+  if (claimed_) return false;
+  claimed_ = true;
+  return true;
+}
+
+void Transport::Release() {
+  std::lock_guard<std::mutex> lock(failure_mu_);
+  claimed_ = false;
+}
+
 bool Transport::allgather(const void* mine, size_t bytes, void* all, Clock::time_point deadline) {
   MessageCalls calls;
   calls.post = [this](bool send, uint32_t peer, void* data, size_t n) { return post(send, 0, peer, kHelloSeq, data, n); };

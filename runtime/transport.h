@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <mutex>
+#include <string>
 
 namespace reshard {
 
@@ -52,6 +54,26 @@ class Transport {
   /// the peers see at once that this rank left (Gloo closes its connections).
   /// The transport must not be used after it. The default does nothing.
   virtual void abandon() {}
+
+  /// Ends the transport's use after a failure of this rank's run (`why`: one
+  /// line naming the rank and what went wrong): the transport is marked failed
+  /// (every later session or run on it says so, naming `why`), tells its
+  /// peers where it can (Gloo: publishes `why` in the rendezvous store, which
+  /// every waiting peer polls, then closes its connections) and abandons. The
+  /// first reason stays; later calls only abandon again.
+  void Fail(const std::string& why);
+  /// Why the transport failed ("" while it is usable).
+  std::string failure() const;
+  /// Throws reshard::Error saying the transport failed and why (naming the
+  /// run it failed in), unless it is usable. `who` starts the message ("rank 3: ").
+  void CheckUsable(const std::string& who) const;
+  /// Counts a run on this transport (the number a failure names).
+  void CountRun() { ++runs_; }
+
+  /// One session at a time: Claim() is false while another session holds
+  /// the transport (a second session would take the first one's messages).
+  bool Claim();
+  void Release();
   /// Gathers `bytes` bytes from every rank into `all` (rank r's at
   /// all + r * bytes): the session's hello at connect (runtime/hello.h),
   /// host memory on both sides. Every rank calls it once per session, before
@@ -68,6 +90,11 @@ class Transport {
   virtual Kernels& kernels() { return CpuKernels(); }
 
  protected:
+  /// Fail()'s transport-specific part: tell the peers `why` (called once,
+  /// before abandon()). The default tells nobody: the peers learn of the
+  /// failure from their own waits.
+  virtual void Publish(const std::string& /*why*/) {}
+
   /// allgather's default, over the given message calls (a transport whose
   /// post/wait are wrapped passes its own, unwrapped ones).
   struct MessageCalls {
@@ -78,6 +105,13 @@ class Transport {
   };
   bool GatherByMessages(const MessageCalls& calls, const void* mine, size_t bytes, void* all,
                         Clock::time_point deadline);
+
+ private:
+  mutable std::mutex failure_mu_;
+  std::string failure_;
+  uint64_t runs_ = 0;
+  uint64_t failed_in_run_ = 0;
+  bool claimed_ = false;
 };
 
 }  // namespace reshard
