@@ -45,6 +45,7 @@ class TensorInfo(NamedTuple):
     writable: bool
     keep: Any  # holds the memory alive
     kind: str  # "torch", "numpy" or "dlpack"
+    strides: Tuple[int, ...] = ()  # in elements
 
 
 def _describe_torch(t: Any) -> TensorInfo:
@@ -60,8 +61,9 @@ def _describe_torch(t: Any) -> TensorInfo:
         device, index = dev.type, -1 if dev.index is None else dev.index
     # detach(): a tensor sharing the storage, so a later `param.data = ...`
     # swap cannot free the memory reshard writes into.
+    contiguous = t.is_contiguous()
     return TensorInfo(t.data_ptr(), code, str(dtype), t.element_size() if code is None else DTYPE_SIZES[code],
-                      t.shape, t.is_contiguous(), device, index, True, t.detach(), "torch")
+                      t.shape, contiguous, device, index, True, t.detach(), "torch", () if contiguous else t.stride())
 
 
 _by_type: dict = {}
@@ -98,8 +100,10 @@ def describe(t: Any) -> TensorInfo:
         return _describe_torch(t)
     if mod == "numpy" and hasattr(t, "__array_interface__"):
         ai = t.__array_interface__
+        contiguous = t.flags.c_contiguous
         return TensorInfo(ai["data"][0], _NUMPY_NAMES.get(t.dtype.name), t.dtype.name, t.itemsize, t.shape,
-                          t.flags.c_contiguous, "cpu", -1, t.flags.writeable, t, "numpy")
+                          contiguous, "cpu", -1, t.flags.writeable, t, "numpy",
+                          () if contiguous else tuple(x // t.itemsize for x in t.strides))
     if hasattr(t, "__dlpack__"):
         try:
             ptr, (code, bits, lanes), shape, strides, dev_type, dev_id = _reshard._dlpack_info(t)
@@ -113,10 +117,65 @@ def describe(t: Any) -> TensorInfo:
             expect *= n
         dtype = _DLPACK_CODES.get((code, bits)) if lanes == 1 else None
         device = _DLPACK_DEVICES.get(dev_type, f"dlpack device type {dev_type}")
-        return TensorInfo(ptr, dtype, f"dlpack(code={code}, bits={bits}, lanes={lanes})", bits * lanes // 8, tuple(shape), contiguous,
-                          device, dev_id if device == "cuda" else -1, True, t, "dlpack")
+        return TensorInfo(ptr, dtype, f"dlpack(code={code}, bits={bits}, lanes={lanes})", bits * lanes // 8, tuple(shape),
+                          contiguous, device, dev_id if device == "cuda" else -1, True, t, "dlpack",
+                          () if contiguous else tuple(strides))
     raise TypeError(f"{type(t).__module__}.{type(t).__name__} is not a tensor "
                     "(expected a torch.Tensor, a numpy.ndarray or an object with __dlpack__)")
+
+
+# The element types that hold a plan dtype's bits as raw integers, by size
+# (numpy has no bfloat16 or FP8: an array of them is declared with `dtype=`).
+RAW_BITS = {1: "uint8", 2: "uint16", 4: "uint32"}
+
+
+def self_overlapping(shape: Tuple[int, ...], strides: Tuple[int, ...]) -> bool:
+    """Whether a strided view may reach one element through two indices
+    (a stride of 0 on a dim of more than one, as ``expand`` makes, or strides
+    that interleave): dims by increasing stride, each stride must exceed the
+    farthest offset the smaller ones reach."""
+    reach = 0
+    for n, st in sorted(((n, abs(st)) for n, st in zip(shape, strides) if n > 1), key=lambda x: x[1]):
+        if st <= reach:
+            return True
+        reach += (n - 1) * st
+    return False
+
+
+def element_span(info: "TensorInfo") -> Tuple[int, int]:
+    """[first byte, end) of the memory a view's elements lie in."""
+    if info.contiguous or not info.strides:
+        n = 1
+        for d in info.shape:
+            n *= d
+        return info.ptr, info.ptr + n * info.itemsize
+    lo = hi = 0
+    for n, st in zip(info.shape, info.strides):
+        if n == 0:
+            return info.ptr, info.ptr
+        if st > 0:
+            hi += (n - 1) * st
+        else:
+            lo += (n - 1) * st
+    return info.ptr + lo * info.itemsize, info.ptr + (hi + 1) * info.itemsize
+
+
+def element_offsets(info: "TensorInfo"):
+    """The byte addresses of a view's elements, as a numpy array."""
+    import numpy as np
+
+    offs = np.zeros((), dtype=np.int64)
+    for n, st in zip(info.shape, info.strides or _contiguous_strides(info.shape)):
+        offs = np.add.outer(offs, np.arange(n, dtype=np.int64) * st)
+    return info.ptr + offs.ravel() * info.itemsize
+
+
+def _contiguous_strides(shape: Tuple[int, ...]) -> Tuple[int, ...]:
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= n
+    return tuple(reversed(out))
 
 
 def torch_dtype(code: int):

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import difflib
+import weakref
 from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Tuple
 
 from . import _reshard
-from ._tensors import (DTYPE_CODES, DTYPE_SIZES, DTYPES, WRAPPER_SEGMENTS, DTensorOrigin, TensorInfo, describe,
-                       dtensor_local, is_dtensor, strip_wrappers, transposed_storage)
+from ._tensors import (DTYPE_CODES, DTYPE_SIZES, DTYPES, RAW_BITS, WRAPPER_SEGMENTS, DTensorOrigin, TensorInfo,
+                       describe, dtensor_local, element_offsets, element_span, is_dtensor, self_overlapping,
+                       strip_wrappers, transposed_storage)
 from .errors import BindError
 from .plan import Buffer, Plan
 from .transport import Transport
@@ -153,7 +155,14 @@ class Session:
             raise TypeError(f"plan: expected a reshard.Plan, got {type(plan).__name__}")
         if not isinstance(transport, Transport):
             raise TypeError(f"transport: expected a reshard.GlooTransport or NcclTransport, got {type(transport).__name__}")
+        if transport._session is not None and transport._session() is not None:
+            # A dropped session may wait in a reference cycle (a traceback
+            # holding its frame): collect it before calling the transport taken.
+            import gc
+
+            gc.collect()
         self._s = _reshard._Session(plan._p, rank, transport._t)
+        transport._session = weakref.ref(self)
         self.plan = plan
         self.transport = transport
         self.rank = rank
@@ -228,6 +237,18 @@ class Session:
             if info.itemsize != DTYPE_SIZES[want]:
                 return (f"dtype='{dtype}' reinterprets {info.itemsize}-byte elements ({info.dtype_name}) as "
                         f"{DTYPE_SIZES[want]}-byte ones"), -1
+            # A declaration names what raw bits are; it never reinterprets a
+            # typed value (float16 bits read as bf16 are other numbers).
+            raw = RAW_BITS.get(info.itemsize)
+            if code != want and not (info.kind == "numpy" and info.dtype_name == raw):
+                if info.kind == "numpy":
+                    how = (f"an array of {raw} holding the {dtype} bits (arr.view(np.{raw})), or values converted "
+                           f"to {dtype}")
+                else:
+                    how = (f"a tensor of the plan's dtype ({dtype}): convert the values, or view raw bits as that "
+                           "dtype (tensor.view(...)) if that is what they are")
+                return (f"dtype='{dtype}' on {info.dtype_name} data: its values would be read as other numbers; "
+                        f"bind {how}"), -1
             code = want
         if code is None or DTYPES[code] != b.dtype:
             what = info.dtype_name if code is None else f"{DTYPES[code]} ({info.dtype_name})"
@@ -246,10 +267,46 @@ class Session:
                     f"cuda:{self._device_index}"), -1
         if b.is_destination and not info.writable:
             return "a read-only array, the plan writes into this buffer", -1
+        if b.is_destination and not info.contiguous and self_overlapping(info.shape, info.strides):
+            return (f"a view whose elements overlap (strides {_shape(info.strides)} over shape "
+                    f"{_shape(info.shape)}: an expand() or as_strided() view), the plan writes into this buffer: "
+                    "bind a tensor with memory of its own (.contiguous() or .clone())"), -1
         if not info.contiguous and info.kind == "dlpack":
             return ("a non-contiguous DLPack tensor (strided views are bound through a copy for torch and numpy "
                     "only; pass a contiguous tensor)"), -1
         return None, code
+
+    def _staged_overlap(self, i: int, info: TensorInfo, only_staged: bool = False) -> Optional[str]:
+        """The destination buffer whose memory a destination shares with a
+        strided destination view (None if none): such a view is written
+        through a copy after each run, so the runtime's check of bound memory
+        cannot see it. `info` a strided view: checked against every
+        destination; a contiguous tensor (`only_staged`): against the views."""
+        lo, hi = element_span(info)
+        mine = None
+        for j in (list(self._staged) if only_staged else range(len(self._buffers))):
+            b = self._buffers[j]
+            if j == i or not b.is_destination:
+                continue
+            st = self._staged.get(j)
+            if st is not None:
+                other = describe(st.view)
+            else:
+                ptr = self._s.bound_ptr(j)
+                if ptr == 0:
+                    continue
+                other = describe(self._held[j])
+            olo, ohi = element_span(other)
+            if ohi <= lo or hi <= olo:
+                continue
+            import numpy as np
+
+            if mine is None:
+                mine = element_offsets(info)
+            theirs = element_offsets(other)
+            if np.intersect1d(mine, theirs, assume_unique=True).size:
+                return b.name
+        return None
 
     def _bind_checked(self, i: int, info: TensorInfo, code: int, origin: Any = None) -> None:
         b = self._buffers[i]
@@ -258,11 +315,23 @@ class Session:
         else:
             self._origin.pop(i, None)
         if info.contiguous:
+            if b.is_destination and self._staged:
+                other = self._staged_overlap(i, info, only_staged=True)
+                if other is not None:
+                    raise BindError(f"rank {self.rank}: buffer '{b.name}' is bound to memory that buffer '{other}' "
+                                    "(a strided view) also uses: both are destinations, so each would overwrite "
+                                    "the other's weights; bind each to its own tensor")
             self._s.bind_index(i, info.ptr, code, b.shape)
             self._held[i] = info.keep
             self._staged.pop(i, None)
             return
         # A strided view: bind a contiguous copy and move the bytes around each run.
+        if b.is_destination:
+            other = self._staged_overlap(i, info)
+            if other is not None:
+                raise BindError(f"rank {self.rank}: buffer '{b.name}' is bound to a view that shares memory with "
+                                f"buffer '{other}': both are destinations, so each would overwrite the other's "
+                                "weights; bind each to its own tensor")
         if info.kind == "torch":
             staging = info.keep.contiguous()  # a copy, with the view's current values
         else:
@@ -296,7 +365,7 @@ class Session:
         self._bind_checked(i, info, code, origin)
 
     def bind_module(self, module: Any, prefix: str = "", *, missing_ok: bool = False,
-                    side: Optional[str] = None) -> List[str]:
+                    side: Optional[str] = None, strip_prefix: str = "") -> List[str]:
         """Binds every plan buffer to the module's tensor of the same name.
 
         `side` ("train" or "infer") binds only that side's buffers, for a GPU
@@ -308,7 +377,9 @@ class Session:
         `module` is a ``torch.nn.Module`` (its parameters and persistent
         buffers, tied ones under each of their names) or a mapping of names to
         tensors (a state dict, ``dict(model.named_parameters())``). The module
-        tensor named N binds the plan buffer ``prefix + N``.
+        tensor named N binds the plan buffer ``prefix + N``; `strip_prefix`
+        is first removed from the names that start with it (a state dict
+        saved from a wrapper: ``strip_prefix="module."`` for DDP's).
 
         Wrappers are looked through: a module whose only child is
         ``.module`` and that holds no tensor of its own (Megatron's
@@ -338,6 +409,9 @@ class Session:
         subset of the weights).
         """
         tensors = self._module_tensors(module, prefix)
+        if strip_prefix:
+            n0 = len(strip_prefix)
+            tensors = [(n[n0:] if n.startswith(strip_prefix) else n, t, o) for n, t, o in tensors]
         found: Dict[int, Any] = {}
         origins: Dict[int, Any] = {}
         unused: List[str] = []
@@ -375,8 +449,12 @@ class Session:
                 problems.append(f"'{b.name}': {problem}")
             else:
                 checked.append((i, info, code, origins[i]))
+        problems += self._overlaps(checked)
         if not missing_ok and len(found) < len(mine):
             names = [prefix + n for n, _, _ in tensors]
+            hint = _prefix_hint([buffers[i].name for i in mine if i not in found], names, prefix)
+            if hint:
+                problems.insert(0, hint)
             for i in mine:
                 b = buffers[i]
                 if i not in found:
@@ -391,6 +469,41 @@ class Session:
         for i, info, code, t in checked:
             self._bind_checked(i, info, code, t)
         return unused
+
+    def _overlaps(self, checked: List[Tuple[int, TensorInfo, int, Any]]) -> List[str]:
+        """Pairs of destination buffers that bind_module would bind to one
+        memory (the runtime refuses them one binding at a time; found here
+        first, nothing is bound)."""
+        spans = []
+        rebound = set()
+        for i, info, _, _ in checked:
+            if self._buffers[i].is_destination:
+                rebound.add(i)
+                if not info.contiguous:
+                    continue  # strided views: checked element by element as they bind
+                lo, hi = element_span(info)
+                if hi > lo:
+                    spans.append((lo, hi, i))
+        if not spans:
+            return []
+        for j, b in enumerate(self._buffers):
+            if b.is_destination and j not in rebound and j not in self._staged:
+                ptr = self._s.bound_ptr(j)
+                if ptr:
+                    lo, hi = element_span(describe(self._held[j]))
+                    if hi > lo:
+                        spans.append((lo, hi, j))
+        spans.sort()
+        out = []
+        end, owner = 0, -1
+        for lo, hi, j in spans:
+            if lo < end:
+                out.append(f"'{self._buffers[j].name}': its memory overlaps that of '{self._buffers[owner].name}': "
+                           "both are destinations, so each would overwrite the other's weights; bind each to its "
+                           "own tensor")
+            if hi > end:
+                end, owner = hi, j
+        return out
 
     def module_tensors(self, module: Any, prefix: str = "") -> List[Tuple[str, Any]]:
         """(name, tensor) of what :meth:`bind_module` binds from `module`: its
@@ -424,10 +537,16 @@ class Session:
 
         Raises BindError before any byte moves if a buffer is unbound or a
         bound torch tensor no longer holds the memory it was bound with (its
-        storage freed or replaced since: re-bind it), and
-        PeerError (PeerTimeoutError) when a peer fails or stalls: the message
-        names the step, the peer and the buffers completely written. After a
-        PeerError the transport must not be reused.
+        storage freed or replaced since: re-bind it; :meth:`check_bindings`
+        asks the same without running), and PeerError (PeerTimeoutError)
+        when a peer fails or stalls: the message names the step, the peer,
+        the first failure's reason and the buffers completely written.
+
+        Any failure of run() ends the transport's use, and every rank hears
+        why within about a second instead of waiting out its timeout: a
+        later run() or Session on the transport raises, naming the failure;
+        make a new transport (and session) for the next refit. Another
+        thread's run() of this session in progress is refused at once.
 
         `stream`: with an NCCL transport, the stream is fixed when the
         transport is made (``NcclTransport(..., stream=)``); pass the same one
@@ -440,11 +559,16 @@ class Session:
             if want is None or _handle(stream, "stream") != want:
                 raise ValueError("stream: the stream is fixed when the transport is made "
                                  "(reshard.NcclTransport(..., stream=)); run() takes that one or None")
-        if self._origin:
-            self.check_bindings()
         staged = self._staged
-        if staged:
-            self._stage_in()
+        try:
+            if self._origin:
+                self.check_bindings()
+            if staged:
+                self._stage_in()
+        except Exception as e:
+            # This rank will not send: its peers learn why now, not at their timeout.
+            self._s.abort(f"rank {self.rank}: run() stopped before sending: {type(e).__name__}: {e}")
+            raise
         stats = RunStats(self._s.run())
         if staged:
             self._stage_out()
@@ -506,6 +630,40 @@ class Session:
     def __repr__(self) -> str:
         return (f"<reshard.Session rank {self.rank}: {len(self._buffers) - len(self._s.unbound())}"
                 f"/{len(self._buffers)} buffers bound, {self.transport.kind}>")
+
+
+def _prefix_hint(missing: List[str], names: List[str], prefix: str) -> str:
+    """What to pass when the module's names and the plan's differ by a
+    leading prefix (a state dict of a wrapped model: DDP's "module."), else ""."""
+    if not missing or not names:
+        return ""
+    have = set(names)
+    # The module has "P.NAME" for plan buffers NAME: strip P.
+    by_rest: Dict[str, str] = {}
+    for n in names:
+        parts = n.split(".", 3)
+        for k in range(1, min(3, len(parts) - 1) + 1):
+            head = ".".join(parts[:k]) + "."
+            by_rest.setdefault(n[len(head):], head)
+    seen: Dict[str, int] = {}
+    for m in missing[:50]:
+        head = by_rest.get(m)
+        if head is not None:
+            seen[head] = seen.get(head, 0) + 1
+    if seen:
+        head, count = max(seen.items(), key=lambda kv: kv[1])
+        if count * 2 >= min(len(missing), 50):
+            return (f"the module's names start with '{head}' where the plan's do not (a state dict of a wrapped "
+                    f"model): bind_module(..., strip_prefix='{head}')")
+    # The plan has "P.NAME" for module tensors NAME: prepend P.
+    for m in missing[:50]:
+        parts = m.split(".", 3)
+        for k in range(1, min(3, len(parts) - 1) + 1):
+            head = ".".join(parts[:k]) + "."
+            if m[len(head):] in have:
+                return (f"the plan's names start with '{head}' where the module's do not: "
+                        f"bind_module(..., prefix='{prefix + head}')")
+    return ""
 
 
 def _unwrapped(module: Any) -> Any:

@@ -17,10 +17,11 @@ class Transport:
     """Base of the transports. A transport connects `size` ranks and serves one
     session at a time; after a failed run it must not be reused."""
 
-    __slots__ = ("_t", "device", "device_index")
+    __slots__ = ("_t", "device", "device_index", "_session")
 
     def __init__(self, handle: "_reshard._Transport", device: str, device_index: int):
         self._t = handle
+        self._session: Any = None  # a weak reference to the session using it
         self.device = device  #: "cpu" or "cuda": where bound tensors must live
         self.device_index = device_index  #: CUDA device of an NCCL transport, -1 otherwise
 
@@ -144,6 +145,7 @@ class NcclTransport(Transport):
         """Test hook: one-rank communicators on `device` presented as plan rank
         `rank` of `size`, every message sent to itself (NCCL send-to-self)."""
         self = cls.__new__(cls)
+        self._session = None
         handle = _reshard._nccl_loopback_transport(device, rank, size, timeout_s)
         Transport.__init__(self, handle, "cuda", _reshard._transport_device(handle))
         self.stream = 0

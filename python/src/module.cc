@@ -268,6 +268,13 @@ void BindSession(nb::module_& m) {
              return out;
            })
       .def("bound_ptr", [](const PySession& s, uint32_t i) { return reinterpret_cast<uintptr_t>(s.session->bound().at(i)); })
+      .def(
+          "abort",
+          [](PySession& s, const std::string& why) {
+            nb::gil_scoped_release release;
+            s.session->abort(why);
+          },
+          nb::arg("why"))
       .def("run", [](PySession& s) {
         auto out = std::make_unique<PyRunStats>();
         // Unbound buffers fail before any byte moves: a binding error, not a peer's.

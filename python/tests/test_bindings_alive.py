@@ -33,13 +33,13 @@ def test_freed_storage_is_refused_by_name(plans, tmp_path, side):
     s = sessions[rank]
     name = _first(s, side == "destination")
     s.tensor(name).untyped_storage().resize_(0)
+    message = (f"rank {rank}: 1 bound tensor(s) no longer hold the memory they were bound with; nothing was sent or "
+               f"written. Re-bind them (Session.bind / bind_module) before run():\n  '{name}': its storage was freed "
+               "(0 bytes: resize_(0), offloading, sleep mode)")
+    # check_bindings() asks without ending anything: re-bound, the refit runs and is exact.
     with pytest.raises(reshard.BindError) as e:
-        s.run()
-    assert str(e.value) == (
-        f"rank {rank}: 1 bound tensor(s) no longer hold the memory they were bound with; nothing was sent or "
-        f"written. Re-bind them (Session.bind / bind_module) before run():\n  '{name}': its storage was freed "
-        "(0 bytes: resize_(0), offloading, sleep mode)")
-    # re-bound, the refit runs and is exact
+        s.check_bindings()
+    assert str(e.value) == message
     b = next(b for b in s.buffers if b.name == name)
     s.bind(name, torch.zeros(b.shape, dtype=torch.bfloat16 if b.dtype == "bf16" else torch.float32))
     if side == "source":
@@ -49,6 +49,22 @@ def test_freed_storage_is_refused_by_name(plans, tmp_path, side):
     run_threads([x.run for x in sessions])
     for x in sessions:
         assert rt.check_destinations(x).wrong == 0
+    # run() itself refuses the same way, and tells its peers: they end at once
+    # naming it instead of waiting for a rank that will not send.
+    s.tensor(name).untyped_storage().resize_(0)
+    errors = {}
+
+    def run(x):
+        try:
+            x.run()
+        except reshard.Error as err:
+            errors[x.rank] = err
+
+    run_threads([lambda x=x: run(x) for x in sessions])
+    assert str(errors[rank]) == message and isinstance(errors[rank], reshard.BindError)
+    told = [err for r, err in errors.items() if r != rank]
+    assert told and all(f"another rank failed first: rank {rank}: run() stopped before sending: BindError: "
+                        f"{message}" in str(err) for err in told), [str(err) for err in told]
 
 
 def test_replaced_data_is_refused_by_name(plans, tmp_path):

@@ -25,6 +25,13 @@ def test_the_console_command_is_the_cli(plans):
     assert subprocess.run([exe, "validate", str(plans["tiny-dense"])]).returncode == 0
 
 
+def test_python_dash_m_reshard_is_the_cli(plans):
+    for args in (["validate", str(plans["tiny-dense"])], ["validate", "/nonexistent.rsplan"], ["--version"]):
+        mine = subprocess.run([sys.executable, "-m", "reshard", *args], capture_output=True, text=True)
+        ref = subprocess.run([str(reshard_binary()), *args], capture_output=True, text=True)
+        assert (mine.returncode, mine.stdout, mine.stderr) == (ref.returncode, ref.stdout, ref.stderr), args
+
+
 def test_the_console_command_simulates(plans):
     # simulate loads the SimGrid replay from a module installed beside the CLI
     # (reshard/bin/libreshard_simgrid.so); its prediction is the build's.
