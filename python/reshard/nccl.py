@@ -18,9 +18,12 @@ of a PyTorch wheel. Once loaded, the library cannot change in the process.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from types import TracebackType
+from typing import Any, List, Optional, Tuple, Type
 
 from . import _reshard
+
+__all__ = ["load", "unique_id", "Communicator"]
 
 
 def load(library: Optional[str] = None) -> Tuple[str, int]:
@@ -35,16 +38,34 @@ def unique_id(library: Optional[str] = None) -> bytes:
 
 class Communicator:
     """An NCCL communicator that reshard made (``init``, ``split``); ``ptr``
-    is its ncclComm_t as an int. Destroy it with ``destroy()`` (or ``abort()``),
-    not before the transports using it are gone."""
+    is its ncclComm_t as an int (0 once destroyed).
 
-    __slots__ = ("ptr", "size", "rank", "device")
+    ``close()`` (or the end of a ``with`` block) closes the open
+    :class:`reshard.NcclTransport` objects made over it (and so their
+    sessions), then destroys it (``ncclCommDestroy``); it is idempotent. After
+    a run or hello on such a transport raised, the runtime may have aborted
+    the communicator (``ncclCommAbort`` frees it: the error says "the
+    communicators were aborted"), so ``close()`` then only forgets it; call
+    ``destroy()`` yourself when the error says otherwise. ``destroy()`` and
+    ``abort()`` act on the communicator as asked, also after a failure,
+    and do nothing once it is destroyed or forgotten.
+
+    ::
+
+        with reshard.nccl.Communicator.init(world, rank, uid, device) as comm:
+            with reshard.NcclTransport(comm) as t, reshard.Session(plan, rank, t) as s:
+                ...
+    """
+
+    __slots__ = ("ptr", "size", "rank", "device", "_transports", "_given_up")
 
     def __init__(self, ptr: int):
         if not ptr:
             raise ValueError("a null communicator")
         self.ptr = ptr
         self.size, self.rank, self.device = _reshard._nccl_comm_info(ptr)
+        self._transports: List[Any] = []  # weak references to the NcclTransports made over it
+        self._given_up = False  # a transport over it failed: the runtime may have aborted it
 
     @classmethod
     def init(cls, world: int, rank: int, uid: bytes, device: int, *, library: Optional[str] = None) -> "Communicator":
@@ -58,16 +79,51 @@ class Communicator:
         ptr = _reshard._nccl_comm_split(self.ptr, color, key)
         return Communicator(ptr) if ptr else None
 
+    @property
+    def closed(self) -> bool:
+        """Whether it was destroyed, aborted or closed."""
+        return not self.ptr
+
+    def _close_transports(self) -> None:
+        for ref in self._transports:
+            t = ref()
+            if t is not None:
+                t.close()
+        self._transports = []
+
+    def close(self) -> None:
+        """Closes the transports over it, then destroys it, unless a transport
+        over it failed (then it is only forgotten; see the class doc). Idempotent."""
+        if not self.ptr:
+            return
+        self._close_transports()
+        if self._given_up:
+            self.ptr = 0
+        else:
+            self.destroy()
+
     def destroy(self) -> None:
-        _reshard._nccl_comm_destroy(self.ptr, False)
-        self.ptr = 0
+        """ncclCommDestroy (nothing once destroyed). Transports over it must be closed first."""
+        if self.ptr:
+            _reshard._nccl_comm_destroy(self.ptr, False)
+            self.ptr = 0
 
     def abort(self) -> None:
-        _reshard._nccl_comm_destroy(self.ptr, True)
-        self.ptr = 0
+        """ncclCommAbort (nothing once destroyed). Transports over it must be closed first."""
+        if self.ptr:
+            _reshard._nccl_comm_destroy(self.ptr, True)
+            self.ptr = 0
+
+    def __enter__(self) -> "Communicator":
+        return self
+
+    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
+        self.close()
 
     def __int__(self) -> int:
         return self.ptr
 
     def __repr__(self) -> str:
-        return f"<reshard.nccl.Communicator rank {self.rank} of {self.size} on cuda:{self.device}>"
+        closed = ", closed" if not self.ptr else ""
+        return f"<reshard.nccl.Communicator rank {self.rank} of {self.size} on cuda:{self.device}{closed}>"

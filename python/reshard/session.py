@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import difflib
 import weakref
-from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Tuple
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Tuple, Type, Union
 
 from . import _reshard
 from ._tensors import (DTYPE_CODES, DTYPE_SIZES, DTYPES, RAW_BITS, WRAPPER_SEGMENTS, DTensorOrigin, TensorInfo,
                        describe, dtensor_local, element_offsets, element_span, is_dtensor, self_overlapping,
                        strip_wrappers, transposed_storage)
-from .errors import BindError
+from .errors import BindError, Error
 from .plan import Buffer, Plan
-from .transport import Transport
+from .transport import Transport, _Closed
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["Session", "RunStats", "ChannelStats", "RoundStats"]
 
 
 class ChannelStats(NamedTuple):
@@ -145,10 +151,18 @@ class Session:
     tensor of another shape is refused.
 
     A session is not thread-safe: bind and run from one thread at a time.
+
+    ``close()`` (or the end of a ``with`` block, which re-raises what ended
+    it) releases the session: the runtime's session is destroyed and the
+    bound tensors are let go, so the transport can serve a new session (one
+    session per transport at a time). After it, every method raises
+    :class:`reshard.Error` ("this session is closed"); ``plan``, ``rank``,
+    ``transport`` and ``closed`` still answer. ``close()`` is idempotent, and
+    refused while run() is in progress in another thread.
     """
 
     __slots__ = ("_s", "plan", "transport", "rank", "_buffers", "_index", "_held", "_staged", "_origin", "_device",
-                 "_device_index", "_strip_wrappers", "__weakref__")
+                 "_device_index", "_strip_wrappers", "_running", "__weakref__")
 
     def __init__(self, plan: Plan, rank: int, transport: Transport):
         if not isinstance(plan, Plan):
@@ -161,7 +175,17 @@ class Session:
             import gc
 
             gc.collect()
-        self._s = _reshard._Session(plan._p, rank, transport._t)
+        handle = transport._open_handle()
+        # Refused before the hello (another session open, a rank out of range), the transport is unharmed.
+        refused = (transport._session is not None and transport._session() is not None) or not (
+            isinstance(rank, int) and 0 <= rank < plan.num_ranks)
+        try:
+            self._s = _reshard._Session(plan._p, rank, handle)
+        except BaseException:
+            if not refused:
+                transport._run_failed()
+            raise
+        self._running = False
         transport._session = weakref.ref(self)
         self.plan = plan
         self.transport = transport
@@ -178,10 +202,49 @@ class Session:
         # Plan names without wrapper segments: module names are looked through them.
         self._strip_wrappers = not any(seg in n for n in self._index for seg in WRAPPER_SEGMENTS)
 
+    # -- lifetime ---------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` (or its transport's close) released the session."""
+        return isinstance(self._s, _Closed)
+
+    def _check_open(self) -> None:
+        if isinstance(self._s, _Closed):
+            raise Error(self._s.message)
+
+    def close(self) -> None:
+        """Releases the session (see the class doc): the transport can serve a
+        new one. Idempotent. Raises :class:`reshard.Error` (and releases
+        nothing) while run() is in progress in another thread."""
+        self._close("Session.close() or the end of its with block")
+
+    def _close(self, why: str) -> None:
+        if self.closed:
+            return
+        if self._running:
+            raise Error(f"rank {self.rank}: close: run() is in progress on this session in another thread; close "
+                        "it after run() returns")
+        # The runtime's session goes first (it releases the transport), then the memory it pointed into.
+        self._s = _Closed(f"rank {self.rank}: this session is closed ({why}): make a new Session to refit again")
+        self._held = [None] * len(self._buffers)
+        self._origin = {}
+        self._staged = {}
+        t = self.transport
+        if t._session is not None and t._session() is self:
+            t._session = None
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
+        self.close()
+
     # -- what the rank binds ----------------------------------------------------
     @property
     def buffers(self) -> Tuple[Buffer, ...]:
         """The buffers this rank binds (name, dtype, shape, is_source, is_destination), in plan order."""
+        self._check_open()
         return self._buffers
 
     @property
@@ -193,8 +256,10 @@ class Session:
         """Names of the buffers still unbound (empty buffers need no binding)."""
         return [self._buffers[i].name for i in self._s.unbound()]
 
-    def tensor(self, name: str) -> Any:
-        """The tensor bound to buffer `name` (None if unbound)."""
+    def tensor(self, name: str) -> "Optional[Union[torch.Tensor, Any]]":
+        """The tensor bound to buffer `name` (None if unbound): the one bound,
+        a NumPy array or DLPack object where that is what was bound."""
+        self._check_open()
         i = self._lookup(name)
         st = self._staged.get(i)
         return st.view if st is not None else self._held[i]
@@ -342,7 +407,7 @@ class Session:
         self._held[i] = staging
         self._staged[i] = _Staged(info.keep, staging, b.is_source, b.is_destination, info.kind)
 
-    def bind(self, name: str, tensor: Any, *, dtype: Optional[str] = None) -> None:
+    def bind(self, name: str, tensor: "Union[torch.Tensor, Any]", *, dtype: Optional[str] = None) -> None:
         """Binds buffer `name` to `tensor` (re-binding replaces the previous tensor).
 
         `dtype` reinterprets the tensor's elements as a plan dtype of the same
@@ -351,6 +416,7 @@ class Session:
         shape or device other than the plan's, or read-only memory the plan
         writes into.
         """
+        self._check_open()
         i = self._lookup(name)
         origin = tensor
         if is_dtensor(tensor):
@@ -364,7 +430,8 @@ class Session:
             raise BindError(f"rank {self.rank}: buffer '{name}' is bound with {problem}")
         self._bind_checked(i, info, code, origin)
 
-    def bind_module(self, module: Any, prefix: str = "", *, missing_ok: bool = False,
+    def bind_module(self, module: "Union[torch.nn.Module, Mapping[str, torch.Tensor]]", prefix: str = "", *,
+                    missing_ok: bool = False,
                     side: Optional[str] = None, strip_prefix: str = "") -> List[str]:
         """Binds every plan buffer to the module's tensor of the same name.
 
@@ -408,6 +475,7 @@ class Session:
         tensors that the plan does not bind (not an error: a plan may move a
         subset of the weights).
         """
+        self._check_open()
         tensors = self._module_tensors(module, prefix)
         if strip_prefix:
             n0 = len(strip_prefix)
@@ -505,16 +573,18 @@ class Session:
                 end, owner = hi, j
         return out
 
-    def module_tensors(self, module: Any, prefix: str = "") -> List[Tuple[str, Any]]:
+    def module_tensors(self, module: "Union[torch.nn.Module, Mapping[str, torch.Tensor]]",
+                       prefix: str = "") -> "List[Tuple[str, torch.Tensor]]":
         """(name, tensor) of what :meth:`bind_module` binds from `module`: its
         parameters and persistent buffers (tied ones under each name), looked
         through Float16Module / DDP wrappers and wrapper segments
         (``_checkpoint_wrapped_module.``, ``_orig_mod.``,
         ``_fsdp_wrapped_module.``) unless the plan's names keep them; a
         DTensor as its local tensor."""
+        self._check_open()
         return [(n, t) for n, t, _ in self._module_tensors(module, prefix)]
 
-    def _module_tensors(self, module: Any, prefix: str) -> List[Tuple[str, Any, Any]]:
+    def _module_tensors(self, module: Any, prefix: str) -> "List[Tuple[str, torch.Tensor, Any]]":
         """(name, tensor to bind, what check_bindings reads) per module tensor."""
         if hasattr(module, "named_modules"):
             inner = _unwrapped(module)
@@ -552,6 +622,7 @@ class Session:
         transport is made (``NcclTransport(..., stream=)``); pass the same one
         or None. run() returns once the plan's kernels are done.
         """
+        self._check_open()
         if stream is not None:
             want = getattr(self.transport, "stream", None)
             from .transport import _handle
@@ -568,8 +639,19 @@ class Session:
         except Exception as e:
             # This rank will not send: its peers learn why now, not at their timeout.
             self._s.abort(f"rank {self.rank}: run() stopped before sending: {type(e).__name__}: {e}")
+            self.transport._run_failed()
             raise
-        stats = RunStats(self._s.run())
+        if self._running:  # another thread's run(): the runtime names it
+            return RunStats(self._s.run())
+        self._running = True
+        try:
+            raw = self._s.run()
+        except BaseException:
+            self.transport._run_failed()
+            raise
+        finally:
+            self._running = False
+        stats = RunStats(raw)
         if staged:
             self._stage_out()
         return stats
@@ -583,6 +665,7 @@ class Session:
         and DLPack objects keep their memory while referenced (the session
         holds them); for them, and for the C API, the caller promises that
         bound memory stays allocated and in place until it re-binds."""
+        self._check_open()
         stale = [i for i, (t, ptr) in self._origin.items() if t.data_ptr() != ptr]
         if stale:
             raise BindError(self._stale(stale))
@@ -628,6 +711,8 @@ class Session:
                 np.copyto(st.view, st.staging)
 
     def __repr__(self) -> str:
+        if self.closed:
+            return f"<reshard.Session rank {self.rank}: closed, {self.transport.kind}>"
         return (f"<reshard.Session rank {self.rank}: {len(self._buffers) - len(self._s.unbound())}"
                 f"/{len(self._buffers)} buffers bound, {self.transport.kind}>")
 

@@ -8,42 +8,116 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Optional, Union
+import weakref
+from types import TracebackType
+from typing import Any, Optional, Tuple, Type, Union
 
 from . import _reshard
+from .errors import Error
+
+__all__ = ["Transport", "GlooTransport", "NcclTransport"]
+
+
+class _Closed:
+    """Stands where a closed object's runtime handle was: any use of it raises
+    `message` as a :class:`reshard.Error` (never an AttributeError on None)."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str):
+        self.message = message
+
+    def __getattr__(self, name: str) -> Any:
+        raise Error(self.message)
+
+    def __bool__(self) -> bool:
+        return False
 
 
 class Transport:
     """Base of the transports. A transport connects `size` ranks and serves one
-    session at a time; after a failed run it must not be reused."""
+    session at a time; after a failed run it must not be reused.
 
-    __slots__ = ("_t", "device", "device_index", "_session")
+    ``close()`` (or the end of a ``with`` block) closes its connections: the
+    session it serves, if still open, is closed first (a session cannot
+    outlive its transport's connections), then the runtime's transport is
+    destroyed. A closed transport refuses new sessions with a
+    :class:`reshard.Error`. ``close()`` is idempotent; ``rank``, ``size``,
+    ``kind`` and ``timeout_s`` still answer after it. The communicators of an
+    :class:`NcclTransport` stay the caller's: closing it leaves them open.
+
+    ::
+
+        with reshard.GlooTransport(rank, size, store=d) as t, reshard.Session(plan, rank, t) as s:
+            s.bind_module(model)
+            s.run()
+    """
+
+    __slots__ = ("_t", "device", "device_index", "_session", "_facts", "__weakref__")
 
     def __init__(self, handle: "_reshard._Transport", device: str, device_index: int):
         self._t = handle
         self._session: Any = None  # a weak reference to the session using it
+        self._facts = (handle.rank, handle.size, handle.kind, handle.timeout_s)
         self.device = device  #: "cpu" or "cuda": where bound tensors must live
         self.device_index = device_index  #: CUDA device of an NCCL transport, -1 otherwise
 
     @property
     def rank(self) -> int:
-        return self._t.rank
+        return self._facts[0]
 
     @property
     def size(self) -> int:
-        return self._t.size
+        return self._facts[1]
 
     @property
     def kind(self) -> str:
         """"gloo" or "nccl"."""
-        return self._t.kind
+        return self._facts[2]
 
     @property
     def timeout_s(self) -> float:
-        return self._t.timeout_s
+        return self._facts[3]
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return isinstance(self._t, _Closed)
+
+    def close(self) -> None:
+        """Closes the transport's connections, and first the session it serves
+        if that is still open (see the class doc). Idempotent. Raises
+        :class:`reshard.Error` (and closes nothing) while that session's run()
+        is in progress in another thread."""
+        if self.closed:
+            return
+        session = self._session() if self._session is not None else None
+        if session is not None:
+            session._close("its transport was closed")
+        self._session = None
+        self._t = _Closed(f"rank {self.rank}: this {self.kind} transport is closed (Transport.close() or the end of "
+                          "its with block): make a new transport, and a session on it, for the next refit")
+
+    def _open_handle(self) -> "_reshard._Transport":
+        """The runtime's transport, or a clear Error once closed."""
+        if self.closed:
+            raise Error(self._t.message)
+        return self._t
+
+    def _run_failed(self) -> None:
+        """A run or hello of a session on this transport raised: the
+        transport must not be reused (subclasses note what that implies)."""
+
+    def __enter__(self) -> "Transport":
+        return self
+
+    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
+        self.close()
 
     def __repr__(self) -> str:
-        return f"<reshard.{type(self).__name__} rank {self.rank} of {self.size}>"
+        closed = ", closed" if self.closed else ""
+        return f"<reshard.{type(self).__name__} rank {self.rank} of {self.size}{closed}>"
 
 
 class GlooTransport(Transport):
@@ -81,6 +155,13 @@ class GlooTransport(Transport):
                              "must exist) nor HOST:PORT")
         super().__init__(_reshard._gloo_transport(rank, size, store, prefix, hostname, nvlink_hostname or "",
                                                   timeout_s), "cpu", -1)
+
+
+def _communicators(*objs: Any) -> Tuple[Any, ...]:
+    """The :class:`reshard.nccl.Communicator` objects among `objs`."""
+    from .nccl import Communicator
+
+    return tuple(o for o in objs if isinstance(o, Communicator))
 
 
 def _is_host_port(s: str) -> bool:
@@ -130,15 +211,28 @@ class NcclTransport(Transport):
     reshard's runtime uses: import your framework (torch) before reshard, or
     set RESHARD_NCCL_LIBRARY to that library's path before ``import reshard``.
     Raises :class:`reshard.NcclError` in a runtime built without CUDA.
+
+    ``close()`` leaves the communicators open. A
+    :class:`reshard.nccl.Communicator` closed while a transport over it is
+    open closes that transport first.
     """
 
-    __slots__ = ("stream",)
+    __slots__ = ("stream", "_comms")
 
     def __init__(self, net: Any, nvlink: Any = None, stream: Any = None, *, timeout_s: float = 60.0):
         net_i, nvl_i, stream_i = _handle(net, "net"), _handle(nvlink, "nvlink"), _handle(stream, "stream")
         handle = _reshard._nccl_transport(net_i, nvl_i, stream_i, timeout_s)
         super().__init__(handle, "cuda", _reshard._transport_device(handle))
         self.stream = stream_i  #: the cudaStream_t given (0: the transport's own)
+        self._comms: Tuple[Any, ...] = _communicators(net, nvlink)
+        for c in self._comms:
+            c._transports.append(weakref.ref(self))
+
+    def _run_failed(self) -> None:
+        # The runtime may have aborted the communicators (ncclCommAbort frees
+        # them): reshard's own must not be destroyed by their close().
+        for c in self._comms:
+            c._given_up = True
 
     @classmethod
     def _loopback(cls, device: int, rank: int, size: int, timeout_s: float = 60.0) -> "NcclTransport":
@@ -146,6 +240,7 @@ class NcclTransport(Transport):
         `rank` of `size`, every message sent to itself (NCCL send-to-self)."""
         self = cls.__new__(cls)
         self._session = None
+        self._comms = ()
         handle = _reshard._nccl_loopback_transport(device, rank, size, timeout_s)
         Transport.__init__(self, handle, "cuda", _reshard._transport_device(handle))
         self.stream = 0
