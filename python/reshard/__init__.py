@@ -89,5 +89,6 @@ HAVE_CUDA: bool = bool(_reshard._have_cuda)  #: whether this runtime was built w
 __all__ = [
     "Plan", "Program", "Buffer", "Session", "RunStats", "ChannelStats", "RoundStats", "Transport", "GlooTransport",
     "NcclTransport", "compile", "init", "nccl", "Error", "PlanError", "CompileError", "BindError", "PeerError",
-    "PeerTimeoutError", "NcclError", "HAVE_CUDA", "TrainerRefit", "layout_from_module", "LayoutError",
+    "PeerTimeoutError", "NcclError", "HAVE_CUDA", "NCCL_PRELOADED", "TrainerRefit", "layout_from_module",
+    "LayoutError",
 ]

@@ -13,6 +13,8 @@ from typing import Any, Dict, Mapping, Optional, Tuple, Union
 from . import _reshard
 from .errors import CompileError
 
+__all__ = ["compile", "init"]
+
 PathLike = Union[str, "os.PathLike[str]"]
 
 # The CLI's option names in the compiler's messages, as this module's argument

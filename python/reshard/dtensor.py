@@ -46,10 +46,13 @@ import os
 import re
 from collections import Counter
 from itertools import product
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ._tensors import WRAPPER_SEGMENTS, dtensor_local, is_dtensor, strip_wrappers
 from .errors import CompileError
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["layout_from_module", "LayoutError", "strip_wrappers", "write_layout", "layout_text", "WRAPPER_SEGMENTS"]
 
@@ -483,7 +486,8 @@ def _split_heads(fam: _Family, cuts: List[int], mesh: _Mesh) -> bool:
     return False
 
 
-def layout_from_module(module: Any, model: Union[PathLike, Mapping[str, Any]], *,
+def layout_from_module(module: "Union[torch.nn.Module, Mapping[str, torch.Tensor]]",
+                       model: Union[PathLike, Mapping[str, Any]], *,
                        base: Union[None, PathLike, Mapping[str, Any]] = None, name: Optional[str] = None,
                        path: Optional[PathLike] = None) -> Dict[str, Any]:
     """The reshard.layout/1 (a dict) of what this module's DTensor parameters

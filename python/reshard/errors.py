@@ -14,6 +14,8 @@ runtime's own message (which names the file, buffer, step and peer involved)::
 
 from __future__ import annotations
 
+__all__ = ["Error", "PlanError", "CompileError", "BindError", "PeerError", "PeerTimeoutError", "NcclError"]
+
 
 class Error(RuntimeError):
     """Base class of every error reshard raises."""

@@ -9,6 +9,8 @@ from typing import Dict, List, NamedTuple, Optional, Tuple, Union
 from . import _reshard
 from ._tensors import DTYPES
 
+__all__ = ["Plan", "Program", "Buffer"]
+
 
 class Buffer(NamedTuple):
     """A weight buffer a rank binds: its name, plan dtype ("bf16", "fp16",

@@ -5,13 +5,18 @@ stale pointer. No framework imports: the trainer side runs anywhere."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Tuple, Union
 
 from .errors import BindError
 from .session import RunStats, Session
 
+if TYPE_CHECKING:
+    import torch
 
-def _identity(t: Any) -> Tuple[int, int, int]:
+__all__ = ["BoundModule", "TrainerRefit"]
+
+
+def _identity(t: "torch.Tensor") -> Tuple[int, int, int]:
     return id(t), t.data_ptr(), t.untyped_storage().nbytes()
 
 
@@ -19,7 +24,7 @@ class BoundModule:
     """A session bound to a module's tensors, re-bound by name when the
     framework replaced one (a new Parameter, or new storage under .data)."""
 
-    def __init__(self, session: Session, module: Any):
+    def __init__(self, session: Session, module: "Union[torch.nn.Module, Mapping[str, torch.Tensor]]"):
         if not isinstance(session, Session):
             raise TypeError(f"session: expected a reshard.Session, got {type(session).__name__}")
         self.session = session
@@ -27,7 +32,7 @@ class BoundModule:
         self.rebinds = 0
         self._bind()
 
-    def _tensors(self) -> Dict[str, Any]:
+    def _tensors(self) -> "Dict[str, torch.Tensor]":
         return dict(self.session.module_tensors(self.module))
 
     def _bind(self) -> None:

@@ -9,11 +9,18 @@ exactly the Python binding path.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, NamedTuple
+from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Union
 
 from . import _reshard
 from ._tensors import numpy_dtype, torch_dtype, DTYPE_CODES
+from .plan import Plan
 from .session import Session
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["CheckResult", "fill_sources", "poison_destinations", "check_destinations", "allocate", "fill_sources_at",
+           "poison_destinations_at", "check_destinations_at", "write_loopback_plan"]
 
 
 class CheckResult(NamedTuple):
@@ -26,20 +33,20 @@ def _ptrs(session: Session) -> List[int]:
     return [session._s.bound_ptr(i) for i in range(len(session.buffers))]
 
 
-def fill_sources_at(plan, rank: int, tensors: Dict[str, Any]) -> None:
+def fill_sources_at(plan: Plan, rank: int, tensors: "Dict[str, torch.Tensor]") -> None:
     """fill_sources into host tensors given by buffer name (e.g. host twins of device tensors)."""
     _reshard._testing_fill_sources(plan._p, rank, _named_ptrs(plan, rank, tensors))
 
 
-def poison_destinations_at(plan, rank: int, tensors: Dict[str, Any]) -> None:
+def poison_destinations_at(plan: Plan, rank: int, tensors: "Dict[str, torch.Tensor]") -> None:
     _reshard._testing_poison_destinations(plan._p, rank, _named_ptrs(plan, rank, tensors))
 
 
-def check_destinations_at(plan, rank: int, tensors: Dict[str, Any], keep: int = 10) -> CheckResult:
+def check_destinations_at(plan: Plan, rank: int, tensors: "Dict[str, torch.Tensor]", keep: int = 10) -> CheckResult:
     return CheckResult(*_reshard._testing_check_destinations(plan._p, rank, _named_ptrs(plan, rank, tensors), keep))
 
 
-def _named_ptrs(plan, rank: int, tensors: Dict[str, Any]) -> List[int]:
+def _named_ptrs(plan: Plan, rank: int, tensors: "Dict[str, torch.Tensor]") -> List[int]:
     from ._tensors import describe
 
     out = []
@@ -91,7 +98,7 @@ def check_destinations(session: Session, keep: int = 10) -> CheckResult:
     return CheckResult(*_reshard._testing_check_destinations(session.plan._p, session.rank, _ptrs(session), keep))
 
 
-def allocate(session: Session, like: str = "torch", device: str = "cpu") -> Dict[str, Any]:
+def allocate(session: Session, like: str = "torch", device: str = "cpu") -> "Dict[str, Union[torch.Tensor, Any]]":
     """A fresh tensor for every buffer of the session's rank: torch tensors
     of the plan dtype on `device`, or numpy arrays (bf16/fp8 as uint16/uint8 bits)."""
     out: Dict[str, Any] = {}
