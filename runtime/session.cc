@@ -62,7 +62,8 @@ Session::Session(const Plan& plan, uint32_t global_rank, Transport& transport)
   transport.CheckUsable(at);
   if (!transport.Claim()) {
     throw Error(at + "this transport already serves a session: one session per transport at a time (a second one "
-                "would take the first one's messages); drop the other session first, or make a new transport");
+                "would take the first one's messages); close the other session first (Session.close()), or make a "
+                "new transport");
   }
   struct ReleaseOnThrow {
     Transport& t;

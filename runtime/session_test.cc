@@ -140,7 +140,8 @@ TEST(SessionTest, OneSessionPerTransport) {
     } catch (const Error& e) {
       EXPECT_STREQ(e.what(),
                    "rank 0: this transport already serves a session: one session per transport at a time (a second "
-                   "one would take the first one's messages); drop the other session first, or make a new transport");
+                   "one would take the first one's messages); close the other session first (Session.close()), or "
+                   "make a new transport");
     }
   }
   Session after(plan, 0, t);  // the first one gave it back

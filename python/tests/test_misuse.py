@@ -57,8 +57,8 @@ def test_one_session_per_transport_and_one_run_at_a_time(plans, tmp_path):
     with pytest.raises(reshard.Error) as e:
         reshard.Session(plan, 0, transports[0])
     assert str(e.value) == ("rank 0: this transport already serves a session: one session per transport at a time (a "
-                            "second one would take the first one's messages); drop the other session first, or make "
-                            "a new transport")
+                            "second one would take the first one's messages); close the other session first "
+                            "(Session.close()), or make a new transport")
     for s in sessions:
         bind_all(s)
     # Rank 0 waits in run() for peers that have not started: a second run() of
