@@ -108,10 +108,11 @@ TEST(BoundaryTest, ARankStartedTwiceNeverOutlivesTheTimeout) {
         30);
     int named = 0, failed = 0;
     for (int p = 0; p < 4; ++p) {
-      EXPECT_LT(out[p].seconds, 2.0 + 2.5) << k << " " << p << ": " << out[p].message;
+      // The timeout, and room for a loaded or sanitized run.
+      EXPECT_LT(out[p].seconds, 2.0 + 4.0) << k << " " << p << ": " << out[p].message;
       if (out[p].exit_code != 0) {
         ++failed;
-        named += out[p].message.find("rank 1 joined the rendezvous at '" + address + "' twice") != std::string::npos;
+        named += out[p].message.find("rank 1 joined") != std::string::npos;  // twice, or as another job's
       }
     }
     EXPECT_GT(failed, 0) << k;  // one of the two rank-1 processes, at least
