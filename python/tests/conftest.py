@@ -87,6 +87,41 @@ def run_threads(fns) -> list:
     return results
 
 
+def run_all(sessions) -> Dict[int, BaseException]:
+    """Runs every session in its own thread; returns the reshard errors by plan rank."""
+    errors: Dict[int, BaseException] = {}
+
+    def run(s) -> None:
+        try:
+            s.run()
+        except reshard.Error as e:
+            errors[s.rank] = e
+
+    run_threads([lambda s=s: run(s) for s in sessions])
+    return errors
+
+
+def run_in_background(session) -> threading.Thread:
+    """Starts `session.run()` in a thread and returns once it is waiting in
+    run() (for peers that have not started)."""
+    import time
+
+    t = threading.Thread(target=session.run)
+    t.start()
+    time.sleep(0.3)
+    return t
+
+
+def bind_zeros(s, skip=()) -> None:
+    """Binds every buffer of `s` (but `skip`) to a fresh torch tensor of zeros."""
+    import torch
+
+    dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32}
+    for b in s.buffers:
+        if b.name not in skip:
+            s.bind(b.name, torch.zeros(b.shape, dtype=dtypes[b.dtype]))
+
+
 def make_sessions(plan, transports) -> list:
     """A session per rank of `transports` (rank r plays plan rank r), made by
     threads: a session's hello waits until every rank has made its own."""

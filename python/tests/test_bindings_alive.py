@@ -8,7 +8,7 @@ import torch
 
 import reshard
 import reshard.testing as rt
-from conftest import make_sessions, mesh, run_threads
+from conftest import make_sessions, mesh, run_all, run_threads
 
 
 def _bound(plan, tmp_path):
@@ -52,15 +52,7 @@ def test_freed_storage_is_refused_by_name(plans, tmp_path, side):
     # run() itself refuses the same way, and tells its peers: they end at once
     # naming it instead of waiting for a rank that will not send.
     s.tensor(name).untyped_storage().resize_(0)
-    errors = {}
-
-    def run(x):
-        try:
-            x.run()
-        except reshard.Error as err:
-            errors[x.rank] = err
-
-    run_threads([lambda x=x: run(x) for x in sessions])
+    errors = run_all(sessions)
     assert str(errors[rank]) == message and isinstance(errors[rank], reshard.BindError)
     told = [err for r, err in errors.items() if r != rank]
     assert told and all(f"another rank failed first: rank {rank}: run() stopped before sending: BindError: "

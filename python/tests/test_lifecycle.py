@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import reshard
-from conftest import make_sessions, mesh, run_threads
+from conftest import make_sessions, mesh, run_in_background, run_threads
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -128,9 +128,7 @@ def test_close_is_refused_while_another_thread_runs(dense):
     for s in sessions:
         bind_all(s)
     # Rank 0 waits in run() for peers that have not started.
-    first = threading.Thread(target=sessions[0].run)
-    first.start()
-    time.sleep(0.3)
+    first = run_in_background(sessions[0])
     with pytest.raises(reshard.Error) as e:
         sessions[0].close()
     assert str(e.value) == ("rank 0: close: run() is in progress on this session in another thread; close it after "

@@ -3,23 +3,12 @@ a transport that serves one, two threads running one session."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
-import torch
 
 import reshard
-from conftest import make_sessions, mesh, run_threads
-
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-
-
-def bind_all(s, skip=()):
-    for b in s.buffers:
-        if b.name not in skip:
-            s.bind(b.name, torch.zeros(b.shape, dtype=DTYPES[b.dtype]))
-
+from conftest import bind_zeros, make_sessions, mesh, run_all, run_in_background, run_threads
 
 def test_a_failed_transport_says_so_on_its_next_use(plans, tmp_path):
     plan = reshard.Plan.open(plans["tiny-dense"])
@@ -27,17 +16,9 @@ def test_a_failed_transport_says_so_on_its_next_use(plans, tmp_path):
     sessions = make_sessions(plan, transports)
     culprit = plan.dest_ranks[0]
     for s in sessions:
-        bind_all(s, skip=[sessions[culprit].buffers[0].name] if s.rank == culprit else ())
-    errors = {}
-
-    def run(s):
-        try:
-            s.run()
-        except reshard.Error as e:
-            errors[s.rank] = e
-
+        bind_zeros(s, skip=[sessions[culprit].buffers[0].name] if s.rank == culprit else ())
     t0 = time.monotonic()
-    run_threads([lambda s=s: run(s) for s in sessions])
+    errors = run_all(sessions)
     assert time.monotonic() - t0 < 5  # not the transports' 30 s timeout
     assert isinstance(errors[culprit], reshard.BindError)
     reason = str(errors[culprit])
@@ -60,12 +41,10 @@ def test_one_session_per_transport_and_one_run_at_a_time(plans, tmp_path):
                             "second one would take the first one's messages); close the other session first "
                             "(Session.close()), or make a new transport")
     for s in sessions:
-        bind_all(s)
+        bind_zeros(s)
     # Rank 0 waits in run() for peers that have not started: a second run() of
     # the same session, from another thread, is refused at once.
-    first = threading.Thread(target=sessions[0].run)
-    first.start()
-    time.sleep(0.3)
+    first = run_in_background(sessions[0])
     with pytest.raises(reshard.Error) as e:
         sessions[0].run()
     assert str(e.value) == ("rank 0: run() is already in progress on this session in another thread: a session runs "
