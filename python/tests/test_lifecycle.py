@@ -9,8 +9,6 @@ import inspect
 import os
 import subprocess
 import sys
-import threading
-import time
 
 import pytest
 import torch
