@@ -69,15 +69,13 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
                 "also fill the rounds greedily for 80% and 85% of the staging budget and, on large plans,\n"
                 "with shares of at least 1/8 and 3/8 of a round's; keep the fill an estimate of\n"
                 "the refit (its rounds replayed as messages sharing links, as `reshard simulate` does) finds\n"
-                "fastest. Costs a fill each, as many at once as the machine has threads (DeepSeek-V3: about\n"
-                "0.6 s each; its refit predicted 1.4% faster on DGX H100, its FP8 plan 0.8%, Kimi-K2 1.3%;\n"
-                "plans up to 10% larger)");
+                "fastest. Costs a fill each, as many at once as the machine has threads; the plan may be\n"
+                "larger (docs/benchmarks.md has what it buys on the bundled rows)");
   cmd->add_flag("--simulate-fills", o->simulate_fills,
                 "direct: compile the plan once for each fill --search-fills tries, simulate each on --cluster\n"
                 "(as `reshard simulate` does, with latencies and HBM passes, which the estimate leaves out)\n"
-                "and keep the one predicted fastest, instead of the one the estimate picks (they differ by at\n"
-                "most 0.2% on the README's rows: Qwen3-235B FP8 per-channel 1.0734x of the bound by the\n"
-                "estimate's pick, 1.0716x by simulation). Slow: a compile and a simulation per fill (5 or 7),\n"
+                "and keep the one predicted fastest, instead of the one the estimate picks (the two rarely\n"
+                "differ, and then by little). Slow: a compile and a simulation per fill (5 or 7),\n"
                 "each in a process of its own, as many at once as the machine has cores; for CI, not for job\n"
                 "start. --json lists every fill's prediction (\"fills\") and the one kept (\"kept_fill\")");
   auto* fill_of =
@@ -85,9 +83,8 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
                       "direct: fill the rounds the way PLAN, an earlier plan of this job, was filled, and cut its\n"
                       "stripes so (`reshard show` prints both), instead of trying three fills and keeping the\n"
                       "fastest by an estimate: a recompile after an inference-side change (an EPLB step) then runs\n"
-                      "one fill and no estimate (DeepSeek-V3 -> TP8 DP4 EP after an EPLB step, on 2 cores: 0.84 s\n"
-                      "instead of 1.2 s, the same plan). Where the change makes another fill faster, the plan is\n"
-                      "the slower one; compile without it in CI")
+                      "one fill and no estimate, a faster recompile of the same plan. Where the change makes another\n"
+                      "fill faster, the plan is the slower one; compile without it in CI")
           ->check(CLI::ExistingFile);
   cmd->add_flag("-q,--quiet", o->quiet, "print nothing on success");
   cmd->add_flag("--json", o->json, "print the summary as JSON");
