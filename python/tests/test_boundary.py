@@ -53,8 +53,12 @@ class Rank:
 
     def finish(self, timeout_s: float = 30) -> str:
         """Waits for the process; returns its last line."""
-        out, _ = self.p.communicate(timeout=timeout_s)
-        self.lines += out.splitlines()
+        # Read through the same buffered file wait_for reads lines from: what
+        # it buffered past the marker would be lost to communicate(timeout=),
+        # which reads the pipe itself. The ranks print a few lines only, so
+        # waiting before reading cannot fill the pipe.
+        self.p.wait(timeout=timeout_s)
+        self.lines += self.p.stdout.read().splitlines()
         self.ended = time.monotonic()
         return self.lines[-1] if self.lines else ""
 
