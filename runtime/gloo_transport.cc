@@ -76,7 +76,8 @@ std::vector<uint32_t> WaitedRanks(const std::string& what, const std::string& pr
 
 // "ranks 2-11, 14 never joined the rendezvous (...)": runs of consecutive ranks as "a-b".
 std::string NeverJoined(const std::vector<uint32_t>& ranks) {
-  return RankList(ranks) + " never joined the rendezvous (no process published its address: not started, or started with another "
+  return RankList(ranks) +
+         " never joined the rendezvous (no process published its address: not started, or started with another "
          "rendezvous, prefix or rank count)";
 }
 
@@ -418,11 +419,11 @@ size_t GlooTransport::post(bool send, int channel, uint32_t peer, uint64_t seq, 
 void GlooTransport::wait(size_t handle, Clock::time_point deadline) {
   Op& op = ops_.at(handle);
   if (!op.buffer) return;
-  const std::string what = std::to_string(op.bytes) + " bytes";
-  const std::string doing = (op.send ? "sending " : "receiving ") + what;
+  // Words for the messages of a failed wait, made only then (a run waits for thousands of messages).
+  auto doing = [&op] { return (op.send ? "sending " : "receiving ") + std::to_string(op.bytes) + " bytes"; };
   auto stopped = [&] {
     std::lock_guard<std::mutex> lock(wait_mu_);
-    return Error("stopped " + doing + ": another rank failed first: " + peer_failure_);
+    return Error("stopped " + doing() + ": another rank failed first: " + peer_failure_);
   };
   if (peer_failed_) throw stopped();
   try {
@@ -446,18 +447,18 @@ void GlooTransport::wait(size_t handle, Clock::time_point deadline) {
       ok = op.send ? op.buffer->waitSend(nullptr, left) : op.buffer->waitRecv(nullptr, left);
     }
     if (interrupted_ || peer_failed_ || !ok) {
-      if (int sig = InterruptSignal()) throw Interrupted(sig, "interrupted (" + SignalName(sig) + ") while " + doing);
+      if (int sig = InterruptSignal()) throw Interrupted(sig, "interrupted (" + SignalName(sig) + ") while " + doing());
       if (peer_failed_) throw stopped();
-      throw Error("aborted while " + doing);
+      throw Error("aborted while " + doing());
     }
   } catch (const gloo::IoException& e) {
     std::string msg = Clean(e.what());
     if (msg.find("Timed out") != std::string::npos || msg.find("timed out") != std::string::npos) {
-      throw Error("timed out after " + SecondsString(timeout_) + (op.send ? " sending " : " receiving ") + what);
+      throw Error("timed out after " + SecondsString(timeout_) + " " + doing());
     }
-    throw Error(Explain(msg, doing));
+    throw Error(Explain(msg, doing()));
   } catch (const gloo::Exception& e) {
-    throw Error(Explain(Clean(e.what()), doing));
+    throw Error(Explain(Clean(e.what()), doing()));
   }
 }
 

@@ -210,8 +210,7 @@ RunStats Session::run() {
     std::atomic<bool>& running;
     ~Done() { running = false; }
   } done{running_};
-  transport_.CheckUsable(at);
-  transport_.CountRun();
+  transport_.BeginRun(at);
   std::vector<std::string> missing;
   for (size_t b = 0; b < bound_.size(); ++b) {
     if (bound_[b] == nullptr && BufferElements(*program_.buffers()->Get(b)) != 0) {

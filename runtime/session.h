@@ -53,6 +53,8 @@ class Session {
   /// run() calls it when its checks of the bound tensors fail.
   void abort(const std::string& why);
 
+  /// Whether run() is in progress (in any thread).
+  bool running() const { return running_; }
   const fb::Program& program() const { return program_; }
   uint32_t rank() const { return rank_; }
   size_t staging_bytes() const { return staging_bytes_; }

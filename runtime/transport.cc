@@ -34,6 +34,16 @@ std::string Transport::failure() const {
 
 void Transport::CheckUsable(const std::string& who) const {
   std::lock_guard<std::mutex> lock(failure_mu_);
+  ThrowIfFailed(who);
+}
+
+void Transport::BeginRun(const std::string& who) {
+  std::lock_guard<std::mutex> lock(failure_mu_);
+  ThrowIfFailed(who);
+  ++runs_;
+}
+
+void Transport::ThrowIfFailed(const std::string& who) const {
   if (failure_.empty()) return;
   const std::string when = failed_in_run_ == 0 ? "before its first run" : "in run " + std::to_string(failed_in_run_);
   throw Error(who + "this transport failed " + when + " (" + failure_ +

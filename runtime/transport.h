@@ -67,8 +67,8 @@ class Transport {
   /// Throws reshard::Error saying the transport failed and why (naming the
   /// run it failed in), unless it is usable. `who` starts the message ("rank 3: ").
   void CheckUsable(const std::string& who) const;
-  /// Counts a run on this transport (the number a failure names).
-  void CountRun() { ++runs_; }
+  /// CheckUsable, then counts a run on this transport (the number a failure names).
+  void BeginRun(const std::string& who);
 
   /// One session at a time: Claim() is false while another session holds
   /// the transport (a second session would take the first one's messages).
@@ -107,6 +107,8 @@ class Transport {
                         Clock::time_point deadline);
 
  private:
+  void ThrowIfFailed(const std::string& who) const;  // failure_mu_ held
+
   mutable std::mutex failure_mu_;
   std::string failure_;
   uint64_t runs_ = 0;

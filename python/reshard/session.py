@@ -162,7 +162,7 @@ class Session:
     """
 
     __slots__ = ("_s", "plan", "transport", "rank", "_buffers", "_index", "_held", "_staged", "_origin", "_device",
-                 "_device_index", "_strip_wrappers", "_running", "__weakref__")
+                 "_device_index", "_strip_wrappers", "__weakref__")
 
     def __init__(self, plan: Plan, rank: int, transport: Transport):
         if not isinstance(plan, Plan):
@@ -185,7 +185,6 @@ class Session:
             if not refused:
                 transport._run_failed()
             raise
-        self._running = False
         transport._session = weakref.ref(self)
         self.plan = plan
         self.transport = transport
@@ -221,7 +220,7 @@ class Session:
     def _close(self, why: str) -> None:
         if self.closed:
             return
-        if self._running:
+        if self._s.running:
             raise Error(f"rank {self.rank}: close: run() is in progress on this session in another thread; close "
                         "it after run() returns")
         # The runtime's session goes first (it releases the transport), then the memory it pointed into.
@@ -641,17 +640,13 @@ class Session:
             self._s.abort(f"rank {self.rank}: run() stopped before sending: {type(e).__name__}: {e}")
             self.transport._run_failed()
             raise
-        if self._running:  # another thread's run(): the runtime names it
+        if self._s.running:  # another thread's run(): the runtime refuses this one, the transport unharmed
             return RunStats(self._s.run())
-        self._running = True
         try:
-            raw = self._s.run()
+            stats = RunStats(self._s.run())
         except BaseException:
             self.transport._run_failed()
             raise
-        finally:
-            self._running = False
-        stats = RunStats(raw)
         if staged:
             self._stage_out()
         return stats

@@ -249,6 +249,7 @@ void BindSession(nb::module_& m) {
           nb::arg("plan"), nb::arg("rank"), nb::arg("transport"), nb::keep_alive<1, 2>(), nb::keep_alive<1, 4>())
       .def_prop_ro("rank", [](const PySession& s) { return s.session->rank(); })
       .def_prop_ro("staging_bytes", [](const PySession& s) { return s.session->staging_bytes(); })
+      .def_prop_ro("running", [](const PySession& s) { return s.session->running(); })
       .def(
           "bind_index",
           [](PySession& s, uint32_t index, uintptr_t ptr, int dtype, const std::vector<uint64_t>& shape) {
