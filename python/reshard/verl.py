@@ -297,6 +297,7 @@ def check_trainer(plan: Any, rank: int, modules: List[Tuple[str, Any]]) -> None:
     mesh, when the plan's FSDP2 layout is not the module's mesh or a buffer
     of `rank` is not what the module holds (name, shape, dtype)."""
     from ._tensors import strip_wrappers
+    from .session import _named_tensors, _unwrapped
 
     layout = plan.inputs["source_layout"]
     words, dims, dtype = _mesh_text(modules[0][1]) if modules else ("no module", None, None)
@@ -313,9 +314,8 @@ def check_trainer(plan: Any, rank: int, modules: List[Tuple[str, Any]]) -> None:
                 + f"; this trainer holds {words}: make the plan from this job's config (reshard.verl.make_plan)")
     held: Dict[str, Any] = {}
     for prefix, module in modules:
-        for n, t in module.named_parameters():
-            held[prefix + strip_wrappers(n)] = _local(t)
-        for n, t in module.named_buffers():
+        # as bind_module names them: through Float16Module / DDP and wrapper segments
+        for n, t in _named_tensors(_unwrapped(module)):
             held.setdefault(prefix + strip_wrappers(n), _local(t))
     torch_names = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32",
                    "torch.float8_e4m3fn": "fp8_e4m3", "torch.float8_e8m0fnu": "e8m0"}

@@ -125,3 +125,40 @@ def test_rollout_check_names_both(tmp_path):
     assert str(e.value) == ("the plan's inference layout 'vllm-tp2-x2' is TP 2 PP 1 DP 1, 2 engine(s); this job's "
                             "rollout is TP 4 PP 1 DP 1, 1 replica(s): make the plan from this job's config "
                             "(reshard.verl.make_plan)")
+
+
+def module_of(buffers, wrong=None):
+    """A torch module holding, under the plan's names, a tensor of each buffer's shape and dtype (one of them
+    `wrong`: another shape), wrapped as Megatron wraps its model (a module whose only child is .module)."""
+    import torch
+
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    root = torch.nn.Module()
+    for b in buffers:
+        *path, leaf = b.name.split(".")
+        m = root
+        for p in path:
+            if p not in m._modules:
+                m.add_module(p, torch.nn.Module())
+            m = m._modules[p]
+        shape = [s + 1 for s in b.shape] if b.name == wrong else list(b.shape)
+        m.register_parameter(leaf, torch.nn.Parameter(torch.zeros(shape, dtype=dtypes[b.dtype])))
+    wrapper = torch.nn.Module()
+    wrapper.module = root
+    return wrapper
+
+
+def test_trainer_check_names_the_tensors_that_differ(tmp_path):
+    pytest.importorskip("torch")
+    model = write_config(tmp_path, "qwen3", QWEN3)
+    plan = reshard.Plan.open(rv.make_plan(job(model=model, trainer=(1, 1), rollout={"n_gpus_per_node": 2}),
+                                          str(tmp_path / "plan")))
+    rank = plan.source_ranks[0]
+    buffers = [b for b in plan.buffers(rank) if b.is_source]
+    rv.check_trainer(plan, rank, [("", module_of(buffers))])
+    name = "model.layers.1.mlp.up_proj.weight"
+    with pytest.raises(rv.PlanMismatchError) as e:
+        rv.check_trainer(plan, rank, [("", module_of(buffers, wrong=name))])
+    assert str(e.value) == (f"plan rank {rank}: the plan's training layout 'fsdp2-dp_shard1-fp32' is not what this "
+                            "trainer holds (plain (not DTensor) torch.float32 parameters); nothing was sent:\n"
+                            f"  '{name}': the plan has fp32 [128, 64], the trainer holds fp32 [129, 65]")
