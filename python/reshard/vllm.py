@@ -11,18 +11,22 @@ computed from ``kv_b_proj`` by
 :meth:`WorkerRefit.run` re-runs that per-layer post-processing after every
 refit; it writes through ``replace_parameter``
 (``model_executor/utils.py``: copied into the existing parameter when shape,
-stride and dtype match), so no parameter moves in memory. The linear and MoE
-post-processing (``quant_method.process_weights_after_loading``) is *not*
-re-run: it maps checkpoint format to kernel format, and the plan already wrote
-kernel format (running it again would, e.g., transpose CUTLASS's FP8 weights
-twice). Proven bit for bit against a fresh vLLM load in CI
-(tests/vllm/refit_live.py).
+stride and dtype match), so no parameter moves in memory. Proven bit for bit
+against a fresh vLLM load in CI (tests/vllm/refit_live.py, tests/vllm/kernels.py).
 
-Kernel layouts: only backends whose kernel format was proven equal to the
-layout ``reshard init`` writes are bound (:data:`PROVEN_KERNELS`); a
-parameter of any other backend (Marlin repacking, FlashInfer / TRT-LLM
-block-major MoE weights, DeepGEMM's E8M0 scales, CPU AMX prepacking, ...)
-is refused by name before any byte moves (:class:`KernelLayoutError`).
+Kernel layouts (docs/kernels.md maps what vLLM 0.33 picks on Hopper and
+Blackwell): only kernels proven on real vLLM ranks are bound
+(:data:`PROVEN_KERNELS`). Most hold the checkpoint's layout, or a strided view
+of it, which the plan writes directly; the linear and MoE post-processing
+(``quant_method.process_weights_after_loading``) is then *not* re-run (run
+twice it would, e.g., transpose CUTLASS's FP8 weights again). For the kernels
+in :data:`ENGINE_FORMATTED` (FlashInfer's experts: halves swapped, rows
+permuted) the plan writes the checkpoint format and vLLM's own
+post-processing makes the kernel format after every refit, in the
+parameters' own memory. A parameter of any other kernel (DeepGEMM's UE8M0
+requantization until a GPU run proves it, Marlin repacking, triton_kernels'
+MXFP4 swizzling, CPU prepacking, a kernel no table lists, ...) is refused by
+name before any byte moves (:class:`KernelLayoutError`).
 
 Worker side::
 
@@ -83,16 +87,78 @@ class WorkerRankError(EngineMismatchError):
     worker's position, or one explicit ``rank`` was sent to every worker."""
 
 
-#: Kernel classes whose weights are the layout `reshard init` writes, proven
-#: bit for bit on real vLLM ranks (tests/vllm/refit_live.py). Keyed by where
-#: vLLM keeps the choice: a linear layer's FP8 kernel (Fp8LinearMethod.fp8_linear,
-#: CompressedTensorsW8A8Fp8.fp8_linear) or an MoE method's experts class.
+#: Kernel classes whose weights reshard writes, each proven bit for bit against
+#: a fresh vLLM load on real vLLM ranks (tests/vllm/refit_live.py,
+#: tests/vllm/kernels.py; the map of vLLM 0.33's kernels: docs/kernels.md).
+#: Keyed by where vLLM keeps the choice: a linear layer's FP8 kernel
+#: (Fp8LinearMethod.fp8_linear, CompressedTensorsW8A8Fp8.fp8_linear) or an
+#: MoE method's experts class.
 PROVEN_KERNELS = {
-    "linear": ("TritonFp8BlockScaledMMKernel",   # keeps the checkpoint's [out, in] + block scales
-               "CutlassFP8ScaledMMLinearKernel"),  # weight.t(): a transposed view of [out, in] memory
-    "experts": ("TritonExperts",),                # w13 [E, 2I, H], w2 [E, H, I] as loaded
+    "linear": ("TritonFp8BlockScaledMMKernel",    # keeps the checkpoint's [out, in] + block scales
+               "CutlassFP8ScaledMMLinearKernel",  # weight.t(): a transposed view of [out, in] memory
+               "CutlassFp8BlockScaledMMKernel"),  # keeps the checkpoint's [out, in] + block scales
+    "experts": ("TritonExperts",                  # w13 [E, 2I, H], w2 [E, H, I] as loaded
+                "FlashInferExperts",              # engine-formatted (ENGINE_FORMATTED)
+                "TrtLlmBf16ExpertsMonolithic"),   # engine-formatted
+}
+
+#: Kernels whose format vLLM's own post-processing makes from the checkpoint
+#: format: the plan writes the checkpoint format (into the parameter's own
+#: memory where it has the checkpoint's size, else into a staging tensor of
+#: the checkpoint's shape kept for every refit), then WorkerRefit.finish()
+#: re-runs the layer's ``quant_method.process_weights_after_loading`` on it
+#: and copies what it makes into the parameters' memory. Used only for a
+#: kernel in PROVEN_KERNELS. Value: the quant methods it holds for (a method
+#: and its settings change what the post-processing does).
+ENGINE_FORMATTED = {
+    # [gate; up] -> [up; gate] (swap_w13_to_w31), block scales clamped to >= 1e-10
+    # (quantization/utils/flashinfer_utils.py prepare_fp8_moe_layer_for_fi): FP8 block MoE on sm90 with EP.
+    "FlashInferExperts": ("Fp8MoEMethod:block",),
+    # rows permuted in place into FlashInfer's block layout, checkpoint shapes kept
+    # (fused_moe/oracle/unquantized.py convert_to_unquantized_kernel_format): BF16 MoE on sm100.
+    "TrtLlmBf16ExpertsMonolithic": ("UnquantizedFusedMoEMethod",),
+    # Proven only by a GPU run (tools/gpu-check-kernels.sh, which adds them to PROVEN_KERNELS):
+    # UE8M0 requantization in place + DeepGEMM's CUDA scale layout (fp8_utils.py deepgemm_post_process_fp8_weight_block)
+    "DeepGemmFp8BlockScaledMMKernel": ("Fp8LinearMethod:block",),
+    "FlashInferFp8DeepGEMMDynamicBlockScaledKernel": ("Fp8LinearMethod:block",),
+    "TritonOrDeepGemmExperts": ("Fp8MoEMethod:block",),
+    # [up; gate], then 4-D BlockMajorK (flashinfer_utils.py _shuffle_deepseek_fp8_moe_weights); the kernel
+    # object wants a CUDA device (experts/trtllm_fp8_moe.py): FP8 block MoE on sm100.
+    "TrtLlmFp8ExpertsMonolithic": ("Fp8MoEMethod:block",),
+}
+
+_GPU_RUN = "proven only by a GPU run (tools/gpu-check-kernels.sh)"
+
+#: Kernels vLLM 0.33 picks that reshard refuses, and why (docs/kernels.md).
+#: Any kernel in none of these tables is refused too, naming docs/kernels.md.
+REFUSED_KERNELS = {
+    "DeepGemmFp8BlockScaledMMKernel": "requantizes every block to a power-of-two (UE8M0) scale in place and "
+    "re-lays the scales out with DeepGEMM's CUDA op transform_sf_into_required_layout "
+    "(quantization/utils/fp8_utils.py deepgemm_post_process_fp8_weight_block): " + _GPU_RUN,
+    "FlashInferFp8DeepGEMMDynamicBlockScaledKernel": "DeepGEMM's post-processing (UE8M0 requantization, CUDA "
+    "scale layout: kernels/linear/scaled_mm/flashinfer.py): " + _GPU_RUN,
+    "TritonOrDeepGemmExperts": "DeepGEMM's post-processing of the experts (fp8_utils.py "
+    "prepare_fp8_moe_layer_for_deepgemm: UE8M0 requantization, CUDA scale layout): " + _GPU_RUN,
+    "BatchedDeepGemmExperts": "DeepGEMM's post-processing of the experts (UE8M0 requantization, CUDA scale "
+    "layout): not proven",
+    "TrtLlmFp8ExpertsMonolithic": "w13 as [up; gate] shuffled into 4-D BlockMajorK (quantization/utils/"
+    "flashinfer_utils.py prepare_fp8_moe_layer_for_fi); its kernel object wants a CUDA device: " + _GPU_RUN,
+    "TrtLlmFp8ExpertsModular": "4-D BlockMajorK experts (flashinfer_utils.py prepare_fp8_moe_layer_for_fi): "
+    "not proven",
+    "TrtLlmBf16ExpertsModular": "FlashInfer's block layout under all-to-all kernels: not proven",
+    "FlashInferFP8ScaledMMLinearKernel": "per-tensor FP8: fused shards requantized to their largest scale by a "
+    "CUDA op (quantization/utils/w8a8_utils.py requantize_with_max_scale): not proven",
+    "MarlinFP8ScaledMMLinearKernel": "repacked for Marlin (kernels/linear/scaled_mm/marlin.py)",
+    "MarlinExperts": "repacked for Marlin (quantization/utils/marlin_utils_fp8.py)",
+    "OAITritonMxfp4ExpertsMonolithic": "MXFP4 swizzled by triton_kernels into objects that are not Parameters "
+    "(fused_moe/oracle/mxfp4.py _swizzle_mxfp4): nothing to bind by name",
+    "OAITritonExperts": "MXFP4 swizzled by triton_kernels into objects that are not Parameters: nothing to bind",
+    "CPUExpertsFp8": "prepacked for vLLM's CPU build (fused_moe/experts/cpu_moe.py)",
+    "CPUUnquantizedExperts": "prepacked for vLLM's CPU build (fused_moe/experts/cpu_moe.py cpu_prepack_moe_weight)",
+    "X86CPUUnquantizedExperts": "prepacked for vLLM's CPU build (fused_moe/experts/cpu_moe.py)",
 }
 _PLAIN_METHODS = ("UnquantizedLinearMethod", "UnquantizedEmbeddingMethod", "UnquantizedFusedMoEMethod")
+KERNELS_DOC = "docs/kernels.md"
 
 
 def _kernel_of(module: Any) -> Optional[Tuple[str, str]]:
@@ -111,6 +177,18 @@ def _kernel_of(module: Any) -> Optional[Tuple[str, str]]:
     if name in _PLAIN_METHODS or name.endswith("KVCacheMethod"):
         return None
     return "method", name
+
+
+def _method_of(module: Any) -> str:
+    """The quant method's class name, with ":block" for block-quantized FP8."""
+    qm = module.quant_method
+    return type(qm).__name__ + (":block" if getattr(qm, "block_quant", False) else "")
+
+
+def engine_formatted(module: Any) -> bool:
+    """Whether `module`'s kernel format is made by vLLM's post-processing after each refit (ENGINE_FORMATTED)."""
+    k = _kernel_of(module)
+    return k is not None and k[1] in ENGINE_FORMATTED and k[1] in PROVEN_KERNELS.get(k[0], ())
 
 
 def kernel_layout_problems(model: Any, names: Optional[set] = None) -> List[str]:
@@ -132,11 +210,18 @@ def kernel_layout_problems(model: Any, names: Optional[set] = None) -> List[str]
         if k is None:
             continue
         kind, cls = k
-        if cls in PROVEN_KERNELS.get(kind, ()):
-            continue
         what = ", ".join(own[:3]) + (f" and {len(own) - 3} more" if len(own) > 3 else "")
-        problems.append(f"{what}: held by {cls} ({kind} backend), whose weight layout reshard has not proven "
-                        f"(proven: {', '.join(PROVEN_KERNELS['linear'] + PROVEN_KERNELS['experts'])})")
+        head = f"{what}: held by {cls} ({kind} backend), whose weight layout reshard has not proven"
+        if cls in PROVEN_KERNELS.get(kind, ()):
+            methods = ENGINE_FORMATTED.get(cls)
+            if methods is None or _method_of(mod) in methods:
+                continue
+            problems.append(f"{head} under {_method_of(mod)} (proven under {', '.join(methods)}; {KERNELS_DOC})")
+        elif cls in REFUSED_KERNELS:
+            problems.append(f"{head}: {REFUSED_KERNELS[cls]}")
+        else:
+            problems.append(f"{head}: a kernel {KERNELS_DOC} does not list (vLLM 0.33's kernels, what each "
+                            "does to the weights, which reshard writes)")
     return problems
 
 
@@ -172,6 +257,95 @@ def mla_layers(model: Any) -> List[Tuple[str, Any]]:
             and callable(getattr(m, "process_weights_after_loading", None))]
 
 
+def _partly_written(model: Any, written: set) -> List[str]:
+    """Engine-formatted modules the plan writes only in part: re-running their
+    post-processing would process the parameters it does not write twice."""
+    out = []
+    canonical = {id(p): n for n, p in model.named_parameters()}  # a parameter two modules share: its first name
+    for mod_name, mod in model.named_modules():
+        if not engine_formatted(mod):
+            continue
+        own = [canonical[id(p)] for _, p in mod.named_parameters(recurse=False)]
+        missing = [n for n in own if n not in written]
+        if missing and len(missing) < len(own):
+            out.append(f"{', '.join(missing[:3])}: not written by the plan, while vLLM's post-processing of "
+                       f"{_kernel_of(mod)[1]} re-derives the whole layer from the checkpoint format ({KERNELS_DOC})")
+    return out
+
+
+class _Formatted:
+    """A layer whose kernel format vLLM's post-processing makes from the
+    checkpoint format: per written parameter, the tensor the plan writes in the
+    checkpoint's dtype and shape (a view of the parameter's own memory when it
+    has the checkpoint's size and is contiguous, else a staging tensor kept for
+    every refit, so no refit derives from bytes a previous one re-encoded)."""
+
+    def __init__(self, name: str, module: Any, buffers: Dict[str, Any]):
+        self.name, self.module, self.buffers = name, module, buffers  # local name -> plan Buffer
+        self.checkpoint: Dict[str, Any] = {}
+        self.over: Dict[str, Tuple[int, int]] = {}  # local name -> (data_ptr, nbytes) of the parameter's memory
+        for local in buffers:
+            self._make(local)
+
+    def _make(self, local: str) -> None:
+        import torch
+
+        from ._tensors import DTYPE_CODES, torch_dtype
+
+        b, live = self.buffers[local], getattr(self.module, local).data
+        dtype, shape = torch_dtype(DTYPE_CODES[b.dtype]), tuple(b.shape)
+        numel = 1
+        for n in shape:
+            numel *= n
+        if live.is_contiguous() and live.dtype == dtype and live.numel() == numel:
+            self.checkpoint[local] = live.view(shape)
+        else:
+            self.checkpoint[local] = torch.empty(shape, dtype=dtype, device=live.device)
+        self.over[local] = (live.data_ptr(), live.untyped_storage().nbytes())
+
+    def current(self, local: str) -> Any:
+        """The tensor the plan writes, remade if the engine replaced the parameter's memory."""
+        live = getattr(self.module, local).data
+        if (live.data_ptr(), live.untyped_storage().nbytes()) != self.over[local]:
+            self._make(local)
+        return self.checkpoint[local]
+
+    @property
+    def staging_bytes(self) -> int:
+        """Bytes of the staging tensors (parameters whose memory cannot hold the checkpoint format)."""
+        return sum(t.nbytes for n, t in self.checkpoint.items() if t.data_ptr() != self.over[n][0])
+
+    def format(self) -> None:
+        """Runs the layer's ``quant_method.process_weights_after_loading`` (as vLLM's
+        loader does: model_loader/utils.py process_weights_after_loading) on the
+        checkpoint format the plan wrote, and copies what it made into the
+        parameters' own memory (each Parameter object and its memory are kept)."""
+        mod = self.module
+        kept = {n: (p, p.data) for n, p in mod.named_parameters(recurse=False)}
+        for local in self.buffers:
+            kept[local][0].data = self.current(local)
+        mod.quant_method.process_weights_after_loading(mod)
+        for n, (p, data) in kept.items():
+            now = mod._parameters.get(n)
+            if now is None:
+                raise KernelLayoutError(f"{self.name}.{n}: vLLM's post-processing removed it; the layer cannot be "
+                                        "re-formatted in place")
+            new = now.data
+            if (new.shape, new.stride(), new.dtype) != (data.shape, data.stride(), data.dtype):
+                raise KernelLayoutError(
+                    f"{self.name}.{n}: vLLM's post-processing made {new.dtype}{list(new.shape)}:{list(new.stride())} "
+                    f"where the engine holds {data.dtype}{list(data.shape)}:{list(data.stride())}; nothing can be "
+                    "copied in place")
+            if new.data_ptr() != data.data_ptr():
+                lo, hi = data.data_ptr(), data.data_ptr() + data.untyped_storage().nbytes()
+                if lo <= new.data_ptr() < hi:  # a view into the same memory: read it whole before writing
+                    new = new.clone()
+                data.copy_(new)
+            if now is not p:
+                mod._parameters[n] = p
+            p.data = data
+
+
 class WorkerRefit(BoundModule):
     """One vLLM worker's side of each refit: its model bound once, then
     :meth:`run` per step (re-bind replaced parameters, run the plan, finish
@@ -186,12 +360,22 @@ class WorkerRefit(BoundModule):
             vllm_config = get_current_vllm_config()
         self.vllm_config = vllm_config
         check_engine(session.plan, vllm_config)
-        written = {b.name for b in session.buffers if b.is_destination}
-        problems = kernel_layout_problems(model, written)
+        dest = {b.name: b for b in session.buffers if b.is_destination}
+        written = set(dest)
+        problems = kernel_layout_problems(model, written) + _partly_written(model, written)
         if problems:
             raise KernelLayoutError(f"rank {session.rank}: {len(problems)} module(s) the plan writes keep their "
                                     "weights in a layout reshard has not proven; nothing was bound:\n  "
                                     + "\n  ".join(problems))
+        # Layers whose kernel format vLLM's post-processing makes (ENGINE_FORMATTED): the plan writes their
+        # checkpoint format, finish() has vLLM make the kernel format from it.
+        self._formatted: List[_Formatted] = []
+        for mod_name, mod in model.named_modules():
+            if engine_formatted(mod):
+                pre = mod_name + "." if mod_name else ""
+                bufs = {n: dest[pre + n] for n, _ in mod.named_parameters(recurse=False) if pre + n in dest}
+                if bufs:
+                    self._formatted.append(_Formatted(mod_name, mod, bufs))
         super().__init__(session, model)
         # Only the MLA layers whose kv_b_proj this rank's plan writes (the layer
         # holds it as an attribute; named_modules() names it where it was registered first).
@@ -199,17 +383,54 @@ class WorkerRefit(BoundModule):
         self._derived = [(n, m) for n, m in mla_layers(model)
                          if names.get(id(m.kv_b_proj), "?") + ".weight" in written]
         self.last_finish_s = 0.0
+        self.last_format_s: List[float] = []  #: per engine-formatted layer, the last finish()'s seconds
+
+    @property
+    def staging_bytes(self) -> int:
+        """Bytes of checkpoint-format staging kept for engine-formatted layers whose
+        kernel format has another size or layout than the checkpoint's."""
+        return sum(f.staging_bytes for f in self._formatted)
+
+    @property
+    def formatted_layers(self) -> List[str]:
+        """The layers whose kernel format vLLM's post-processing makes after each refit."""
+        return [f.name for f in self._formatted]
+
+    def _tensors(self) -> Dict[str, Any]:
+        tensors = dict(self.session.module_tensors(self.module))
+        for f in self._formatted:
+            pre = f.name + "." if f.name else ""
+            for local in f.buffers:
+                tensors[pre + local] = f.current(local)
+        return tensors
+
+    def _bind(self) -> None:
+        if not self._formatted:
+            return super()._bind()
+        tensors = self._tensors()
+        self.session.bind_module(tensors)
+        self._ids = {b.name: (id(tensors[b.name]), tensors[b.name].data_ptr(),
+                              tensors[b.name].untyped_storage().nbytes())
+                     for b in self.session.buffers if b.name in tensors}
 
     def finish(self) -> None:
-        """Recomputes what vLLM derives from the refit parameters (MLA's W_UV / W_UK_T), in place."""
+        """Has vLLM make what it derives from the refit parameters, in place:
+        the kernel format of engine-formatted layers (ENGINE_FORMATTED), then
+        MLA's W_UV / W_UK_T."""
         import torch
         from vllm.config import set_current_vllm_config
 
         start = time.perf_counter()
         dtype = self.vllm_config.model_config.dtype
+        times = []
         with torch.no_grad(), set_current_vllm_config(self.vllm_config):
+            for f in self._formatted:
+                t0 = time.perf_counter()
+                f.format()
+                times.append(time.perf_counter() - t0)
             for _, layer in self._derived:
                 layer.process_weights_after_loading(dtype)
+        self.last_format_s = times
         self.last_finish_s = time.perf_counter() - start
 
     def run(self) -> RunStats:
