@@ -26,11 +26,13 @@ Where verl 0.9.1 has no hook, the backend patches two methods when it first
 needs them, each named in :data:`PATCHES` with the upstream change it stands
 for (docs/verl.md):
 
-- ``ActorRolloutRefWorker.update_weights`` (``verl/workers/engine_workers.py``)
+- the training engines' ``get_per_tensor_param``
+  (``verl/workers/engine/*/transformer_impl.py``), called bare in a process
+  where this backend was made, returns the engine itself, so that
+  ``ActorRolloutRefWorker.update_weights`` (``verl/workers/engine_workers.py``)
   hands this backend the trainer's model engine, as it does for
-  ``delta_sharded``, instead of calling ``get_per_tensor_param()`` (which
-  makes the stream of full tensors and, under Megatron, loads the model to
-  the GPU first);
+  ``delta_sharded``, instead of the stream of full tensors (which, under
+  Megatron, also loads the model to the GPU first);
 - ``ServerAdapter.update_weights`` (``verl/workers/rollout/vllm_rollout/vllm_rollout.py``)
   takes a wire format ``"reshard"`` whose payload drives vLLM's weight-transfer
   lifecycle through the server's ``collective_rpc`` (init once, then start,
@@ -397,37 +399,53 @@ if _verl is not None:
 
     #: What the backend patches in verl, each with the upstream change it stands for (docs/verl.md).
     PATCHES = {
-        "verl.workers.engine_workers.ActorRolloutRefWorker.update_weights":
-            "hand send_weights the training engine for any backend that asks (a class attribute), as it already "
-            "does for delta_sharded, and skip get_per_tensor_param() for it",
+        "verl.workers.engine.*.<Engine>.get_per_tensor_param":
+            "ActorRolloutRefWorker.update_weights hands send_weights the training engine (self.actor.engine) for "
+            "any backend that asks (a class attribute), as it already does for delta_sharded, without calling "
+            "get_per_tensor_param()",
         "verl.workers.rollout.vllm_rollout.vllm_rollout.ServerAdapter.update_weights":
             "a wire format whose payload drives vLLM's weight-transfer lifecycle (init once; start, update, finish "
             "per step) over collective_rpc, as _update_delta_weights does for delta_flush",
     }
     _applied: Dict[str, Any] = {}
 
-    def _patch_trainer() -> bool:
+    _HANDOFF: List[bool] = [False]  # a reshard backend that takes the model engine was made in this process
+
+    def _patch_trainer() -> List[str]:
+        """The training engines' ``get_per_tensor_param`` (each class of verl's EngineRegistry that defines
+        it): called bare, in a process where this backend was made, it returns the engine itself instead of
+        the stream of full tensors. ``ActorRolloutRefWorker.update_weights`` calls it bare and hands the result
+        to ``send_weights`` (``verl/workers/engine_workers.py``); its other callers pass arguments (the
+        hybrid engine's naive path) or belong to another backend (``delta_sharded``). The worker method
+        itself cannot be replaced: Ray took its function when it created the actor, before verl imported
+        this module."""
         import functools
         import sys
 
-        mod = sys.modules.get("verl.workers.engine_workers")
-        key = "verl.workers.engine_workers.ActorRolloutRefWorker.update_weights"
-        if mod is None or key in _applied:
-            return key in _applied
-        cls = mod.ActorRolloutRefWorker
-        original = cls.update_weights
+        registry = sys.modules.get("verl.workers.engine.base")
+        if registry is None:
+            return []
+        classes = {c for by_backend in registry.EngineRegistry._engines.values() for by_device in by_backend.values()
+                   for c in by_device.values()}
+        done = []
+        for engine_cls in classes:
+            owner = next((c for c in engine_cls.__mro__ if "get_per_tensor_param" in c.__dict__), None)
+            if owner is None:
+                continue
+            key = f"{owner.__module__}.{owner.__qualname__}.get_per_tensor_param"
+            if key not in _applied:
+                original = owner.__dict__["get_per_tensor_param"]
 
-        @functools.wraps(original)  # keeps verl's @register dispatch attributes
-        async def update_weights(self, global_steps: int = None, mode: str = "auto"):
-            effective = mode if mode != "auto" else self.config.rollout.checkpoint_engine.backend
-            ce = getattr(self, "checkpoint_engine", None)
-            if effective != "naive" and getattr(ce, "takes_model_engine", False):
-                return await ce.send_weights(self.actor.engine, global_steps=global_steps) or {}
-            return await original(self, global_steps=global_steps, mode=mode)
+                @functools.wraps(original)
+                def get_per_tensor_param(self, *args, _original=original, **kwargs):
+                    if _HANDOFF[0] and not args and not kwargs:
+                        return self, None  # the engine, for ReshardCheckpointEngine.send_weights
+                    return _original(self, *args, **kwargs)
 
-        cls.update_weights = update_weights
-        _applied[key] = original
-        return True
+                owner.get_per_tensor_param = get_per_tensor_param
+                _applied[key] = original
+            done.append(key)
+        return done
 
     def _patch_rollout() -> bool:
         import functools
@@ -492,7 +510,7 @@ if _verl is not None:
         settled; ``finalize`` keeps the session."""
 
         wire_format = WIRE_FORMAT
-        takes_model_engine = True  #: ActorRolloutRefWorker.update_weights hands send_weights the engine (patched)
+        takes_model_engine = True  #: send_weights is handed the training engine (get_per_tensor_param, patched)
 
         def __init__(self, bucket_size: int = 0, is_master: bool = False, plan_path: Optional[str] = None,
                      model: Optional[str] = None, store: str = "", timeout_s: float = 120.0,
@@ -519,6 +537,7 @@ if _verl is not None:
             self.stats: Any = None
             self.updates = 0
             self._initialized: Dict[int, Dict[str, Any]] = {}  # replica rank -> the init dict its workers got
+            _HANDOFF[0] = True
             apply_patches()
 
         # -- topology: settled once ------------------------------------------------------------------
@@ -582,8 +601,8 @@ if _verl is not None:
         # -- the trainer side ------------------------------------------------------------------------
         async def send_weights(self, weights: Any, global_steps: Optional[int] = None) -> Dict[str, Any]:
             """This trainer rank's part of the plan, from the training engine's own parameters. `weights` must
-            be the engine (the patched ActorRolloutRefWorker.update_weights hands it); a tensor stream is
-            refused, never iterated (iterating it is the gather this backend removes).
+            be the engine (the patched get_per_tensor_param hands it through ActorRolloutRefWorker.update_weights);
+            a tensor stream is refused, never iterated (iterating it is the gather this backend removes).
 
             Every trainer rank ends the update alike: after its own run, the trainer ranks agree over
             torch.distributed's default group (one integer each); if any failed, every one raises
@@ -592,8 +611,8 @@ if _verl is not None:
                 raise TypeError("reshard.verl: send_weights was handed "
                                 f"{type(weights).__name__}, not the training engine: reshard binds the trainer's "
                                 "tensors in place and never iterates a stream of full tensors (that is the gather "
-                                "it removes). ActorRolloutRefWorker.update_weights is patched when reshard.verl is "
-                                f"imported in the trainer's process; applied here: {apply_patches()}")
+                                "it removes). The training engines' get_per_tensor_param is patched when this "
+                                f"backend is made in the trainer's process; applied here: {apply_patches()}")
             if self.topology is None:
                 raise RuntimeError("reshard.verl: send_weights before init_process_group")
             engine = weights
@@ -698,7 +717,8 @@ if _verl is not None:
                 await adapter._execute_method("update_weights", kwargs={"update_info": {"step": self.updates}})
                 await adapter._execute_method("finish_weight_update")
             except BaseException as e:
-                self._fail(f"rollout replica {replica}, step {global_steps}: {type(e).__name__}: {e}")
+                cause = getattr(e, "cause", None) or e  # a Ray task's error carries the worker's own as .cause
+                self._fail(f"rollout replica {replica}, step {global_steps}: {type(cause).__name__}: {cause}")
                 if written:  # some workers may hold new values: the server's weights are no step's
                     try:
                         await adapter.server_handle.set_global_steps.remote(NOT_UPDATED)
@@ -706,7 +726,7 @@ if _verl is not None:
                         pass
                 raise UpdateFailedError(
                     f"reshard.verl: the update of step {global_steps} failed on rollout replica {replica}: "
-                    f"{type(e).__name__}: {e}" + (f" (the server's global_steps is now {NOT_UPDATED}: its weights "
+                    f"{type(cause).__name__}: {cause}" + (f" (the server's global_steps is now {NOT_UPDATED}: its weights "
                                                   "may be partly written)" if written else
                                                   " (no worker was written: the weights are the last step's)")) from e
             self.updates += 1
