@@ -127,6 +127,13 @@ ENGINE_FORMATTED = {
     "TrtLlmFp8ExpertsMonolithic": ("Fp8MoEMethod:block",),
 }
 
+#: Engine-formatted kernels proven where their kernel format has another size
+#: or layout than the checkpoint's (the plan writes a staging tensor of the
+#: checkpoint's shape). Others are proven only where the parameters' own
+#: memory holds the checkpoint format (e.g. FlashInfer's TRT-LLM experts when
+#: vLLM pads the intermediate size to a multiple of 128: refused).
+STAGING_PROVEN: Tuple[str, ...] = ()
+
 _GPU_RUN = "proven only by a GPU run (tools/gpu-check-kernels.sh)"
 
 #: Kernels vLLM 0.33 picks that reshard refuses, and why (docs/kernels.md).
@@ -146,6 +153,8 @@ REFUSED_KERNELS = {
     "TrtLlmFp8ExpertsModular": "4-D BlockMajorK experts (flashinfer_utils.py prepare_fp8_moe_layer_for_fi): "
     "not proven",
     "TrtLlmBf16ExpertsModular": "FlashInfer's block layout under all-to-all kernels: not proven",
+    "TritonOrCutlassExperts": "per-channel FP8 experts as loaded (fused_moe/oracle/fp8.py "
+    "convert_to_fp8_moe_kernel_format converts nothing for VLLM_CUTLASS): not proven yet",
     "FlashInferFP8ScaledMMLinearKernel": "per-tensor FP8: fused shards requantized to their largest scale by a "
     "CUDA op (quantization/utils/w8a8_utils.py requantize_with_max_scale): not proven",
     "MarlinFP8ScaledMMLinearKernel": "repacked for Marlin (kernels/linear/scaled_mm/marlin.py)",
@@ -179,10 +188,24 @@ def _kernel_of(module: Any) -> Optional[Tuple[str, str]]:
     return "method", name
 
 
+#: The quant methods each directly written linear kernel is proven under (its
+#: method decides what runs before the kernel's own post-processing: per-tensor
+#: FP8 requantizes fused shards with a CUDA op, per-channel does not).
+#: ENGINE_FORMATTED says the same of the engine-formatted kernels.
+PROVEN_UNDER = {
+    "CutlassFP8ScaledMMLinearKernel": ("CompressedTensorsLinearMethod:channel",),
+    "CutlassFp8BlockScaledMMKernel": ("Fp8LinearMethod:block",),
+    "TritonFp8BlockScaledMMKernel": ("Fp8LinearMethod:block",),
+}
+
+
 def _method_of(module: Any) -> str:
-    """The quant method's class name, with ":block" for block-quantized FP8."""
+    """The quant method's class name, with ":block" for block-quantized FP8 and
+    ":STRATEGY" for a compressed-tensors scheme's weight strategy."""
     qm = module.quant_method
-    return type(qm).__name__ + (":block" if getattr(qm, "block_quant", False) else "")
+    name = type(qm).__name__ + (":block" if getattr(qm, "block_quant", False) else "")
+    strategy = getattr(getattr(module, "scheme", None), "strategy", None)
+    return name + (f":{getattr(strategy, 'value', strategy)}" if strategy is not None else "")
 
 
 def engine_formatted(module: Any) -> bool:
@@ -213,7 +236,7 @@ def kernel_layout_problems(model: Any, names: Optional[set] = None) -> List[str]
         what = ", ".join(own[:3]) + (f" and {len(own) - 3} more" if len(own) > 3 else "")
         head = f"{what}: held by {cls} ({kind} backend), whose weight layout reshard has not proven"
         if cls in PROVEN_KERNELS.get(kind, ()):
-            methods = ENGINE_FORMATTED.get(cls)
+            methods = ENGINE_FORMATTED.get(cls, PROVEN_UNDER.get(cls))
             if methods is None or _method_of(mod) in methods:
                 continue
             problems.append(f"{head} under {_method_of(mod)} (proven under {', '.join(methods)}; {KERNELS_DOC})")
@@ -310,10 +333,14 @@ class _Formatted:
             self._make(local)
         return self.checkpoint[local]
 
+    def staged(self) -> List[str]:
+        """The parameters whose memory cannot hold the checkpoint format (written through staging)."""
+        return [n for n, t in self.checkpoint.items() if t.data_ptr() != self.over[n][0]]
+
     @property
     def staging_bytes(self) -> int:
-        """Bytes of the staging tensors (parameters whose memory cannot hold the checkpoint format)."""
-        return sum(t.nbytes for n, t in self.checkpoint.items() if t.data_ptr() != self.over[n][0])
+        """Bytes of the staging tensors."""
+        return sum(self.checkpoint[n].nbytes for n in self.staged())
 
     def format(self) -> None:
         """Runs the layer's ``quant_method.process_weights_after_loading`` (as vLLM's
@@ -376,6 +403,12 @@ class WorkerRefit(BoundModule):
                 bufs = {n: dest[pre + n] for n, _ in mod.named_parameters(recurse=False) if pre + n in dest}
                 if bufs:
                     self._formatted.append(_Formatted(mod_name, mod, bufs))
+        staged = [f"{f.name}.{n}: held by {_kernel_of(f.module)[1]} in another size or layout than the checkpoint's "
+                  f"{self._shape(f.buffers[n])}: writing it through a checkpoint-shaped staging tensor is proven for "
+                  f"{', '.join(STAGING_PROVEN) or 'no kernel yet'} ({KERNELS_DOC})" for f in self._formatted for n in f.staged()
+                  if _kernel_of(f.module)[1] not in STAGING_PROVEN]
+        if staged:
+            raise KernelLayoutError(f"rank {session.rank}: nothing was bound:\n  " + "\n  ".join(staged))
         super().__init__(session, model)
         # Only the MLA layers whose kv_b_proj this rank's plan writes (the layer
         # holds it as an attribute; named_modules() names it where it was registered first).
@@ -384,6 +417,10 @@ class WorkerRefit(BoundModule):
                          if names.get(id(m.kv_b_proj), "?") + ".weight" in written]
         self.last_finish_s = 0.0
         self.last_format_s: List[float] = []  #: per engine-formatted layer, the last finish()'s seconds
+
+    @staticmethod
+    def _shape(b: Any) -> str:
+        return f"{b.dtype}[{', '.join(str(n) for n in b.shape)}]"
 
     @property
     def staging_bytes(self) -> int:
