@@ -387,7 +387,11 @@ class WorkerRefit(BoundModule):
             vllm_config = get_current_vllm_config()
         self.vllm_config = vllm_config
         check_engine(session.plan, vllm_config)
-        dest = {b.name: b for b in session.buffers if b.is_destination}
+        # A colocated session (this process is a training rank too) binds the engine as its "infer" side;
+        # a name both sides use is "infer:NAME" in the plan (docs/specs.md, placement).
+        self._side = "infer" if any(b.is_source for b in session.buffers) else None
+        dest = {b.name[len("infer:"):] if b.name.startswith("infer:") else b.name: b
+                for b in session.buffers if b.is_destination}
         written = set(dest)
         problems = kernel_layout_problems(model, written) + _partly_written(model, written)
         if problems:
@@ -442,13 +446,14 @@ class WorkerRefit(BoundModule):
         return tensors
 
     def _bind(self) -> None:
-        if not self._formatted:
+        if not self._formatted and self._side is None:
             return super()._bind()
         tensors = self._tensors()
-        self.session.bind_module(tensors)
-        self._ids = {b.name: (id(tensors[b.name]), tensors[b.name].data_ptr(),
-                              tensors[b.name].untyped_storage().nbytes())
-                     for b in self.session.buffers if b.name in tensors}
+        self.session.bind_module(tensors if self._formatted else self.module, side=self._side)
+        mine = {b.name[len("infer:"):] if b.name.startswith("infer:") else b.name
+                for b in self.session.buffers if b.is_destination}
+        self._ids = {n: (id(tensors[n]), tensors[n].data_ptr(), tensors[n].untyped_storage().nbytes())
+                     for n in mine if n in tensors}
 
     def finish(self) -> None:
         """Has vLLM make what it derives from the refit parameters, in place:
