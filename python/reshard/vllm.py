@@ -407,10 +407,11 @@ class WorkerRefit(BoundModule):
                 bufs = {n: dest[pre + n] for n, _ in mod.named_parameters(recurse=False) if pre + n in dest}
                 if bufs:
                     self._formatted.append(_Formatted(mod_name, mod, bufs))
+        proven = ", ".join(STAGING_PROVEN) or "no kernel yet"
         staged = [f"{f.name}.{n}: held by {_kernel_of(f.module)[1]} in another size or layout than the checkpoint's "
                   f"{self._shape(f.buffers[n])}: writing it through a checkpoint-shaped staging tensor is proven for "
-                  f"{', '.join(STAGING_PROVEN) or 'no kernel yet'} ({KERNELS_DOC})" for f in self._formatted for n in f.staged()
-                  if _kernel_of(f.module)[1] not in STAGING_PROVEN]
+                  f"{proven} ({KERNELS_DOC})"
+                  for f in self._formatted for n in f.staged() if _kernel_of(f.module)[1] not in STAGING_PROVEN]
         if staged:
             raise KernelLayoutError(f"rank {session.rank}: nothing was bound:\n  " + "\n  ".join(staged))
         super().__init__(session, model)

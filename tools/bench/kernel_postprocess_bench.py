@@ -38,12 +38,11 @@ def one(case, a):
     from vllm.config import set_current_vllm_config
 
     import reshard.vllm as rv
-    from reshard._tensors import DTYPE_CODES  # noqa: F401  (the plan dtypes _Formatted reads)
     from reshard.plan import Buffer
 
-    kernels.BASE_CONFIG.update(hidden_size=a.hidden, intermediate_size=a.hidden, moe_intermediate_size=a.moe_intermediate,
-                               n_routed_experts=a.experts, num_hidden_layers=a.layers + 1,
-                               q_lora_rank=128, kv_lora_rank=128)
+    kernels.BASE_CONFIG.update(hidden_size=a.hidden, intermediate_size=a.hidden,
+                               moe_intermediate_size=a.moe_intermediate, n_routed_experts=a.experts,
+                               num_hidden_layers=a.layers + 1, q_lora_rank=128, kv_lora_rank=128)
     cfg = kernels.config(case)
     work = tempfile.mkdtemp(prefix="reshard-ppbench-")
     spec = os.path.join(work, "spec")
