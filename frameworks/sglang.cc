@@ -46,6 +46,7 @@
 #include <algorithm>
 #include <set>
 
+#include "compiler/spec.h"
 #include "frameworks/layout_builder.h"
 #include "runtime/error.h"
 
@@ -358,7 +359,7 @@ void Set(Settings& s, const std::string& key, const std::string& value) {
   } else if (key == "quant") {
     static const std::vector<std::string> kinds = {"none", "fp8-block"};
     if (std::find(kinds.begin(), kinds.end(), value) == kinds.end())
-      Fail(s, "'quant' expects one of " + Join(kinds) + ", got '" + value + "'" + DidYouMean(value, kinds));
+      Fail(s, "'quant' expects one of " + Join(kinds) + ", got '" + value + "'" + DidYouMeanSameKind(value, kinds));
     s.quant = value;
   }
 }

@@ -124,6 +124,7 @@ TEST(InitSglang, VocabPadding) {
   json c = Tiny("llama");
   c["num_attention_heads"] = 6;
   c["num_key_value_heads"] = 6;
+  c["intermediate_size"] = 96;
   const Result r = Gen(c, "hf", "sglang:tp=3");
   const json i = File(r, "infer.json");
   EXPECT_EQ((*Rule(i, "model.embed_tokens.weight"))["shape"], json({192, 64}));
