@@ -314,9 +314,9 @@ TEST(Init, BadSettingsNameTheOptionAndTheAllowedValues) {
   EXPECT_EQ(ErrorOf([&] { Gen(c, "megatron:tp=2,tpp=2", "hf"); }),
             "--train 'megatron:tp=2,tpp=2': unknown option 'tpp' for megatron, expected one of tp, pp, dp, cp, ep, etp, "
             "vpp, pp-layers, grouped-gemm, spec, vocab-divisible, fp32-norms; did you mean 'tp'?");
-  EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "sglang:tp=2"); }),
-            "--infer 'sglang:tp=2': unknown framework 'sglang', expected megatron:..., vllm:..., hf[:tp=N] or "
-            "fsdp2:dp_shard=N,...");
+  EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "trtllm:tp=2"); }),
+            "--infer 'trtllm:tp=2': unknown framework 'trtllm', expected megatron:..., vllm:..., sglang:..., "
+            "hf[:tp=N] or fsdp2:dp_shard=N,...");
   EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "vllm:tp=0"); }), "--infer 'vllm:tp=0': 'tp' expects a positive integer, got '0'");
   EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "vllm:tp=2,quant=int4"); }),
             "--infer 'vllm:tp=2,quant=int4': 'quant' expects one of none, fp8-block, fp8-channel, mxfp8, got 'int4'");

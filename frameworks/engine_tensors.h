@@ -2,7 +2,8 @@
 // and tensors derived at load time. A refit does not write them; `reshard
 // check` reports them apart from differences, with the reason, and only by
 // these exact rules (any other tensor the layout does not bind stays a
-// difference). One table per framework: frameworks/vllm_engine.cc.
+// difference). One table per framework: frameworks/vllm_engine.cc,
+// frameworks/sglang_engine.cc.
 #pragma once
 
 #include <optional>
@@ -19,7 +20,7 @@ const char* EngineTensorKindString(EngineTensorKind k);  // "runtime buffer", "d
 
 struct EngineTensor {
   EngineTensorKind kind;
-  std::string framework;  // "vLLM 0.33"
+  std::string framework;  // "vLLM 0.33", "SGLang 0.5.23"
   std::string from;       // derived_at_load: the parameter it is computed from ("...kv_b_proj.weight")
   std::string reason;     // where the framework makes it (file: function)
 };
@@ -31,5 +32,8 @@ std::optional<EngineTensor> FindEngineTensor(const std::string& framework, const
 
 /// vLLM 0.33's rules (frameworks/vllm_engine.cc).
 std::optional<EngineTensor> VllmEngineTensor(const std::string& name);
+
+/// SGLang 0.5.23's rules (frameworks/sglang_engine.cc).
+std::optional<EngineTensor> SglangEngineTensor(const std::string& name);
 
 }  // namespace reshard

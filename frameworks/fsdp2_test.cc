@@ -299,8 +299,8 @@ TEST(Fsdp2, BadSettingsNameTheOption) {
   EXPECT_EQ(ErrorOf([&] { Gen(c, "fsdp2", "hf"); }),
             "--train 'fsdp2': expected fsdp2:key=value,... (dp_shard, dp_replicate, tp, master, experts-dim)");
   EXPECT_EQ(ErrorOf([&] { Gen(c, "fsdp:dp_shard=4", "hf"); }),
-            "--train 'fsdp:dp_shard=4': unknown framework 'fsdp', expected megatron:..., vllm:..., hf[:tp=N] or "
-            "fsdp2:dp_shard=N,...; did you mean 'fsdp2'?");
+            "--train 'fsdp:dp_shard=4': unknown framework 'fsdp', expected megatron:..., vllm:..., sglang:..., "
+            "hf[:tp=N] or fsdp2:dp_shard=N,...; did you mean 'fsdp2'?");
   EXPECT_EQ(ErrorOf([&] { Gen(c, "fsdp2:dp_shard=4,experts-dim=1", "hf"); }),
             "--train 'fsdp2:dp_shard=4,experts-dim=1': the model has no experts; leave out experts-dim");
   EXPECT_EQ(ErrorOf([&] { Gen(Moe(), "fsdp2:dp_shard=4,experts-dim=2", "hf"); }),

@@ -1,6 +1,6 @@
 // What the frameworks' layouts share: the settings parser, the dispatch to
 // each framework's FrameworkDef, the layout Builder and the role helpers.
-// The frameworks themselves: frameworks/megatron.cc, vllm.cc, hf.cc.
+// The frameworks themselves: frameworks/megatron.cc, vllm.cc, sglang.cc, hf.cc, fsdp2.cc.
 #include "frameworks/layout_builder.h"
 
 #include <algorithm>
@@ -16,7 +16,8 @@ namespace reshard::init {
 using nlohmann::ordered_json;
 
 const std::vector<const FrameworkDef*>& Frameworks() {
-  static const std::vector<const FrameworkDef*> all = {&MegatronFramework(), &VllmFramework(), &HfFramework(),
+  static const std::vector<const FrameworkDef*> all = {&MegatronFramework(), &VllmFramework(),
+                                                        &SglangFramework(), &HfFramework(),
                                                         &Fsdp2Framework()};
   return all;
 }

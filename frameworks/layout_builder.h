@@ -7,6 +7,7 @@
 // (names, dtypes, fusions, sharding) and the sources it follows:
 //   frameworks/megatron.cc   Megatron-Core 0.19
 //   frameworks/vllm.cc       vLLM 0.33
+//   frameworks/sglang.cc     SGLang 0.5.23
 //   frameworks/hf.cc         Hugging Face names, plain TP shards
 //   frameworks/fsdp2.cc      PyTorch FSDP2 / DTensor TP on transformers 5 models
 // Each defines a FrameworkDef (its options and its layout); this file holds
@@ -42,6 +43,10 @@ struct Settings {
   int64_t dp_shard = 0, dp_replicate = 1;  // fsdp2: the DeviceMesh's data-parallel dims (dp_shard required)
   std::string master = "fp32";   // fsdp2: the sharded parameters' dtype, "fp32" or "bf16"
   int64_t experts_dim = 0;       // fsdp2: the dim fully_shard cuts fused experts on (0 or 1)
+  int64_t attn_dp = 1;           // sglang: attention DP groups inside the TP group
+  int64_t dense_tp = 0;          // sglang: moe_dense_tp_size (0: unset, the whole TP group)
+  bool dp_lm_head = false;       // sglang: lm_head over the attention-TP group
+  std::string shared_experts;    // sglang: "", "fused", "tp", "replicated"
 };
 
 using Notes = std::vector<std::string>;
@@ -67,6 +72,7 @@ const FrameworkDef& MegatronFramework();  // frameworks/megatron.cc
 const FrameworkDef& VllmFramework();      // frameworks/vllm.cc
 const FrameworkDef& HfFramework();        // frameworks/hf.cc
 const FrameworkDef& Fsdp2Framework();     // frameworks/fsdp2.cc
+const FrameworkDef& SglangFramework();    // frameworks/sglang.cc
 
 /// Every framework init knows, in the order messages list them.
 const std::vector<const FrameworkDef*>& Frameworks();

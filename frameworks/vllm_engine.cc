@@ -65,6 +65,7 @@ std::optional<EngineTensor> FindEngineTensor(const std::string& framework, const
   std::string first = framework.substr(0, framework.find(' '));
   std::transform(first.begin(), first.end(), first.begin(), [](unsigned char c) { return std::tolower(c); });
   if (first == "vllm") return VllmEngineTensor(name);
+  if (first == "sglang") return SglangEngineTensor(name);
   return std::nullopt;
 }
 

@@ -1,7 +1,9 @@
 // `reshard init` against the recorded dumps of tests/data/recorded/: every
 // rank's parameters (name, dtype, shape). The vLLM cases are dumps of real
 // vLLM 0.33 ranks built and loaded on CPU (tests/vllm/record.py; CI re-records
-// them in tools/test.d/25-vllm.sh and fails on any change); the Megatron-Core
+// them in tools/test.d/25-vllm.sh and fails on any change), the SGLang cases
+// of real SGLang 0.5.23 ranks (tests/sglang/record.py, tools/test.d/26-sglang.sh,
+// MLA's derived attributes included); the Megatron-Core
 // 0.19.2 Transformer Engine cases are derived from the source by
 // tests/recorded/derive.py (each case's SOURCES.md names the file and function
 // of every name pattern), since TE does not run without a GPU. `reshard check`
@@ -28,6 +30,8 @@ struct RecordedCase {
   int engine = 0;     // the engine's own tensors `check` reports, all ranks together (vLLM: attention scales, W_UV / W_UK_T)
 };
 
+bool IsHf(const char* side) { return std::string(side) == "hf"; }
+
 // The init settings that match each recorded case (derive.py's CASES).
 const std::vector<RecordedCase>& Cases() {
   static const std::vector<RecordedCase> cases = {
@@ -47,6 +51,14 @@ const std::vector<RecordedCase>& Cases() {
       {"vllm-mla-tp2", "hf", "vllm:tp=2", 2 * 4 * 6},
       // No quant=: init takes FP8 block scales from the checkpoint's quantization_config.
       {"vllm-mla-fp8-tp2-dp2-ep", "hf", "vllm:tp=2,dp=2,ep", 4 * 4 * 6},
+      // SGLang: ranks x MLA layers x (w_kc, w_vc; under FP8 also w_scale and
+      // attn_mqa / attn_mha k_scale, v_scale)
+      {"sglang-dense-tp4", "hf", "sglang:tp=4"},
+      {"sglang-moe-tp2", "hf", "sglang:tp=2"},
+      {"sglang-moe-tp4-ep2-attn-dp2", "hf", "sglang:tp=4,ep=2,attn-dp=2"},
+      {"sglang-mla-tp2", "hf", "sglang:tp=2", 2 * 4 * 2},
+      {"sglang-mla-fp8-tp2", "hf", "sglang:tp=2", 2 * 4 * 7},
+      {"sglang-mla-tp2-ep2-attn-dp2", "hf", "sglang:tp=2,ep=2,attn-dp=2", 2 * 4 * 2},
   };
   return cases;
 }
@@ -102,8 +114,8 @@ TEST(RecordedDumps, InitMatchesTheFrameworksSource) {
     Result r = Reshard(dir, {"init", "-q", "--hf-config", data + "config.json", "--train", c.train, "--infer",
                              c.infer, "-o", out});
     ASSERT_EQ(r.code, 0) << r.err;
-    const bool vllm = std::string(c.infer) != "hf";
-    r = Reshard(dir, {"check", "--layout", out + (vllm ? "/infer.json" : "/train.json"), "--model",
+    const bool engine_side = !IsHf(c.infer);
+    r = Reshard(dir, {"check", "--layout", out + (engine_side ? "/infer.json" : "/train.json"), "--model",
                       out + "/model.json", "--state-dict", data + "dump.json"});
     EXPECT_EQ(r.code, 0) << r.out << r.err;
     EXPECT_NE(r.out.find("matches the dump"), std::string::npos) << r.out;
@@ -113,8 +125,10 @@ TEST(RecordedDumps, InitMatchesTheFrameworksSource) {
     const std::vector<std::string> engine = EngineLines(r.out);
     EXPECT_EQ(static_cast<int>(engine.size()), c.engine) << r.out;
     for (const std::string& l : engine) {
-      const bool scale = l.find("runtime buffer of vLLM 0.33: attention / KV-cache scale") != std::string::npos;
-      const bool mla = l.find("derived at load of vLLM 0.33, from model.layers.") != std::string::npos &&
+      const bool scale = l.find("runtime buffer of vLLM 0.33: attention / KV-cache scale") != std::string::npos ||
+                         l.find("runtime buffer of SGLang 0.5.23: FP8 KV-cache scale parameter") != std::string::npos;
+      const bool mla = (l.find("derived at load of vLLM 0.33, from model.layers.") != std::string::npos ||
+                        l.find("derived at load of SGLang 0.5.23, from model.layers.") != std::string::npos) &&
                        l.find(".self_attn.kv_b_proj.weight: MLA's absorbed projection") != std::string::npos;
       EXPECT_TRUE(scale || mla) << l;
     }
@@ -156,9 +170,61 @@ TEST(RecordedDumps, EngineTensorsNeedTheirEngineAndExactNames) {
   EXPECT_EQ(j["engine_tensors"][4]["kind"], "derived at load");
 }
 
-// Every case directory is one the test above checks, with its three files.
+// SGLang's derived MLA attributes are engine tensors only in a dump that
+// names SGLang: under another engine's name, or none, they are differences.
+TEST(RecordedDumps, SglangEngineTensorsNeedSglangsName) {
+  TempDir dir;
+  const std::string data = Recorded("sglang-mla-fp8-tp2"), out = dir.File("specs");
+  ASSERT_EQ(Reshard(dir, {"init", "-q", "--hf-config", data + "config.json", "--train", "hf", "--infer", "sglang:tp=2",
+                          "-o", out})
+                .code,
+            0);
+  nlohmann::json dump = nlohmann::json::parse(ReadText(data + "dump.json"));
+  for (const char* framework : {"", "vLLM 0.33.0", "SGLang 0.5.23"}) {
+    SCOPED_TRACE(framework);
+    for (auto& rank : dump) rank["framework"] = framework;
+    WriteText(dir.File("dump.json"), dump.dump());
+    Result r = Reshard(dir, {"check", "--layout", out + "/infer.json", "--model", out + "/model.json", "--state-dict",
+                             dir.File("dump.json"), "--json"});
+    const nlohmann::json j = nlohmann::json::parse(r.out);
+    const bool sglang = std::string(framework).rfind("SGLang", 0) == 0;
+    // 2 ranks x 4 layers x (w_kc, w_vc, w_scale, attn_mqa and attn_mha k_scale / v_scale)
+    EXPECT_EQ(r.code, sglang ? 0 : 1) << r.out << r.err;
+    EXPECT_EQ(j["engine_tensors"].size(), sglang ? 2u * 4 * 7 : 0u);
+    EXPECT_EQ(j["differences"].size(), sglang ? 0u : 2u * 4 * 7);
+  }
+}
+
+// SGLang's fused shared expert: every rank holds it in slot E_local of
+// w13_weight / w2_weight, split over TP like a routed expert; init refuses
+// the setting with that reason (a layout cannot name the slot yet), and the
+// same ranks without fusion are what shared-experts=tp describes.
+TEST(RecordedDumps, SglangFusedSharedExpertIsSlotEOfTheExperts) {
+  TempDir dir;
+  const std::string data = Recorded("sglang-mla-tp2-fused");
+  Result r = Reshard(dir, {"init", "-q", "--hf-config", data + "config.json", "--train", "hf", "--infer",
+                           "sglang:tp=2,shared-experts=fused", "-o", dir.File("fused")});
+  EXPECT_EQ(r.code, 2);  // a refusal, like every init error
+  EXPECT_NE(r.err.find("SGLang holds a fused shared expert in slot 8 of every rank's w13_weight / w2_weight"),
+            std::string::npos)
+      << r.err;
+  const nlohmann::json dump = nlohmann::json::parse(ReadText(data + "dump.json"));
+  ASSERT_EQ(dump.size(), 2u);
+  for (const auto& rank : dump) {
+    std::map<std::string, std::vector<int64_t>> shapes;
+    for (const auto& p : rank["params"]) shapes[p["name"]] = p["shape"].get<std::vector<int64_t>>();
+    for (int layer = 1; layer < 4; ++layer) {  // the MoE layers: 8 routed experts + the shared one, I = 32 over TP2
+      const std::string prefix = "model.layers." + std::to_string(layer) + ".mlp.";
+      EXPECT_EQ(shapes[prefix + "experts.w13_weight"], (std::vector<int64_t>{9, 32, 64})) << prefix;
+      EXPECT_EQ(shapes[prefix + "experts.w2_weight"], (std::vector<int64_t>{9, 64, 16})) << prefix;
+      EXPECT_EQ(shapes.count(prefix + "shared_experts.gate_up_proj.weight"), 0u) << prefix;
+    }
+  }
+}
+
+// Every case directory is one the tests above check, with its three files.
 TEST(RecordedDumps, EveryRecordedCaseIsChecked) {
-  std::set<std::string> on_disk, tested;
+  std::set<std::string> on_disk, tested = {"sglang-mla-tp2-fused"};
   for (const auto& e : fs::directory_iterator(SourceDir() + "/tests/data/recorded"))
     if (e.is_directory()) on_disk.insert(e.path().filename().string());
   for (const RecordedCase& c : Cases()) tested.insert(c.name);

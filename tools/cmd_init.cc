@@ -14,7 +14,7 @@ std::string Help() {
   std::string types;
   for (const auto& t : init::SupportedModelTypes()) types += (types.empty() ? "" : ", ") + t;
   return "Write model.json, train.json and infer.json (and cluster.json) for `reshard compile` from a Hugging Face\n"
-         "config.json and the frameworks' parallel settings (Megatron-Core 0.19, vLLM 0.33, PyTorch FSDP2).\n"
+         "config.json and the frameworks' parallel settings (Megatron-Core 0.19, vLLM 0.33, SGLang 0.5.23, PyTorch FSDP2).\n"
          "Architectures (model_type): " + types + ".\n"
          "\n"
          "--train / --infer take one of:\n"
@@ -38,6 +38,16 @@ std::string Help() {
          "      names; ranks ordered dp, pp, tp). An FP8 checkpoint (quantization_config) is served in FP8\n"
          "      block scales unless quant=none; gpt-oss's MXFP4 release needs quant=none (engines serving BF16:\n"
          "      init does not write vLLM's MXFP4 kernel layouts).\n"
+         "  sglang:tp=N[,ep=N][,attn-dp=N][,engines=N][,shared-experts=fused|tp|replicated][,dense-tp=1][,dp-lm-head]\n"
+         "         [,quant=none|fp8-block]\n"
+         "      ep and attn-dp split the TP group as SGLang does: experts whole over ep ranks, each expert's\n"
+         "      intermediate dim over tp / ep; attention and the input embedding over tp / attn-dp ranks (Qwen3-MoE,\n"
+         "      DeepSeek-V3, Kimi-K2), lm_head (unless dp-lm-head), the dense MLP (unless dense-tp=1) and DeepSeek's\n"
+         "      shared experts over all tp; engines=N runs N independent engines. shared-experts: tp (cut over TP,\n"
+         "      --disable-shared-experts-fusion), replicated (whole on every rank), fused (slot E of w13_weight,\n"
+         "      SGLang's default for DeepSeek-V3/R1 at EP 1 on a GPU; refused: a layout cannot name that slot yet).\n"
+         "      Refused with SGLang's reason: experts not divisible by ep, ep not dividing tp, FP8 block slices\n"
+         "      fp8.py rejects. An FP8 block checkpoint is served in FP8 unless quant=none.\n"
          "  hf | hf:tp=N\n"
          "      Hugging Face names, one rank or plain row/column TP shards (tests, checkpoint export).\n"
          "  fsdp2:dp_shard=N[,dp_replicate=N][,tp=N][,master=fp32|bf16][,experts-dim=0|1]\n"
@@ -65,6 +75,8 @@ std::string Help() {
          "      --infer vllm:tp=8,engines=8 --cluster samples/clusters/dgx-h100.json -o llama70b\n"
          "  reshard init --hf-config Qwen3-8B/config.json --train fsdp2:dp_shard=8,tp=2 --infer vllm:tp=2,engines=8 \\\n"
          "      --cluster dgx-h100 -o qwen3-8b\n"
+         "  reshard init --hf-config Qwen3-30B-A3B/config.json --train megatron:tp=2,pp=2,ep=8,etp=1,grouped-gemm \\\n"
+         "      --infer sglang:tp=8,ep=8,attn-dp=8 --cluster dgx-h100 -o qwen3-30b-sglang\n"
          "  reshard init --hf-config tiny/config.json --train megatron:tp=2,pp=2,spec=local --infer hf -o tiny";
 }
 
@@ -78,8 +90,8 @@ void AddInitCommand(CLI::App& app, int& exit_code) {
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("--hf-config", o->config, "the model's Hugging Face config.json (or its directory)")->required();
-  cmd->add_option("--train", o->train, "the training side: megatron:..., fsdp2:..., vllm:..., hf or hf:tp=N")->required();
-  cmd->add_option("--infer", o->infer, "the inference side: vllm:..., megatron:..., fsdp2:..., hf or hf:tp=N")->required();
+  cmd->add_option("--train", o->train, "the training side: megatron:..., fsdp2:..., vllm:..., sglang:..., hf or hf:tp=N")->required();
+  cmd->add_option("--infer", o->infer, "the inference side: vllm:..., sglang:..., megatron:..., fsdp2:..., hf or hf:tp=N")->required();
   cmd->add_option("--cluster", o->cluster,
                   ClusterOptionHelp("written as cluster.json") +
                       "; with its gpu_memory_GB, init warns where a rank's weights exceed a GPU's memory");

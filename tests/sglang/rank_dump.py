@@ -17,12 +17,11 @@ import engine  # noqa: E402  (sets the CPU environment before SGLang is imported
 def main():
     model_dir, out, settings = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     import dump_state_dict
-    import sglang
 
     model = engine.build_rank(model_dir, **settings)
     rank = int(os.environ["RANK"])
     dump = dump_state_dict.rank_dump(model, rank, meta={
-        "framework": f"SGLang {sglang.__version__} (real, CPU: tests/sglang)", "sglang": engine.coordinates()})
+        "framework": f"SGLang {engine.VERSION} (real, CPU: tests/sglang)", "sglang": engine.coordinates()})
     dump["params"] += [dump_state_dict.entry(n, t) for n, t in engine.derived_attributes(model).items()]
     dump_state_dict.write_json(os.path.join(out, f"rank{rank}.json"), dump)
 
