@@ -216,15 +216,15 @@ TEST(BoundaryTest, InterruptDuringRunEndsItAndThePeerNamesTheRank) {
 
 // A rank that fails its own checks before sending (a buffer left unbound)
 // tells its peer why at once: the peer, waiting for it, ends well inside its
-// timeout, naming the rank and its reason.
-TEST(BoundaryTest, ARankThatFailsBeforeSendingTellsItsPeers) {
-  TempDir dir;
+// timeout, naming the rank and its reason (which reaches it through the
+// rendezvous, not through the connections the failed rank closes).
+void ExpectFailureBeforeSendingIsTold(const std::string& rendezvous) {
   std::vector<uint8_t> bytes = BuildPlan(PackAndDirectPlan());
   auto out = RunRanks(
       2,
       [&](int r) -> std::string {
         Plan plan = Plan::from_bytes(bytes, "p.rsplan");
-        GlooTransport gloo(static_cast<uint32_t>(r), 2, Options(dir.path(), 20000));
+        GlooTransport gloo(static_cast<uint32_t>(r), 2, Options(rendezvous, 20000));
         if (r == 0) {
           RunSynthetic(plan, 0, gloo);
           return "ran";
@@ -245,6 +245,15 @@ TEST(BoundaryTest, ARankThatFailsBeforeSendingTellsItsPeers) {
                                                            "peer 1 failed: .*another rank failed first: rank 1: .*not "
                                                            "bound.* \\(nothing was sent\\)")))
       << out[0].message;
+}
+
+TEST(BoundaryTest, ARankThatFailsBeforeSendingTellsItsPeersThroughADirectory) {
+  TempDir dir;
+  ExpectFailureBeforeSendingIsTold(dir.path());
+}
+
+TEST(BoundaryTest, ARankThatFailsBeforeSendingTellsItsPeersThroughHostPort) {
+  ExpectFailureBeforeSendingIsTold("127.0.0.1:" + std::to_string(FreePort()));
 }
 
 // `reshard run` of one rank of two, the other never started: Ctrl-C ends it
