@@ -113,9 +113,11 @@ TEST(BoundaryTest, ARankStartedTwiceNeverOutlivesTheTimeout) {
       if (out[p].exit_code == 0) continue;
       ++failed;
       // Named while the job's processes live (twice, or as another job's);
-      // a rank-1 process that comes after they have ended finds no rendezvous.
+      // a rank-1 process that comes after they have ended finds no
+      // rendezvous, and one that comes as rank 0 ends finds it closing.
       EXPECT_TRUE(out[p].message.find("rank 1 joined") != std::string::npos ||
-                  out[p].message.find(": Connection refused") != std::string::npos)
+                  out[p].message.find(": Connection refused") != std::string::npos ||
+                  out[p].message.find(": the server closed the connection") != std::string::npos)
           << k << " " << p << ": " << out[p].message;
     }
     EXPECT_GT(failed, 0) << k;  // one of the two rank-1 processes, at least
@@ -216,15 +218,15 @@ TEST(BoundaryTest, InterruptDuringRunEndsItAndThePeerNamesTheRank) {
 
 // A rank that fails its own checks before sending (a buffer left unbound)
 // tells its peer why at once: the peer, waiting for it, ends well inside its
-// timeout, naming the rank and its reason.
-TEST(BoundaryTest, ARankThatFailsBeforeSendingTellsItsPeers) {
-  TempDir dir;
+// timeout, naming the rank and its reason (which reaches it through the
+// rendezvous, not through the connections the failed rank closes).
+void ExpectFailureBeforeSendingIsTold(const std::string& rendezvous) {
   std::vector<uint8_t> bytes = BuildPlan(PackAndDirectPlan());
   auto out = RunRanks(
       2,
       [&](int r) -> std::string {
         Plan plan = Plan::from_bytes(bytes, "p.rsplan");
-        GlooTransport gloo(static_cast<uint32_t>(r), 2, Options(dir.path(), 20000));
+        GlooTransport gloo(static_cast<uint32_t>(r), 2, Options(rendezvous, 20000));
         if (r == 0) {
           RunSynthetic(plan, 0, gloo);
           return "ran";
@@ -245,6 +247,15 @@ TEST(BoundaryTest, ARankThatFailsBeforeSendingTellsItsPeers) {
                                                            "peer 1 failed: .*another rank failed first: rank 1: .*not "
                                                            "bound.* \\(nothing was sent\\)")))
       << out[0].message;
+}
+
+TEST(BoundaryTest, ARankThatFailsBeforeSendingTellsItsPeersThroughADirectory) {
+  TempDir dir;
+  ExpectFailureBeforeSendingIsTold(dir.path());
+}
+
+TEST(BoundaryTest, ARankThatFailsBeforeSendingTellsItsPeersThroughHostPort) {
+  ExpectFailureBeforeSendingIsTold("127.0.0.1:" + std::to_string(FreePort()));
 }
 
 // `reshard run` of one rank of two, the other never started: Ctrl-C ends it

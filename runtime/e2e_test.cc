@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "runtime/test.h"
 
 namespace reshard {
@@ -19,15 +21,29 @@ using testing::Shell;
 const std::string kBinary = RESHARD_BINARY;
 const std::string kSamples = std::string(RESHARD_SOURCE_DIR) + "/samples";
 
+// The JSON `run --json` prints: its last line (progress lines come before it).
+nlohmann::json RunJson(const std::string& out) {
+  std::string s = out;
+  while (!s.empty() && s.back() == '\n') s.pop_back();
+  const size_t nl = s.rfind('\n');
+  return nlohmann::json::parse(nl == std::string::npos ? s : s.substr(nl + 1), nullptr, false);
+}
+
 TEST(E2eTest, RunChecksEveryElementOfAHandBuiltPlan) {
   TempDir dir;
   testing::WriteFile(dir.File("p.rsplan"), BuildPlan(testing::ForwardPlan()));
   Result r = Shell(kBinary + " run " + dir.File("p.rsplan") + " --local --timeout 10 --json");
   EXPECT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_NE(r.out.find("\"ranks\": 4, \"failed_ranks\": 0, \"bytes\": 1024, \"net_bytes\": 512, \"nvlink_bytes\": 512"),
-            std::string::npos)
-      << r.out;
-  EXPECT_NE(r.out.find("\"checked\": 256, \"wrong\": 0, \"ok\": true"), std::string::npos) << r.out;
+  const nlohmann::json j = RunJson(r.out);
+  ASSERT_TRUE(j.is_object()) << r.out;
+  EXPECT_EQ(j["ranks"], 4) << r.out;
+  EXPECT_EQ(j["failed_ranks"], 0) << r.out;
+  EXPECT_EQ(j["bytes"], 1024) << r.out;
+  EXPECT_EQ(j["net_bytes"], 512) << r.out;
+  EXPECT_EQ(j["nvlink_bytes"], 512) << r.out;
+  EXPECT_EQ(j["checked"], 256) << r.out;
+  EXPECT_EQ(j["wrong"], 0) << r.out;
+  EXPECT_EQ(j["ok"], true) << r.out;
 }
 
 TEST(E2eTest, RunReportsWrongElements) {
@@ -85,7 +101,10 @@ TEST_P(CompiledSampleTest, CompilesAndRunsWithEveryElementRight) {
   ASSERT_EQ(c.exit_code, 0) << c.out;
   Result r = Shell(kBinary + " run " + dir.File("p.rsplan") + " --local --timeout 20 --json");
   EXPECT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_NE(r.out.find("\"wrong\": 0, \"ok\": true"), std::string::npos) << r.out;
+  const nlohmann::json j = RunJson(r.out);
+  ASSERT_TRUE(j.is_object()) << r.out;
+  EXPECT_EQ(j["wrong"], 0) << r.out;
+  EXPECT_EQ(j["ok"], true) << r.out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, CompiledSampleTest,

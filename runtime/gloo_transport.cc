@@ -100,6 +100,8 @@ std::string AbortKey(const std::string& prefix) { return prefix + "/abort"; }
 // The key a rank whose run failed sets, with why: every peer's watcher polls
 // it, so that ranks that do not talk to the failed one stop too.
 std::string FailedKey(const std::string& prefix) { return prefix + "/failed"; }
+// How long a watcher waits for rank 0's store to answer whether a failure is published.
+constexpr std::chrono::milliseconds kProbeAnswer(500);
 
 // The published reason, cut to what a message can carry.
 std::string Reason(const std::string& why) {
@@ -344,11 +346,51 @@ GlooTransport::GlooTransport(uint32_t rank, uint32_t size, const GlooOptions& op
     };
     store_ = std::move(c->base);
     watcher_ = std::thread([this] { Watch(); });
-  } else if (c->tcp != nullptr && rank == 0) {
-    // Rank 0 keeps serving while the transport lives: a process that comes
-    // late as a rank of this job (a duplicate, another job on this address)
-    // hears why at once instead of waiting for a server that has gone.
+  } else if (c->tcp != nullptr) {
+    // Rank 0 keeps serving while the transport lives, and every rank keeps
+    // its connection to it: a failed rank publishes why there, and every
+    // waiting rank asks within the watcher's poll (a 'C' request, which
+    // does not wait for the key). A process that comes late as a rank of
+    // this job (a duplicate, another job on this address) hears why at once.
+    // One request at a time per store: the watcher and a failing wait share
+    // it under a lock. A store that did not answer in time may be out of
+    // step with its replies, so it is not asked again.
+    TcpStore* tcp = c->tcp;
+    const std::string key = FailedKey(options.prefix);
+    auto mu = std::make_shared<std::mutex>();
+    auto gone = std::make_shared<bool>(false);
+    probe_failure_ = [tcp, key, mu, gone] {
+      std::lock_guard<std::mutex> lock(*mu);
+      if (*gone) return std::string();
+      std::vector<char> why;
+      try {
+        if (!tcp->Check(key, &why, kProbeAnswer)) return std::string();
+      } catch (...) {
+        *gone = true;  // rank 0 has finished (or died): the connections tell the rest
+        throw;
+      }
+      return std::string(why.begin(), why.end());
+    };
+    publish_failure_ = [tcp, key, mu, gone](const std::string& why) {
+      std::lock_guard<std::mutex> lock(*mu);
+      if (*gone) return;
+      try {
+        tcp->set(key, std::vector<char>(why.begin(), why.end()), kProbeAnswer);
+      } catch (...) {
+        *gone = true;
+        throw;
+      }
+    };
     store_ = std::move(c->base);
+    // Rank 0's store need not outlive this rank's connecting for it any more.
+    if (rank != 0) {
+      try {
+        tcp->Settle();
+      } catch (const std::exception&) {
+        *gone = true;
+      }
+    }
+    watcher_ = std::thread([this] { Watch(); });
   }
   aborter_ = RegisterAborter([this] {
     std::lock_guard<std::mutex> lock(wait_mu_);

@@ -114,7 +114,7 @@ void RunCases(std::vector<Case>& cases, double compile_s) {
   for (size_t i : order) {
     Case& c = cases[i];
     if (c.exit_code != 0 && c.out.find("crashed (signal") != std::string::npos &&
-        c.out.find("\"wrong\": 0,") != std::string::npos) {
+        c.out.find("\"wrong\":0,") != std::string::npos) {
       c.out.clear();
       Start(c);
       Finish(c);

@@ -42,6 +42,10 @@ bool IsAbortKey(const std::string& key) {
 const std::string kAbortMark("\0reshard-abort\0", 15);
 const std::string kTimeoutMark("\0reshard-timeout\0", 17);
 const std::string kMissingMark("\0reshard-missing\0", 17);
+// The answers to 'C' (is the key set? without waiting): the value after
+// kFoundMark, or kAbsentMark alone.
+const std::string kFoundMark("\0reshard-found\0", 15);
+const std::string kAbsentMark("\0reshard-absent\0", 17);
 std::vector<char> Marked(const std::string& mark, const std::string& text) {
   std::vector<char> v(mark.begin(), mark.end());
   v.insert(v.end(), text.begin(), text.end());
@@ -367,6 +371,7 @@ struct TcpStore::Server {
     bool broken = false;      // a send failed
     bool conflicted = false;  // its hello conflicts: its requests wait for the roster's end
     std::string refused;      // why its every request is refused (a conflicting latecomer)
+    bool settled = false;     // it reads no more keys ('D'): the destructor does not wait for it
   };
   struct Pending {
     int fd;
@@ -509,9 +514,10 @@ struct TcpStore::Server {
       const int fd = it->fd;
       pending.erase(std::remove_if(pending.begin(), pending.end(), [&](const Pending& p) { return p.fd == fd; }),
                     pending.end());
+      const bool counted = !it->settled;
       clients.erase(it);
       std::lock_guard<std::mutex> lock(mu);
-      --active;
+      if (counted) --active;
       cv.notify_all();
     };
     for (;;) {
@@ -614,9 +620,18 @@ struct TcpStore::Server {
             OnHello(c, rank, DecodeHello(value), now);
             continue;
           }
-          if (op != 'S' && op != 'G' && op != 'R' && op != 'M' && op != 'Q') {
+          if (op != 'S' && op != 'G' && op != 'C' && op != 'D' && op != 'R' && op != 'M' && op != 'Q') {
             c.broken = true;
             break;
+          }
+          if (op == 'D') {
+            if (!c.settled) {
+              c.settled = true;
+              --active;
+              cv.notify_all();
+            }
+            reply(c, {});
+            continue;
           }
           if (op == 'M') {
             reply(c, Marked(kMissingMark, JoinRanks(Missing())));
@@ -642,6 +657,10 @@ struct TcpStore::Server {
             reply(c, {});
           } else if (op == 'G' && keys.count(key)) {
             reply(c, keys[key]);
+          } else if (op == 'C') {
+            auto it = keys.find(key);
+            reply(c, it == keys.end() ? Marked(kAbsentMark, "")
+                                      : Marked(kFoundMark, std::string(it->second.begin(), it->second.end())));
           } else if ((op == 'R' || op == 'Q') && complete) {
             reply(c, {});
           } else {
@@ -803,6 +822,7 @@ void TcpStore::StopServing(const std::string& why) {
 
 std::string TcpStore::TimeoutMessage(char op, const std::string& key, std::chrono::milliseconds timeout) {
   if (op == 'S') return "rendezvous '" + address_ + "': timed out after " + SecondsString(timeout) + " setting key '" + key + "'";
+  if (op == 'C') return "rendezvous '" + address_ + "': no answer within " + SecondsString(timeout) + " checking key '" + key + "'";
   std::vector<uint32_t> missing;
   AskMissing(&missing);
   return op == 'R' ? RosterTimeout(address_, timeout, missing) : KeyTimeout(address_, timeout, key, missing);
@@ -869,6 +889,11 @@ std::vector<char> TcpStore::Request(char op, const std::string& key, const std::
       lock.unlock();
       s.Wake();
       return {};
+    }
+    if (op == 'C') {
+      auto it = s.keys.find(key);
+      return it == s.keys.end() ? Marked(kAbsentMark, "")
+                                : Marked(kFoundMark, std::string(it->second.begin(), it->second.end()));
     }
     auto ready = [&] { return !s.aborted.empty() || (op == 'R' ? s.complete : s.keys.count(key) > 0); };
     for (;;) {
@@ -938,8 +963,25 @@ void TcpStore::set(const std::string& key, const std::vector<char>& data) {
   Request('S', key, data, Clock::now() + timeout_, timeout_);
 }
 
+void TcpStore::set(const std::string& key, const std::vector<char>& data, std::chrono::milliseconds timeout) {
+  Request('S', key, data, Clock::now() + timeout, timeout);
+}
+
 std::vector<char> TcpStore::get(const std::string& key) {
   return Request('G', key, {}, Clock::now() + timeout_, timeout_);
+}
+
+void TcpStore::Settle() {
+  if (server_) return;
+  Request('D', "", {}, Clock::now() + timeout_, timeout_);
+}
+
+bool TcpStore::Check(const std::string& key, std::vector<char>* value, std::chrono::milliseconds timeout) {
+  const std::vector<char> got = Request('C', key, {}, Clock::now() + timeout, timeout);
+  if (HasMark(got, kAbsentMark)) return false;
+  if (!HasMark(got, kFoundMark)) throw Error("rendezvous '" + address_ + "': an answer out of step with the request");
+  value->assign(got.begin() + static_cast<long>(kFoundMark.size()), got.end());
+  return true;
 }
 
 void TcpStore::wait(const std::vector<std::string>& keys) { wait(keys, timeout_); }

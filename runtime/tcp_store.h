@@ -41,7 +41,7 @@ class TcpStore : public gloo::rendezvous::Store {
   /// some rank has not said hello by then, every request still waiting, and
   /// every later one, is answered with the roster timeout (see
   /// WaitForRoster). The destructor keeps serving until each client has said
-  /// hello and closed, so that a slower rank still finds its keys: at most
+  /// hello and closed (or settled: see Settle), so that a slower rank still finds its keys: at most
   /// until that deadline while the roster is incomplete, at most `timeout`
   /// once it completed; StopServing ends it at once. `job` (optional) names
   /// the job, as Connect's does. Throws reshard::Error when the address
@@ -96,6 +96,8 @@ class TcpStore : public gloo::rendezvous::Store {
   void StopServing(const std::string& why = "");
 
   void set(const std::string& key, const std::vector<char>& data) override;
+  /// set, waiting at most `timeout` for the server's answer (not the store's).
+  void set(const std::string& key, const std::vector<char>& data, std::chrono::milliseconds timeout);
   /// Waits (the store's timeout) for the key, then returns its value. A
   /// timeout names the ranks that have not said hello, on a client as on the
   /// server: "rendezvous 'HOST:PORT': timed out after 2.0 s waiting for key
@@ -103,6 +105,16 @@ class TcpStore : public gloo::rendezvous::Store {
   std::vector<char> get(const std::string& key) override;
   void wait(const std::vector<std::string>& keys) override;
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
+  /// Whether `key` is set, without waiting for it: its value in `*value`
+  /// when it is. Throws reshard::Error when the server does not answer
+  /// within `timeout` or has closed the connection, ConnectAborted when the
+  /// rendezvous was given up.
+  bool Check(const std::string& key, std::vector<char>* value, std::chrono::milliseconds timeout);
+  /// On a client: tells the server that this rank reads no more keys of
+  /// its connecting; it keeps the connection (for set and Check), but the
+  /// serving rank's destructor no longer waits for it to close. Does
+  /// nothing on the serving store.
+  void Settle();
 
   struct Server;
 

@@ -132,6 +132,35 @@ TEST(TcpStoreTest, NoServerIsAClearError) {
             "rendezvous: cannot connect to '" + addr + "' within 0.3 s: Connection refused");
 }
 
+// Check answers at once whether a key is set (a failure watcher's poll must
+// not wait for the key), on a client and on the serving store; a settled
+// client keeps its connection but the serving store's destructor no longer
+// waits for it to close; the client then hears that the server has gone.
+TEST(TcpStoreTest, CheckDoesNotWaitAndASettledClientIsNotWaitedFor) {
+  const std::string addr = "127.0.0.1:" + std::to_string(FreePort());
+  auto server = TcpStore::Serve(addr, 1, std::chrono::seconds(20));
+  auto client = TcpStore::Connect(addr, 1, std::chrono::seconds(20));
+  client->WaitForRoster();
+  std::vector<char> v;
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(client->Check("job/failed", &v, std::chrono::seconds(5)));
+  EXPECT_FALSE(server->Check("job/failed", &v, std::chrono::seconds(5)));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+  client->set("job/failed", {'w', 'h', 'y'});
+  EXPECT_TRUE(server->Check("job/failed", &v, std::chrono::seconds(5)));
+  EXPECT_EQ(std::string(v.begin(), v.end()), "why");
+  v.clear();
+  EXPECT_TRUE(client->Check("job/failed", &v, std::chrono::seconds(5)));
+  EXPECT_EQ(std::string(v.begin(), v.end()), "why");
+  client->get("job/failed");  // the stream stays in step after checks
+  client->Settle();
+  t0 = std::chrono::steady_clock::now();
+  server.reset();  // without the settle it would wait up to 20 s for the client to close
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  EXPECT_EQ(ErrorOf([&] { client->Check("job/failed", &v, std::chrono::seconds(5)); }),
+            "rendezvous '" + addr + "': the server closed the connection");
+}
+
 TEST(TcpStoreTest, MissingKeyTimesOutNamingIt) {
   const std::string addr = "127.0.0.1:" + std::to_string(FreePort());
   auto server = TcpStore::Serve(addr, 1, std::chrono::milliseconds(300));

@@ -2,8 +2,6 @@
 // temporary directory, and ranks run in forked processes.
 #pragma once
 
-#include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -21,6 +19,7 @@
 
 #include "runtime/error.h"
 #include "runtime/plan.h"
+#include "runtime/supervise.h"
 #include "runtime/transport.h"
 
 namespace reshard::testing {
@@ -363,95 +362,28 @@ struct RankOutcome {
   double seconds = 0;    // from the start until the rank exited
 };
 
-/// Runs fn(rank) for ranks 0..n-1, each in a forked process. fn returns ""
-/// for success or what went wrong (exceptions are caught and reported).
-/// Ranks still running after `timeout_s` are killed.
+/// Runs fn(rank) for ranks 0..n-1, each in a forked process
+/// (runtime/supervise.h). fn returns "" for success or what went wrong
+/// (exceptions are caught and reported). Ranks still running after
+/// `timeout_s` are killed.
 inline std::vector<RankOutcome> RunRanks(int n, const std::function<std::string(int)>& fn, double timeout_s = 30) {
-  using Clock = std::chrono::steady_clock;
-  std::vector<pid_t> pids(n, -1);
-  std::vector<int> fds(n, -1);
-  std::vector<RankOutcome> out(n);
-  const auto t0 = Clock::now();
-  for (int r = 0; r < n; ++r) {
-    int pipefd[2];
-    if (pipe(pipefd) != 0) throw Error("pipe failed");
-    pid_t pid = fork();
-    if (pid == 0) {
-      close(pipefd[0]);
-      std::string msg;
-      try {
-        msg = fn(r);
-      } catch (const std::exception& e) {
-        msg = e.what();
-        if (msg.empty()) msg = "exception";
-      }
-      size_t off = 0;
-      while (off < msg.size()) {
-        ssize_t w = write(pipefd[1], msg.data() + off, msg.size() - off);
-        if (w <= 0) break;
-        off += static_cast<size_t>(w);
-      }
-      close(pipefd[1]);
-      _exit(msg.empty() ? 0 : 1);
-    }
-    close(pipefd[1]);
-    pids[r] = pid;
-    fds[r] = pipefd[0];
-  }
-  int left = n;
-  std::vector<bool> done(n, false);
-  while (left > 0) {
-    std::vector<pollfd> pfds;
-    for (int r = 0; r < n; ++r) {
-      if (fds[r] >= 0) pfds.push_back({fds[r], POLLIN, 0});
-    }
-    if (!pfds.empty()) poll(pfds.data(), pfds.size(), 20);
-    for (int r = 0; r < n; ++r) {
-      if (fds[r] < 0) continue;
-      char buf[4096];
-      for (;;) {
-        int fl = fcntl(fds[r], F_GETFL);
-        fcntl(fds[r], F_SETFL, fl | O_NONBLOCK);
-        ssize_t k = read(fds[r], buf, sizeof buf);
-        if (k > 0) {
-          out[r].message.append(buf, static_cast<size_t>(k));
-          continue;
-        }
-        if (k == 0) {
-          close(fds[r]);
-          fds[r] = -1;
-        }
-        break;
-      }
-    }
-    for (int r = 0; r < n; ++r) {
-      if (done[r]) continue;
-      int status = 0;
-      if (waitpid(pids[r], &status, WNOHANG) == pids[r]) {
-        done[r] = true;
-        --left;
-        out[r].seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-        out[r].exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-      }
-    }
-    if (pfds.empty() && left > 0) usleep(10000);
-    if (std::chrono::duration<double>(Clock::now() - t0).count() > timeout_s) {
-      for (int r = 0; r < n; ++r) {
-        if (done[r]) continue;
-        kill(pids[r], SIGKILL);
-        waitpid(pids[r], nullptr, 0);
-        out[r].timed_out = true;
-        done[r] = true;
-        --left;
-      }
-    }
-  }
-  for (int r = 0; r < n; ++r) {
-    if (fds[r] < 0) continue;
-    char buf[4096];
-    ssize_t k;
-    while ((k = read(fds[r], buf, sizeof buf)) > 0) out[r].message.append(buf, static_cast<size_t>(k));
-    close(fds[r]);
+  SuperviseOptions options;
+  options.watchdog_s = timeout_s;
+  SuperviseResult run = Supervise(
+      static_cast<size_t>(n),
+      [&](size_t r, int fd) {
+        const std::string msg = fn(static_cast<int>(r));
+        WriteAll(fd, msg);
+        return msg.empty() ? 0 : 1;
+      },
+      options);
+  std::vector<RankOutcome> out(static_cast<size_t>(n));
+  for (size_t r = 0; r < out.size(); ++r) {
+    const ChildOutcome& c = run.children[r];
+    out[r].exit_code = c.exit_code();
+    out[r].timed_out = c.timed_out;
+    out[r].message = c.text;
+    out[r].seconds = c.seconds;
   }
   return out;
 }

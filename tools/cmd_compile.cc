@@ -8,9 +8,9 @@
 #include <nlohmann/json.hpp>
 
 #include "compiler/compile.h"
+#include "compiler/compile_file.h"
 #include "compiler/keep_until_exit.h"
 #include "compiler/phase_times.h"
-#include "compiler/write_file.h"
 #include "runtime/error.h"
 #include "runtime/plan.h"
 #include "tools/commands.h"
@@ -110,14 +110,7 @@ void AddCompileCommand(CLI::App& app, int& exit_code) {
       });
       if (show) std::fprintf(stderr, "\r\033[K");
     } else {
-      PlanIR ir = BuildPlan(in, opt);
-      std::optional<Phase> phase(std::in_place, "serialize");
-      std::vector<uint8_t> bytes = EmitPlan(in, ir);
-      phase.emplace("write");
-      WriteFileAtomic(o->out, bytes);
-      phase.reset();
-      j = CompileSummary(o->out, o->strategy, ir, bytes.size());
-      Dispose(std::move(ir));
+      j = CompilePlanFile(in, opt, o->out);
     }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     j["seconds"] = secs;

@@ -3,12 +3,9 @@
 // the other hosts' ranks) over Gloo, with synthetic weights, and checks every
 // destination element of its ranks.
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netdb.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,19 +18,22 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "runtime/error.h"
 #include "runtime/gloo_transport.h"
 #include "runtime/plan.h"
 #include "runtime/synthetic.h"
 #include "runtime/interrupt.h"
+#include "runtime/supervise.h"
 #include "runtime/tcp_store.h"
 #include "tools/commands.h"
 
 namespace reshard::cli {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 
+// What a rank's process said (its pipe's lines).
 struct RankReport {
   bool reported = false;  // the child sent a result line
   bool ok = false;
@@ -41,28 +41,11 @@ struct RankReport {
   uint64_t bytes_sent = 0, net_bytes = 0, nvlink_bytes = 0, checked = 0, wrong = 0;
   double seconds = 0;
   std::vector<std::string> wrong_elements;
-  std::string text;  // raw pipe contents
-  // Process state.
-  pid_t pid = -1;
-  int fd = -1;
-  bool exited = false;
-  int status = 0;
-  bool killed = false;
-  std::string killed_why;
 };
 
 std::string OneLine(std::string s) {
   std::replace(s.begin(), s.end(), '\n', ' ');
   return s;
-}
-
-void WriteAll(int fd, const std::string& s) {
-  size_t off = 0;
-  while (off < s.size()) {
-    ssize_t w = write(fd, s.data() + off, s.size() - off);
-    if (w <= 0) return;
-    off += static_cast<size_t>(w);
-  }
 }
 
 // The child's side: everything it has to say goes into `fd` as lines.
@@ -108,8 +91,9 @@ int RunChild(const Plan& plan, uint32_t rank, const std::string& rendezvous, con
   }
 }
 
-void Parse(RankReport& r) {
-  std::istringstream in(r.text);
+RankReport Parse(const std::string& text) {
+  RankReport r;
+  std::istringstream in(text);
   std::string line;
   while (std::getline(in, line)) {
     if (line.rfind("ok ", 0) == 0) {
@@ -124,43 +108,18 @@ void Parse(RankReport& r) {
       r.error = line.substr(6);
     }
   }
+  return r;
 }
 
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
-}
-
-std::string Describe(const RankReport& r) {
+std::string Describe(const RankReport& r, const ChildOutcome& c) {
   if (!r.error.empty()) return r.error;
-  if (r.killed) return r.killed_why;
-  if (r.exited && WIFSIGNALED(r.status)) {
-    return std::string("crashed (signal ") + std::to_string(WTERMSIG(r.status)) + ", " + strsignal(WTERMSIG(r.status)) +
+  if (c.killed) return c.killed_why;
+  if (WIFSIGNALED(c.status)) {
+    return std::string("crashed (signal ") + std::to_string(WTERMSIG(c.status)) + ", " + strsignal(WTERMSIG(c.status)) +
            ")";
   }
-  if (r.exited && WIFEXITED(r.status) && !r.reported) {
-    return "exited with status " + std::to_string(WEXITSTATUS(r.status)) + " without a report";
+  if (WIFEXITED(c.status) && !r.reported) {
+    return "exited with status " + std::to_string(WEXITSTATUS(c.status)) + " without a report";
   }
   return "";
 }
@@ -203,239 +162,195 @@ std::string LocalAddressTowards(const std::string& host) {
   return out;
 }
 
-// Ranks [first, last] of the plan, each a process here; `rendezvous` empty:
-// all ranks, meeting in a temporary directory.
-int RunRanks(const std::string& path, uint32_t first, uint32_t last, std::string rendezvous, std::string listen,
-             const std::string& nvlink_listen, double timeout_s, bool json) {
-  Plan plan = Plan::open(path);
-  const uint32_t total = plan.num_ranks();
-  if (last == UINT32_MAX) last = total - 1;
-  if (last >= total) {
-    throw Error("--ranks: rank " + std::to_string(last) + " is out of range: the plan has " + std::to_string(total) +
-                " ranks (0-" + std::to_string(total - 1) + ")");
-  }
-  // One process per active rank of the range: idle ranks (unused GPUs of
-  // partly used NVLink domains) have nothing to run, and the transport
-  // connects the active ranks only (process i plays active_ranks()[i]).
+// The active ranks of [first, last] (one process each: idle ranks, unused
+// GPUs of partly used NVLink domains, have nothing to run, and the transport
+// connects the active ranks only: process i plays active_ranks()[i]), and
+// the plan's round count, which bounds the run. Every program is checked
+// before any process starts.
+struct RankSet {
   std::vector<uint32_t> plan_ranks;
+  uint32_t first = 0, last = 0, total = 0, idle = 0, rounds = 0;
+};
+
+RankSet ActiveRanks(const Plan& plan, uint32_t first, uint32_t last) {
+  RankSet set;
+  set.total = plan.num_ranks();
+  if (last == UINT32_MAX) last = set.total - 1;
+  if (last >= set.total) {
+    throw Error("--ranks: rank " + std::to_string(last) + " is out of range: the plan has " +
+                std::to_string(set.total) + " ranks (0-" + std::to_string(set.total - 1) + ")");
+  }
+  set.first = first;
+  set.last = last;
   for (uint32_t r = first; r <= last; ++r)
-    if (plan.process_of(r) >= 0) plan_ranks.push_back(r);
-  if (plan_ranks.empty()) {
+    if (plan.process_of(r) >= 0) set.plan_ranks.push_back(r);
+  if (set.plan_ranks.empty()) {
     throw Error("--ranks " + std::to_string(first) + "-" + std::to_string(last) +
                 ": every one of these plan ranks is idle (no side, buffers or steps): nothing to run here");
   }
-  const uint32_t n = static_cast<uint32_t>(plan_ranks.size());
-  const uint32_t idle = last - first + 1 - n;
-  uint32_t rounds = 0;
-  for (uint32_t r = 0; r < total; ++r) {
-    const fb::Program& p = plan.program(r);  // every program checked before any process starts
-    if (p.round_begin() && p.round_begin()->size() > 0) rounds = std::max(rounds, p.round_begin()->size() - 1);
+  set.idle = last - first + 1 - static_cast<uint32_t>(set.plan_ranks.size());
+  for (uint32_t r = 0; r < set.total; ++r) {
+    const fb::Program& p = plan.program(r);
+    if (p.round_begin() && p.round_begin()->size() > 0) set.rounds = std::max(set.rounds, p.round_begin()->size() - 1);
   }
-  std::string tmpl;
-  if (rendezvous.empty()) {
-    tmpl = (std::filesystem::temp_directory_path() / "reshard-run-XXXXXX").string();
+  return set;
+}
+
+// Where the ranks meet and listen. An empty rendezvous becomes a temporary
+// directory, removed when this goes out of scope.
+struct Meeting {
+  std::string rendezvous, listen, temporary;
+  ~Meeting() {
+    std::error_code ec;
+    if (!temporary.empty()) std::filesystem::remove_all(temporary, ec);
+  }
+};
+
+void Meet(Meeting& m) {
+  if (m.rendezvous.empty()) {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "reshard-run-XXXXXX").string();
     if (mkdtemp(tmpl.data()) == nullptr) {
       throw Error(std::string("cannot create a temporary directory: ") + strerror(errno));
     }
-    rendezvous = tmpl;
-  } else if (IsHostPort(rendezvous)) {
-    HostPort hp = ParseHostPort(rendezvous, "--rendezvous");
-    if (listen.empty()) listen = LocalAddressTowards(hp.host);
+    m.rendezvous = m.temporary = tmpl;
+  } else if (IsHostPort(m.rendezvous)) {
+    HostPort hp = ParseHostPort(m.rendezvous, "--rendezvous");
+    if (m.listen.empty()) m.listen = LocalAddressTowards(hp.host);
   } else {
     std::error_code ec;
-    if (!std::filesystem::is_directory(rendezvous, ec)) {
-      throw Error("--rendezvous: '" + rendezvous + "' is neither HOST:PORT nor an existing directory");
+    if (!std::filesystem::is_directory(m.rendezvous, ec)) {
+      throw Error("--rendezvous: '" + m.rendezvous + "' is neither HOST:PORT nor an existing directory");
     }
   }
-  if (listen.empty()) listen = "127.0.0.1";
-  struct RemoveDir {
-    std::string dir;
-    ~RemoveDir() {
-      std::error_code ec;
-      if (!dir.empty()) std::filesystem::remove_all(dir, ec);
-    }
-  } remove_dir{tmpl};
+  if (m.listen.empty()) m.listen = "127.0.0.1";
+}
 
-  std::vector<RankReport> ranks(n);
-  std::fflush(stdout);
-  std::fflush(stderr);
-  const pid_t parent = getpid();
-  for (uint32_t r = 0; r < n; ++r) {
-    const uint32_t rank = plan_ranks[r];
-    int fds[2];
-    if (pipe(fds) != 0) throw Error(std::string("pipe: ") + strerror(errno));
-    pid_t pid = fork();
-    if (pid < 0) {
-      for (uint32_t k = 0; k < r; ++k) kill(ranks[k].pid, SIGKILL);
-      throw Error(std::string("fork: ") + strerror(errno));
-    }
-    if (pid == 0) {
-      // A child never outlives the parent.
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(1);
-      close(fds[0]);
-      for (uint32_t k = 0; k < r; ++k) close(ranks[k].fd);
-      _exit(RunChild(plan, rank, rendezvous, listen, nvlink_listen, timeout_s, fds[1]));
-    }
-    close(fds[1]);
-    fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK);
-    ranks[r].pid = pid;
-    ranks[r].fd = fds[0];
-  }
-
-  // Every rank bounds its own waits by the timeout; this watchdog only
-  // catches a rank stuck elsewhere (connecting takes one timeout, each round
-  // at most one more).
-  // Opened after the forks (a child must not inherit the watcher thread):
-  // SIGINT/SIGTERM/SIGHUP to this process go on to every rank, which ends
-  // within a second and says so; the run then exits 128 + the signal.
-  InterruptScope interrupts;
-  int interrupted = 0;
-  const auto start = Clock::now();
-  const double watchdog_s = timeout_s * (rounds + 2) + 10;
-  const bool tty = isatty(STDERR_FILENO);
-  Clock::time_point grace_end = Clock::time_point::max();
-  std::string first_failure;
-  uint32_t finished = 0, shown = UINT32_MAX;
-  auto last_shown = Clock::now();
-  while (finished < n) {
-    std::vector<pollfd> pfds;
-    for (auto& r : ranks) {
-      if (r.fd >= 0) pfds.push_back({r.fd, POLLIN, 0});
-    }
-    poll(pfds.data(), pfds.size(), 50);
-    for (auto& r : ranks) {
-      if (r.fd < 0) continue;
-      char buf[4096];
-      ssize_t k;
-      while ((k = read(r.fd, buf, sizeof buf)) > 0) r.text.append(buf, static_cast<size_t>(k));
-      if (k == 0) {
-        close(r.fd);
-        r.fd = -1;
-      }
-    }
-    for (uint32_t i = 0; i < n; ++i) {
-      RankReport& r = ranks[i];
-      if (r.exited) continue;
-      if (waitpid(r.pid, &r.status, WNOHANG) != r.pid) continue;
-      r.exited = true;
-      ++finished;
-      bool failed = !(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0);
-      if (failed && first_failure.empty()) {
-        first_failure = "rank " + std::to_string(plan_ranks[i]);
-        // Let the other ranks notice and report the failure themselves.
-        grace_end = Clock::now() + std::chrono::milliseconds(1500);
-      }
-    }
-    if (const int sig = interrupts.signal(); sig != 0 && interrupted == 0) {
-      interrupted = sig;
-      for (const RankReport& r : ranks)
-        if (!r.exited) kill(r.pid, sig);  // a terminal's Ctrl-C reached them already; a kill to this pid did not
-      if (first_failure.empty()) first_failure = "the run was interrupted (" + SignalName(sig) + ")";
-      grace_end = std::min(grace_end, Clock::now() + std::chrono::milliseconds(1000));
-    }
-    const auto now = Clock::now();
-    const bool watchdog = std::chrono::duration<double>(now - start).count() > watchdog_s;
-    if (now > grace_end || watchdog) {
-      for (uint32_t i = 0; i < n; ++i) {
-        RankReport& r = ranks[i];
-        if (r.exited) continue;
-        kill(r.pid, SIGKILL);
-        waitpid(r.pid, &r.status, 0);
-        r.exited = true;
-        r.killed = true;
-        char why[160];
-        if (watchdog) {
-          std::snprintf(why, sizeof why, "did not finish within %.0f s (killed)", watchdog_s);
-        } else if (interrupted != 0) {
-          std::snprintf(why, sizeof why, "did not end within 1 s of the interrupt (%s): killed",
-                        SignalName(interrupted).c_str());
-        } else {
-          std::snprintf(why, sizeof why, "killed after %s failed", first_failure.c_str());
-        }
-        r.killed_why = why;
-        ++finished;
-      }
-    }
-    if (finished != shown && (tty || finished == n || now - last_shown > std::chrono::seconds(1))) {
-      std::fprintf(stderr, tty ? "\rreshard run: %u/%u ranks finished" : "reshard run: %u/%u ranks finished\n",
-                   finished, n);
-      if (tty && finished == n) std::fputc('\n', stderr);
-      std::fflush(stderr);
-      shown = finished;
-      last_shown = now;
-    }
-  }
-  for (auto& r : ranks) {
-    if (r.fd >= 0) {
-      char buf[4096];
-      ssize_t k;
-      while ((k = read(r.fd, buf, sizeof buf)) > 0) r.text.append(buf, static_cast<size_t>(k));
-      close(r.fd);
-    }
-    Parse(r);
-  }
-
+// The run as a whole, from every rank's report and process.
+struct Summary {
   uint64_t bytes = 0, net = 0, nvlink = 0, checked = 0, wrong = 0;
-  double seconds = 0;
+  double seconds = 0;  // the slowest rank's
   uint32_t failed = 0;
   std::vector<std::string> failures, wrong_elements;
-  for (uint32_t i = 0; i < n; ++i) {
-    const RankReport& r = ranks[i];
-    bytes += r.bytes_sent;
-    net += r.net_bytes;
-    nvlink += r.nvlink_bytes;
-    checked += r.checked;
-    wrong += r.wrong;
-    seconds = std::max(seconds, r.seconds);
-    // A rank killed after reporting success was only waiting for its peers.
-    const bool rank_ok =
-        r.ok && r.exited && (r.killed || (WIFEXITED(r.status) && (WEXITSTATUS(r.status) == 0 || r.wrong > 0)));
+  bool success() const { return failed == 0 && wrong == 0; }
+};
+
+Summary Summarize(const RankSet& set, const SuperviseResult& run) {
+  Summary sum;
+  for (size_t i = 0; i < set.plan_ranks.size(); ++i) {
+    const ChildOutcome& c = run.children[i];
+    const RankReport r = Parse(c.text);
+    const std::string rank = "rank " + std::to_string(set.plan_ranks[i]);
+    sum.bytes += r.bytes_sent;
+    sum.net += r.net_bytes;
+    sum.nvlink += r.nvlink_bytes;
+    sum.checked += r.checked;
+    sum.wrong += r.wrong;
+    sum.seconds = std::max(sum.seconds, r.seconds);
+    // A rank killed after reporting success was only waiting for its peers;
+    // one that found wrong elements exits 1 and has said so.
+    const bool rank_ok = r.ok && (c.killed || (WIFEXITED(c.status) && (WEXITSTATUS(c.status) == 0 || r.wrong > 0)));
     if (!rank_ok) {
-      ++failed;
-      std::string why = Describe(r);
-      if (why.rfind("rank ", 0) != 0) why = "rank " + std::to_string(plan_ranks[i]) + ": " + why;
-      failures.push_back(why);
+      ++sum.failed;
+      std::string why = Describe(r, c);
+      if (why.rfind("rank ", 0) != 0) why = rank + ": " + why;
+      sum.failures.push_back(why);
     }
-    for (const std::string& w : r.wrong_elements) wrong_elements.push_back("rank " + std::to_string(plan_ranks[i]) + ": " + w);
+    for (const std::string& w : r.wrong_elements) sum.wrong_elements.push_back(rank + ": " + w);
   }
-  const double gbps = seconds > 0 ? bytes / seconds / 1e9 : 0;
-  const bool success = failed == 0 && wrong == 0;
-  if (json) {
-    std::printf("{\"plan\": %s, \"ranks\": %u, \"failed_ranks\": %u, \"bytes\": %llu, \"net_bytes\": %llu, "
-                "\"nvlink_bytes\": %llu, \"seconds\": %.6f, \"gbps\": %.6f, \"checked\": %llu, \"wrong\": %llu, "
-                "\"ok\": %s, \"first_rank\": %u, \"plan_ranks\": %u, \"idle_ranks\": %u, \"failures\": [",
-                JsonString(path).c_str(), n, failed, static_cast<unsigned long long>(bytes),
-                static_cast<unsigned long long>(net), static_cast<unsigned long long>(nvlink), seconds, gbps,
-                static_cast<unsigned long long>(checked), static_cast<unsigned long long>(wrong),
-                success ? "true" : "false", first, total, idle);
-    for (size_t i = 0; i < failures.size(); ++i) std::printf("%s%s", i ? ", " : "", JsonString(failures[i]).c_str());
-    std::printf("], \"wrong_elements\": [");
-    for (size_t i = 0; i < wrong_elements.size(); ++i) {
-      std::printf("%s%s", i ? ", " : "", JsonString(wrong_elements[i]).c_str());
-    }
-    std::printf("]}\n");
+  return sum;
+}
+
+void PrintJson(const std::string& path, const RankSet& set, const Summary& sum) {
+  nlohmann::ordered_json j;
+  j["plan"] = path;
+  j["ranks"] = set.plan_ranks.size();
+  j["failed_ranks"] = sum.failed;
+  j["bytes"] = sum.bytes;
+  j["net_bytes"] = sum.net;
+  j["nvlink_bytes"] = sum.nvlink;
+  j["seconds"] = sum.seconds;
+  j["gbps"] = sum.seconds > 0 ? static_cast<double>(sum.bytes) / sum.seconds / 1e9 : 0.0;
+  j["checked"] = sum.checked;
+  j["wrong"] = sum.wrong;
+  j["ok"] = sum.success();
+  j["first_rank"] = set.first;
+  j["plan_ranks"] = set.total;
+  j["idle_ranks"] = set.idle;
+  j["failures"] = sum.failures;
+  j["wrong_elements"] = sum.wrong_elements;
+  std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+}
+
+void PrintText(const RankSet& set, const Summary& sum) {
+  for (const std::string& f : sum.failures) std::fprintf(stderr, "reshard run: %s\n", f.c_str());
+  const uint32_t n = static_cast<uint32_t>(set.plan_ranks.size());
+  const std::string skipped = set.idle == 0 ? "" : ", " + std::to_string(set.idle) + " idle ranks need no process";
+  if (n + set.idle == set.total) {
+    std::printf("ranks:   %u, %u failed%s\n", n, sum.failed, skipped.c_str());
   } else {
-    for (const std::string& f : failures) std::fprintf(stderr, "reshard run: %s\n", f.c_str());
-    const std::string skipped = idle == 0 ? "" : ", " + std::to_string(idle) + " idle ranks need no process";
-    if (n + idle == total) {
-      std::printf("ranks:   %u, %u failed%s\n", n, failed, skipped.c_str());
-    } else {
-      std::printf("ranks:   %u (%u-%u of %u), %u failed%s\n", n, first, last, total, failed, skipped.c_str());
-    }
-    std::printf("moved:   %s (net %s, nvlink %s) in %.3f s: %.3f GB/s\n", Bytes(static_cast<double>(bytes)).c_str(),
-                Bytes(static_cast<double>(net)).c_str(), Bytes(static_cast<double>(nvlink)).c_str(), seconds, gbps);
-    std::printf("checked: %llu elements, %llu wrong\n", static_cast<unsigned long long>(checked),
-                static_cast<unsigned long long>(wrong));
-    for (const std::string& w : wrong_elements) std::printf("  %s\n", w.c_str());
-    std::printf("%s\n", success ? "ok" : "FAILED");
+    std::printf("ranks:   %u (%u-%u of %u), %u failed%s\n", n, set.first, set.last, set.total, sum.failed,
+                skipped.c_str());
+  }
+  const double gbps = sum.seconds > 0 ? static_cast<double>(sum.bytes) / sum.seconds / 1e9 : 0;
+  std::printf("moved:   %s (net %s, nvlink %s) in %.3f s: %.3f GB/s\n", Bytes(static_cast<double>(sum.bytes)).c_str(),
+              Bytes(static_cast<double>(sum.net)).c_str(), Bytes(static_cast<double>(sum.nvlink)).c_str(), sum.seconds,
+              gbps);
+  std::printf("checked: %llu elements, %llu wrong\n", static_cast<unsigned long long>(sum.checked),
+              static_cast<unsigned long long>(sum.wrong));
+  for (const std::string& w : sum.wrong_elements) std::printf("  %s\n", w.c_str());
+  std::printf("%s\n", sum.success() ? "ok" : "FAILED");
+}
+
+// Ranks [first, last] of the plan, each a process here; `rendezvous` empty:
+// all ranks, meeting in a temporary directory.
+int RunRanks(const std::string& path, uint32_t first, uint32_t last, const std::string& rendezvous,
+             const std::string& listen, const std::string& nvlink_listen, double timeout_s, bool json) {
+  Plan plan = Plan::open(path);
+  const RankSet set = ActiveRanks(plan, first, last);
+  Meeting meeting{rendezvous, listen, ""};
+  Meet(meeting);
+
+  SuperviseOptions options;
+  // Every rank bounds its own waits by the timeout; the watchdog only
+  // catches a rank stuck elsewhere (connecting takes one timeout, each
+  // round at most one more). After a failure the others get 1.5 s to notice
+  // and report it themselves. SIGINT/SIGTERM/SIGHUP go on to every rank,
+  // which ends within a second and says so; the run then exits 128 + the
+  // signal.
+  options.watchdog_s = timeout_s * (set.rounds + 2) + 10;
+  options.failure_grace = std::chrono::milliseconds(1500);
+  options.forward_interrupts = true;
+  options.name = [&](size_t i) { return "rank " + std::to_string(set.plan_ranks[i]); };
+  const bool tty = isatty(STDERR_FILENO);
+  auto last_shown = std::chrono::steady_clock::time_point();
+  options.progress = [&](size_t ended, size_t n) {
+    const auto now = std::chrono::steady_clock::now();
+    if (!tty && ended != n && now - last_shown < std::chrono::seconds(1)) return;
+    last_shown = now;
+    std::fprintf(stderr, tty ? "\rreshard run: %zu/%zu ranks finished" : "reshard run: %zu/%zu ranks finished\n",
+                 ended, n);
+    if (tty && ended == n) std::fputc('\n', stderr);
+    std::fflush(stderr);
+  };
+  const SuperviseResult run = Supervise(
+      set.plan_ranks.size(),
+      [&](size_t i, int fd) {
+        return RunChild(plan, set.plan_ranks[i], meeting.rendezvous, meeting.listen, nvlink_listen, timeout_s, fd);
+      },
+      options);
+
+  const Summary sum = Summarize(set, run);
+  if (json) {
+    PrintJson(path, set, sum);
+  } else {
+    PrintText(set, sum);
   }
   std::fflush(stdout);
-  if (interrupted != 0) {
-    std::fprintf(stderr, "reshard run: interrupted (%s)\n", SignalName(interrupted).c_str());
-    return 128 + interrupted;
+  if (run.interrupted != 0) {
+    std::fprintf(stderr, "reshard run: interrupted (%s)\n", SignalName(run.interrupted).c_str());
+    return 128 + run.interrupted;
   }
-  return success ? 0 : 1;
+  return sum.success() ? 0 : 1;
 }
 
 }  // namespace

@@ -530,25 +530,40 @@ def layout_from_module(module: "Union[torch.nn.Module, Mapping[str, torch.Tensor
     tensor no parameter holds.
     """
     spec = _load(model, "model", "reshard.model/1")
-    dims: Dict[str, int] = {k: int(v) for k, v in spec.get("dims", {}).items()}
-    model_dtype = spec.get("dtype", "bf16")
-    families = [_Family(t, i, dims, model_dtype) for i, t in enumerate(spec.get("tensors", []))]
-    by_name = {f.name: f for f in families}
     rules: List[_Rule] = []
+    build = _LayoutBuilder(spec, _world_size())
     if base is not None:
         b = _load(base, "base", "reshard.layout/1")
-        rules = [_Rule(r, i, by_name) for i, r in enumerate(b.get("buffers", []))]
+        rules = [_Rule(r, i, build.by_name) for i, r in enumerate(b.get("buffers", []))]
+    build.rules = rules
+    for pname, sname, t in _dtensor_parameters(module):
+        d = _Derived(pname, t, build.meshes)
+        if not build.add_model_tensor(d, sname):
+            build.add_base_rule_part(d, sname, base is not None)
+    build.add_persistent_buffers(module)
+    build.check_every_tensor_held()
+    layout = build.layout(name)
+    if path is not None:
+        write_layout(path, layout)
+    return layout
 
-    world: Optional[int] = None
+
+def _world_size() -> Optional[int]:
+    """torch.distributed's world size, None when no process group is up."""
     try:
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
-            world = dist.get_world_size()
+            return dist.get_world_size()
     except ImportError:
         pass
+    return None
 
-    # Parameters by stripped name; the same tensor under several names (tied) once per name.
+
+def _dtensor_parameters(module: Any) -> List[Tuple[str, str, Any]]:
+    """(name, stripped name, tensor) of every parameter, each stripped name
+    once (a tied tensor under several names); refuses a module without
+    DTensors and plain parameters beside DTensors."""
     params: List[Tuple[str, str, Any]] = []
     seen: Dict[str, Any] = {}
     for n, t in _named_parameters(module):
@@ -569,16 +584,30 @@ def layout_from_module(module: "Union[torch.nn.Module, Mapping[str, torch.Tensor
                           f"{f' ({len(plain)} plain parameters)' if len(plain) > 1 else ''}: a plain parameter's "
                           "placement is unknown (replicated? this rank's own piece?); shard or wrap every "
                           "parameter (fully_shard the root module too)")
+    return dts
 
-    meshes = _Meshes(world)
-    placed: Dict[str, _Placed] = {}  # family name -> placement
-    held: Dict[str, set] = {}  # family name -> instances held (tuples of stack indices)
-    rules_used: Dict[int, Tuple[str, Tuple[Any, ...], Dict[str, Any]]] = {}  # rule index -> (pname, key, json)
 
-    def place(fam: _Family, d: Any, entry: Optional[Dict[str, Any]], key: Tuple[Any, ...]) -> None:
-        prev = placed.get(fam.name)
+class _LayoutBuilder:
+    """What layout_from_module gathers, parameter by parameter: each model
+    tensor family's placement (one for all its instances), the instances
+    held, the base rules used; then the layout."""
+
+    def __init__(self, spec: Mapping[str, Any], world: Optional[int]):
+        self.spec = spec
+        dims: Dict[str, int] = {k: int(v) for k, v in spec.get("dims", {}).items()}
+        model_dtype = spec.get("dtype", "bf16")
+        self.families = [_Family(t, i, dims, model_dtype) for i, t in enumerate(spec.get("tensors", []))]
+        self.by_name = {f.name: f for f in self.families}
+        self.rules: List[_Rule] = []
+        self.meshes = _Meshes(world)
+        self.placed: Dict[str, _Placed] = {}  # family name -> placement
+        self.held: Dict[str, set] = {}  # family name -> instances held (tuples of stack indices)
+        self.rules_used: Dict[int, Tuple[str, Tuple[Any, ...], Dict[str, Any]]] = {}  # rule index -> (pname, key, json)
+
+    def place(self, fam: _Family, d: Any, entry: Optional[Dict[str, Any]], key: Tuple[Any, ...]) -> None:
+        prev = self.placed.get(fam.name)
         if prev is None:
-            placed[fam.name] = _Placed(d.pname, key, d.text, entry, d.dtype)
+            self.placed[fam.name] = _Placed(d.pname, key, d.text, entry, d.dtype)
             return
         if prev.key != key:
             raise LayoutError(f"'{prev.pname}' and '{d.pname}' are both '{fam.name}' but are placed differently: "
@@ -588,6 +617,7 @@ def layout_from_module(module: "Union[torch.nn.Module, Mapping[str, torch.Tensor
             raise LayoutError(f"'{prev.pname}' ({prev.dtype}) and '{d.pname}' ({d.dtype}) are both '{fam.name}' "
                               "but hold different dtypes")
 
+    @staticmethod
     def axis_entries(d: _Derived, dim_keys: Dict[int, Any], skip: Optional[int]) -> Dict[str, Any]:
         """The placement's mesh-axis fields and "order" from the parameter's cuts."""
         entry: Dict[str, Any] = {}
@@ -610,38 +640,43 @@ def layout_from_module(module: "Union[torch.nn.Module, Mapping[str, torch.Tensor
             entry["order"] = [d.mesh.axes[k] for k in order]
         return entry
 
-    for pname, sname, t in dts:
-        d = _Derived(pname, t, meshes)
+    def add_model_tensor(self, d: _Derived, sname: str) -> bool:
+        """Places a parameter that is an instance of a model tensor; False when it is none."""
         fam = inst = None
-        for f in families:
+        for f in self.families:
             inst = f.instance(sname)
             if inst is not None:
                 fam = f
                 break
-        if fam is not None:
-            if d.shape != fam.shape:
-                raise LayoutError(f"'{pname}' has shape {list(d.shape)}, the model's '{fam.name}' is "
-                                  f"{list(fam.shape)}")
-            _check_local(d, d.shape)
-            entry = None
-            if fam.name not in placed:  # later instances are compared by key
-                entry = {"match": fam.name, "mesh": d.mesh.name}
-                entry.update(axis_entries(d, {i: i for i in range(len(d.shape))}, None))
-                if _split_heads(fam, d.cuts.get(fam.heads[0], []) if fam.heads else [], d.mesh):
-                    entry["split_heads"] = True
-            place(fam, d, entry, d.key())
-            held.setdefault(fam.name, set()).add(tuple(inst[s] for s in fam.stack))
-            continue
+        if fam is None:
+            return False
+        if d.shape != fam.shape:
+            raise LayoutError(f"'{d.pname}' has shape {list(d.shape)}, the model's '{fam.name}' is "
+                              f"{list(fam.shape)}")
+        _check_local(d, d.shape)
+        entry = None
+        if fam.name not in self.placed:  # later instances are compared by key
+            entry = {"match": fam.name, "mesh": d.mesh.name}
+            entry.update(self.axis_entries(d, {i: i for i in range(len(d.shape))}, None))
+            if _split_heads(fam, d.cuts.get(fam.heads[0], []) if fam.heads else [], d.mesh):
+                entry["split_heads"] = True
+        self.place(fam, d, entry, d.key())
+        self.held.setdefault(fam.name, set()).add(tuple(inst[s] for s in fam.stack))
+        return True
+
+    def add_base_rule_part(self, d: _Derived, sname: str, have_base: bool) -> None:
+        """Places a fused parameter through the base buffer rule that names it."""
+        pname = d.pname
         rule = ridx = None
-        for r in rules:
+        for r in self.rules:
             ridx = r.instance(sname)
             if ridx is not None:
                 rule = r
                 break
         if rule is None:
-            hint = " (a fused buffer? pass base=, a layout whose buffer rule names it)" if base is None else ""
-            raise LayoutError(f"'{pname}' ('{sname}') is no instance of a tensor of model '{spec.get('name')}'"
-                              f"{' nor named by a buffer rule of base' if base is not None else ''}{hint}")
+            hint = " (a fused buffer? pass base=, a layout whose buffer rule names it)" if not have_base else ""
+            raise LayoutError(f"'{pname}' ('{sname}') is no instance of a tensor of model '{self.spec.get('name')}'"
+                              f"{' nor named by a buffer rule of base' if have_base else ''}{hint}")
         for field in ("quant", "at", "held", "shape"):
             if field in rule.json:
                 raise LayoutError(f"'{pname}': base buffer rule /buffers/{rule.index} ('{rule.name}') has "
@@ -666,100 +701,104 @@ def layout_from_module(module: "Union[torch.nn.Module, Mapping[str, torch.Tensor
                 dim_keys[bd] = None
             else:
                 dim_keys[bd] = bd - nlead
-        entry_axes = axis_entries(d, dim_keys, fused_axis)
+        entry_axes = self.axis_entries(d, dim_keys, fused_axis)
         rj = {k: v for k, v in rule.json.items() if k not in ("shard", "dtype")}
         if fused_axis is not None:
             rj["shard"] = {"axis": d.mesh.axes[fused_axis], "split": "chunk"}
         rj["dtype"] = d.dtype
         key = d.key()
-        prev = rules_used.get(rule.index)
+        prev = self.rules_used.get(rule.index)
         if prev is None:
-            rules_used[rule.index] = (pname, key, rj)
+            self.rules_used[rule.index] = (pname, key, rj)
         elif prev[1] != key or prev[2] != rj:
             raise LayoutError(f"'{prev[0]}' and '{pname}' are both base rule '{rule.name}' but are placed "
                               "differently")
         for part in rule.parts:
             entry = None
-            if part.name not in placed:
+            if part.name not in self.placed:
                 entry = {"match": part.name, "mesh": d.mesh.name}
                 entry.update(entry_axes)
                 if fused_axis is not None and part.heads and part.heads[0] == rule.fuse_dim:
                     entry["split_heads"] = True
                 elif part.heads and _split_heads(part, d.cuts.get(nlead + part.heads[0], []), d.mesh):
                     entry["split_heads"] = True
-            place(part, d, entry, key + (("rule", rule.index),))
+            self.place(part, d, entry, key + (("rule", rule.index),))
             # instances: every combination of the leading dims, at this name's index
             ranges = [range(*rule._extent(s)) if s in lead else [ridx[s]] for s in part.stack]
-            held.setdefault(part.name, set()).update(product(*ranges))
+            self.held.setdefault(part.name, set()).update(product(*ranges))
 
-    # Persistent buffers that are model tensors (DeepSeek's e_score_correction_bias):
-    # FSDP2 leaves buffers whole on every rank.
-    first = next(iter(meshes.by_key.values()))
-    for bname, buf in _persistent_buffers(module):
-        sname = strip_wrappers(bname)
-        for f in families:
-            inst = f.instance(sname)
-            if inst is None:
-                continue
-            if tuple(buf.shape) != f.shape:
-                raise LayoutError(f"buffer '{bname}' has shape {list(buf.shape)}, the model's '{f.name}' is "
-                                  f"{list(f.shape)}")
-            dt = _TORCH_DTYPES.get(str(buf.dtype))
-            if dt is None:
-                raise LayoutError(f"buffer '{bname}': dtype {buf.dtype} is none of reshard's")
-            whole = _Whole(bname, dt)
-            entry = None if f.name in placed else dict({"match": f.name, "mesh": first.name},
-                                                        **{a: "replicate" for a in first.axes})
-            place(f, whole, entry, (first.name, ()))
-            held.setdefault(f.name, set()).add(tuple(inst[s] for s in f.stack))
-            break
+    def add_persistent_buffers(self, module: Any) -> None:
+        """Persistent buffers that are model tensors (DeepSeek's
+        e_score_correction_bias): FSDP2 leaves buffers whole on every rank."""
+        first = next(iter(self.meshes.by_key.values()))
+        for bname, buf in _persistent_buffers(module):
+            sname = strip_wrappers(bname)
+            for f in self.families:
+                inst = f.instance(sname)
+                if inst is None:
+                    continue
+                if tuple(buf.shape) != f.shape:
+                    raise LayoutError(f"buffer '{bname}' has shape {list(buf.shape)}, the model's '{f.name}' is "
+                                      f"{list(f.shape)}")
+                dt = _TORCH_DTYPES.get(str(buf.dtype))
+                if dt is None:
+                    raise LayoutError(f"buffer '{bname}': dtype {buf.dtype} is none of reshard's")
+                whole = _Whole(bname, dt)
+                entry = None if f.name in self.placed else dict({"match": f.name, "mesh": first.name},
+                                                                 **{a: "replicate" for a in first.axes})
+                self.place(f, whole, entry, (first.name, ()))
+                self.held.setdefault(f.name, set()).add(tuple(inst[s] for s in f.stack))
+                break
 
-    # Every model tensor held, every instance.
-    for f in families:
-        got = held.get(f.name)
-        if not got:
-            raise LayoutError(f"the module holds no parameter for the model's '{f.name}' (model "
-                              f"'{spec.get('name')}'): a layout must place every model tensor")
-        want = set(product(*(f.indices(s) for s in f.stack)))
-        lack = sorted(want - got)
-        if lack:
-            inst = dict(zip(f.stack, lack[0]))
-            nm = _PLACEHOLDER.sub(lambda m: str(inst[m.group(1)]), f.name)
-            raise LayoutError(f"the module holds no parameter '{nm}' ({len(lack)} instances of '{f.name}' missing)")
+    def check_every_tensor_held(self) -> None:
+        """Every model tensor held, every instance."""
+        for f in self.families:
+            got = self.held.get(f.name)
+            if not got:
+                raise LayoutError(f"the module holds no parameter for the model's '{f.name}' (model "
+                                  f"'{self.spec.get('name')}'): a layout must place every model tensor")
+            want = set(product(*(f.indices(s) for s in f.stack)))
+            lack = sorted(want - got)
+            if lack:
+                inst = dict(zip(f.stack, lack[0]))
+                nm = _PLACEHOLDER.sub(lambda m: str(inst[m.group(1)]), f.name)
+                raise LayoutError(f"the module holds no parameter '{nm}' ({len(lack)} instances of '{f.name}' "
+                                  "missing)")
 
-    # Dtypes: the layout's, or per-family rules where they differ.
-    fam_dtype = {f.name: placed[f.name].dtype for f in families}
-    in_rules = {p.name for r in rules if r.index in rules_used for p in r.parts}
-    free = [f for f in families if f.name not in in_rules]
-    counts = Counter(fam_dtype[f.name] for f in free)
-    layout_dtype: Optional[str] = None
-    differ = [f for f in free if fam_dtype[f.name] != f.dtype]
-    if counts:
-        top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[0][0]
-        with_top = [f for f in free if fam_dtype[f.name] != top]
-        if differ and len(with_top) < len(differ):
-            layout_dtype, differ = top, with_top
-    buffers = [rules_used[i][2] for i in sorted(rules_used)]
-    for f in differ:
-        buffers.append({"name": f.name, "tensor": f.name, "dtype": fam_dtype[f.name]})
+    def layout(self, name: Optional[str]) -> Dict[str, Any]:
+        """The reshard.layout/1 dict: the layout's dtype where most families
+        agree, per-family buffer rules where they differ."""
+        families, placed, first = self.families, self.placed, next(iter(self.meshes.by_key.values()))
+        fam_dtype = {f.name: placed[f.name].dtype for f in families}
+        in_rules = {p.name for r in self.rules if r.index in self.rules_used for p in r.parts}
+        free = [f for f in families if f.name not in in_rules]
+        counts = Counter(fam_dtype[f.name] for f in free)
+        layout_dtype: Optional[str] = None
+        differ = [f for f in free if fam_dtype[f.name] != f.dtype]
+        if counts:
+            top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[0][0]
+            with_top = [f for f in free if fam_dtype[f.name] != top]
+            if differ and len(with_top) < len(differ):
+                layout_dtype, differ = top, with_top
+        buffers = [self.rules_used[i][2] for i in sorted(self.rules_used)]
+        for f in differ:
+            buffers.append({"name": f.name, "tensor": f.name, "dtype": fam_dtype[f.name]})
 
-    layout: Dict[str, Any] = {
-        "format": "reshard.layout/1",
-        "name": name or "fsdp2-" + "-".join(f"{a}{s}" for a, s in zip(first.axes, first.sizes)),
-        "model": spec.get("name"),
-        "notes": "DTensor / FSDP2 parameters; written by reshard.layout_from_module",
-        "ranks": math.prod(first.sizes),
-    }
-    if layout_dtype is not None:
-        layout["dtype"] = layout_dtype
-    layout["meshes"] = {m.name: [[a, s] for a, s in zip(m.axes, m.sizes)] for m in meshes.by_key.values()}
-    layout["placements"] = [placed[f.name].entry for f in families]
-    if buffers:
-        layout["default_buffers"] = True
-        layout["buffers"] = buffers
-    if path is not None:
-        write_layout(path, layout)
-    return layout
+        layout: Dict[str, Any] = {
+            "format": "reshard.layout/1",
+            "name": name or "fsdp2-" + "-".join(f"{a}{s}" for a, s in zip(first.axes, first.sizes)),
+            "model": self.spec.get("name"),
+            "notes": "DTensor / FSDP2 parameters; written by reshard.layout_from_module",
+            "ranks": math.prod(first.sizes),
+        }
+        if layout_dtype is not None:
+            layout["dtype"] = layout_dtype
+        layout["meshes"] = {m.name: [[a, s] for a, s in zip(m.axes, m.sizes)] for m in self.meshes.by_key.values()}
+        layout["placements"] = [placed[f.name].entry for f in families]
+        if buffers:
+            layout["default_buffers"] = True
+            layout["buffers"] = buffers
+        return layout
 
 
 def _check_local(d: _Derived, whole: Sequence[int]) -> None:

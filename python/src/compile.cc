@@ -1,5 +1,5 @@
-// reshard.compile: the compiler in-process, the same passes as `reshard
-// compile` (tools/cmd_compile.cc) with the same options and summary.
+// reshard.compile: the compiler in-process, the passes `reshard compile`
+// runs (compiler/compile_file.h) with the same options and summary.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "compiler/compile.h"
+#include "compiler/compile_file.h"
 #include "compiler/spec.h"
-#include "compiler/write_file.h"
 #include "runtime/error.h"
 #include "runtime/plan.h"
 #include "python/src/ext.h"
@@ -47,12 +47,8 @@ void BindCompile(nb::module_& m) {
             opt.quantize_on_sender = quantize_on_sender;
             opt.search_fills = search_fills;
             if (!fill_of.empty()) opt.fill_of = RoundFillOf(Plan::open(fill_of).root(), fill_of);
-            PlanIR ir = BuildPlan(in, opt);
-            std::vector<uint8_t> bytes = EmitPlan(in, ir);
-            WriteFileAtomic(output, bytes);
-            const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-            nlohmann::ordered_json j = CompileSummary(output, strategy, ir, bytes.size());
-            j["seconds"] = secs;
+            nlohmann::ordered_json j = CompilePlanFile(in, opt, output);
+            j["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
             json = j.dump();
             line = CompileLine(in, j);  // the CLI's line, word for word
           });
