@@ -98,6 +98,7 @@ PROVEN_KERNELS = {
                "CutlassFP8ScaledMMLinearKernel",  # weight.t(): a transposed view of [out, in] memory
                "CutlassFp8BlockScaledMMKernel"),  # keeps the checkpoint's [out, in] + block scales
     "experts": ("TritonExperts",                  # w13 [E, 2I, H], w2 [E, H, I] as loaded
+                "TritonOrCutlassExperts",         # as loaded (per-channel FP8 under compressed-tensors)
                 "FlashInferExperts",              # engine-formatted (ENGINE_FORMATTED)
                 "TrtLlmBf16ExpertsMonolithic"),   # engine-formatted
 }
@@ -153,8 +154,6 @@ REFUSED_KERNELS = {
     "TrtLlmFp8ExpertsModular": "4-D BlockMajorK experts (flashinfer_utils.py prepare_fp8_moe_layer_for_fi): "
     "not proven",
     "TrtLlmBf16ExpertsModular": "FlashInfer's block layout under all-to-all kernels: not proven",
-    "TritonOrCutlassExperts": "per-channel FP8 experts as loaded (fused_moe/oracle/fp8.py "
-    "convert_to_fp8_moe_kernel_format converts nothing for VLLM_CUTLASS): not proven yet",
     "FlashInferFP8ScaledMMLinearKernel": "per-tensor FP8: fused shards requantized to their largest scale by a "
     "CUDA op (quantization/utils/w8a8_utils.py requantize_with_max_scale): not proven",
     "MarlinFP8ScaledMMLinearKernel": "repacked for Marlin (kernels/linear/scaled_mm/marlin.py)",
@@ -188,14 +187,16 @@ def _kernel_of(module: Any) -> Optional[Tuple[str, str]]:
     return "method", name
 
 
-#: The quant methods each directly written linear kernel is proven under (its
-#: method decides what runs before the kernel's own post-processing: per-tensor
-#: FP8 requantizes fused shards with a CUDA op, per-channel does not).
+#: The quant methods directly written kernels are proven under (the method
+#: decides what runs before the kernel's own post-processing: per-tensor FP8
+#: requantizes fused shards with a CUDA op, per-channel does not).
 #: ENGINE_FORMATTED says the same of the engine-formatted kernels.
 PROVEN_UNDER = {
     "CutlassFP8ScaledMMLinearKernel": ("CompressedTensorsLinearMethod:channel",),
     "CutlassFp8BlockScaledMMKernel": ("Fp8LinearMethod:block",),
     "TritonFp8BlockScaledMMKernel": ("Fp8LinearMethod:block",),
+    # fused_moe/oracle/fp8.py convert_to_fp8_moe_kernel_format converts nothing for vLLM CUTLASS experts
+    "TritonOrCutlassExperts": ("CompressedTensorsW8A8Fp8MoEMethod",),
 }
 
 

@@ -12,7 +12,8 @@ derived tensor changed. The control: between the plan's run and the engine's
 post-processing, exactly the tensors vLLM derives differ from a fresh load
 (the engine-formatted kernels' parameters and MLA's W_UV / W_UK_T).
 
-Cases (a DeepSeek-V3-style MLA + MoE model with 128-wide dimensions, TP 1):
+Cases (TP 1; a DeepSeek-V3-style MLA + MoE model with 128-wide dimensions
+unless said otherwise):
 - sm90-fp8-ep: FP8 128x128 blocks as vLLM holds them on Hopper with expert
   parallelism and DeepGEMM off: CutlassFp8BlockScaledMMKernel linears
   (kept as loaded: the plan writes them directly) and FlashInferExperts
@@ -22,7 +23,11 @@ Cases (a DeepSeek-V3-style MLA + MoE model with 128-wide dimensions, TP 1):
   TrtLlmBf16ExpertsMonolithic (rows permuted in place into FlashInfer's
   block layout, checkpoint shapes kept). vLLM's post-processing calls
   FlashInfer's permutation helpers: needs flashinfer-python importable
-  (tools/test.d/26-vllm-kernels.sh puts it on PYTHONPATH).
+  (tools/test.d/26-vllm-kernels.sh puts it on PYTHONPATH);
+- fp8-channel: a Qwen3-MoE from a compressed-tensors per-channel FP8
+  checkpoint as vLLM holds it on Hopper and Blackwell:
+  CutlassFP8ScaledMMLinearKernel (transposed views) and vLLM's CUTLASS
+  experts (TritonOrCutlassExperts, kept as loaded), both written directly.
 Refusals on the same ranks, by vLLM's own selection: DeepGEMM block FP8
 (DeepGemmFp8BlockScaledMMKernel: its post-processing needs CUDA) is refused
 by name, and a kernel class docs/kernels.md does not list is refused naming
@@ -62,23 +67,45 @@ BASE_CONFIG = {
 }
 FP8_BLOCK_128 = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
 
-# name: quantization, vLLM's moe_backend, the FP8 block linear kernel (None: no FP8), the kernel classes that
-# must hold the layers (kind -> class), the engine-formatted experts class (None: every kernel is written directly).
+# name: quantization, vLLM's moe_backend, the FP8 block linear kernel selected (None: vLLM's CPU list, which
+# names CUTLASS for per-channel FP8), the kernel classes that must hold the layers, the engine-formatted experts
+# class (None: every kernel is written directly), and --infer's quant setting where the config cannot say it.
 CASES = {
     "sm90-fp8-ep": dict(quant=FP8_BLOCK_128, moe_backend="flashinfer_cutlass", linear="CutlassFp8BlockScaledMMKernel",
-                        experts="FlashInferExperts", formatted="FlashInferExperts",
+                        experts="FlashInferExperts", formatted="FlashInferExperts", refusals=True,
                         what="FP8 128x128 blocks as on Hopper with EP and VLLM_USE_DEEP_GEMM=0: CUTLASS block "
                              "linears, FlashInfer CUTLASS experts"),
     "sm100-bf16": dict(quant=None, moe_backend="flashinfer_trtllm", linear=None,
                        experts="TrtLlmBf16ExpertsMonolithic", formatted="TrtLlmBf16ExpertsMonolithic",
                        needs="flashinfer", what="BF16 as on Blackwell: FlashInfer TRT-LLM experts"),
+    # compressed-tensors per-channel FP8 (llm-compressor's FP8_DYNAMIC) on a Qwen3-MoE: vLLM CUTLASS experts
+    # (TritonOrCutlassExperts, allowed for compressed-tensors) on sm90 and sm100, CUTLASS per-channel linears
+    "fp8-channel": dict(quant="fp8-channel", base="vllm-moe-tp2", moe_backend="cutlass", linear=None,
+                        held_linear="CutlassFP8ScaledMMLinearKernel", experts="TritonOrCutlassExperts",
+                        formatted=None, infer_quant="fp8-channel",
+                        what="per-channel FP8 (compressed-tensors) as on Hopper and Blackwell: CUTLASS "
+                             "per-channel linears, vLLM CUTLASS experts"),
 }
 
 
+def base_config(case):
+    """The case's unquantized HF config."""
+    base = CASES[case].get("base")
+    if base is None:
+        return dict(BASE_CONFIG)
+    import vllm_cases
+    return vllm_cases.recorded_config(base)
+
+
 def config(case):
-    c = dict(BASE_CONFIG)
-    if CASES[case]["quant"]:
-        c["quantization_config"] = dict(CASES[case]["quant"])
+    """The checkpoint's HF config: the base with the case's quantization_config."""
+    import checkpoint
+    c = base_config(case)
+    q = CASES[case]["quant"]
+    if q == "fp8-channel":
+        c["quantization_config"] = dict(checkpoint.COMPRESSED_FP8_CHANNEL)
+    elif q:
+        c["quantization_config"] = dict(q)
     return c
 
 
@@ -115,6 +142,8 @@ def select_experts(name):
         from vllm.model_executor.layers.fused_moe.experts.flashinfer_cutlass_moe import FlashInferExperts as cls
     elif name == "TrtLlmBf16ExpertsMonolithic":
         from vllm.model_executor.layers.fused_moe.experts.trtllm_bf16_moe import TrtLlmBf16ExpertsMonolithic as cls
+    elif name == "TritonOrCutlassExperts":
+        from vllm.model_executor.layers.fused_moe.experts.triton_cutlass_moe import TritonOrCutlassExperts as cls
     else:
         raise ValueError(name)
     cls.is_supported_config = staticmethod(_always_supported)
@@ -227,7 +256,7 @@ def rank_main(a):
         before = state
     result["moved"] = [n for n, t in engine.all_tensors(model).items()
                        if (t.data_ptr(), t.untyped_storage().nbytes()) != where.get(n)]
-    if CASES[case]["linear"]:
+    if CASES[case].get("refusals"):
         result["refusals"] = refusals(case, cfg, os.path.join(a["work"], f"round{a['rounds'] - 1}", "model"))
     with open(os.path.join(a["work"], "vllm-rank.json"), "w") as f:
         json.dump(result, f)
@@ -281,9 +310,12 @@ def hf_source(a, cfg, errors):
 
 def specs(build_dir, case, work):
     """(model.json, train.json, infer.json): a BF16 HF rank -> vLLM TP 1 with the case's quantization."""
-    bf16 = dict(BASE_CONFIG)
+    plain = base_config(case)
+    q = CASES[case].get("infer_quant")
+    # init reads FP8 block quantization_configs; per-channel FP8 is --infer's quant= on the plain config
+    infer_cfg, infer = (plain, f"vllm:tp=1,quant={q}") if q else (config(case), "vllm:tp=1")
     paths = {}
-    for side, cfg, infer in (("train", bf16, "hf"), ("infer", config(case), "vllm:tp=1")):
+    for side, cfg, infer in (("train", plain, "hf"), ("infer", infer_cfg, infer)):
         d = os.path.join(work, side)
         os.makedirs(d, exist_ok=True)
         with open(os.path.join(d, "config.json"), "w") as f:
@@ -302,11 +334,12 @@ def check_case(name, r):
     c = CASES[name]
     bad = []
     held = {tuple(k) for k in r["held"].values()}
-    want = {("experts", c["experts"])} | ({("linear", c["linear"])} if c["linear"] else set())
+    linear = c["linear"] or c.get("held_linear")
+    want = {("experts", c["experts"])} | ({("linear", linear)} if linear else set())
     if not want <= held:
         bad.append(f"the rank holds {sorted(held)}, not {sorted(want)}: the selection did not take")
     layers = [n for n, k in r["held"].items() if k[1] == c["formatted"]]
-    if sorted(r["formatted_layers"]) != sorted(layers) or not layers:
+    if sorted(r["formatted_layers"]) != sorted(layers) or (c["formatted"] and not layers):
         bad.append(f"engine-formatted layers {r['formatted_layers']}, expected the {c['formatted']} layers {layers}")
     for k, rd in enumerate(r["rounds"]):
         bad += [f"round {k}: {d}" for d in rd["differences"]]
@@ -314,7 +347,7 @@ def check_case(name, r):
         allowed = set(r["derived"]) | set(r["formatted"])
         # Under BF16, MLA's W_UV / W_UK_T are views of kv_b_proj: never stale; under FP8, copies.
         derived = set(r["derived"]) if c["quant"] else set()
-        if not derived <= stale or not stale <= allowed or not stale & set(r["formatted"]):
+        if not derived <= stale or not stale <= allowed or (c["formatted"] and not stale & set(r["formatted"])):
             bad.append(f"round {k}: without the engine's post-processing {sorted(stale)[:6]} differ from a fresh "
                        f"load; expected {sorted(derived)[:4]}, some of {r['formatted'][:4]}, nothing else")
         if rd["unchanged"]:
@@ -374,13 +407,14 @@ def run_case(name, build_dir, work):
     summary = {"case": name, "tensors": r["rounds"][0]["tensors"], "formatted_layers": len(r["formatted_layers"]),
                "staging_bytes": r["staging_bytes"], "run_s": med([rd["run_s"] for rd in r["rounds"]]),
                "finish_s": med([rd["finish_s"] for rd in r["rounds"]]),
-               "format_s_per_layer": med([s for rd in r["rounds"] for s in rd["format_s"]]),
+               "format_s_per_layer": med([s for rd in r["rounds"] for s in rd["format_s"]] or [None]),
                "wall_s": round(time.time() - t0, 1)}
     kinds = sorted({k[1] for k in r["held"].values()})
     print(f"{name}: {CASES[name]['what']}: {ROUNDS} refits from a BF16 HF rank; every parameter and buffer "
           f"({summary['tensors']}) equals a fresh vLLM load bit for bit after each, nothing moved; kernels held: "
-          f"{', '.join(kinds)}; {', '.join(r['formatted_layers'])} re-formatted by vLLM's own post-processing "
-          f"(stale without it: the comparison sees it)"
+          f"{', '.join(kinds)}; "
+          + (f"{', '.join(r['formatted_layers'])} re-formatted by vLLM's own post-processing (stale without it: "
+             "the comparison sees it)" if r["formatted_layers"] else "every kernel written directly")
           + ("; DeepGEMM refused by name, an unlisted kernel refused naming docs/kernels.md" if "refusals" in r
              else "") + f" ({summary['wall_s']:.0f} s)", flush=True)
     print("  " + json.dumps(summary), flush=True)

@@ -7,7 +7,9 @@
 #  - sm90-fp8-ep: CUTLASS block FP8 linears, FlashInfer CUTLASS experts
 #    ([up; gate], made by vLLM's own post-processing after each refit);
 #    DeepGEMM refused by name, an unlisted kernel refused naming docs/kernels.md;
-#  - sm100-bf16: FlashInfer TRT-LLM BF16 experts (rows permuted in place).
+#  - sm100-bf16: FlashInfer TRT-LLM BF16 experts (rows permuted in place);
+#  - fp8-channel: compressed-tensors per-channel FP8: CUTLASS linears and
+#    vLLM CUTLASS experts (TritonOrCutlassExperts), as loaded.
 # vLLM's post-processing of the TRT-LLM experts calls FlashInfer's Python
 # permutation helpers, and build/vllm-venv holds no FlashInfer (a GPU
 # package): flashinfer-python and the two modules it imports are installed
@@ -33,7 +35,7 @@ if [ ! -f "$SITE/.complete" ]; then
 fi
 echo "26-vllm-kernels: venv ready in $(( $(date +%s) - start )) s"
 tools/python_install.sh "$VPY"
-cases=(sm90-fp8-ep)
+cases=(sm90-fp8-ep fp8-channel)
 if [ -f "$SITE/.complete" ]; then
   cases+=(sm100-bf16)
 else
