@@ -104,13 +104,13 @@ def build(model_dir, cpu):
     args = EngineArgs(model=model_dir, skip_tokenizer_init=True, dtype="bfloat16", enforce_eager=True,
                       load_format="safetensors", tensor_parallel_size=1, seed=0, moe_backend=moe_backend,
                       distributed_executor_backend="external_launcher", gpu_memory_utilization=0.5)
+    if not cpu:
+        torch.cuda.set_device(0)
     cfg = args.create_engine_config()
     with set_current_vllm_config(cfg):
         init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo" if cpu else "nccl",
                                      distributed_init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}")
         initialize_model_parallel(1, 1)
-        if not cpu:
-            torch.cuda.set_device(0)
         model = get_model(vllm_config=cfg)
     return model, cfg
 
