@@ -28,6 +28,8 @@ if [ ! -f "$SITE/.complete" ]; then
   rm -rf "$SITE"
   # shellcheck disable=SC2086
   if "$VPY" -m pip install -q --no-deps --target "$SITE" $FLASHINFER; then
+    # the CUDA sources FlashInfer compiles kernels from (360 MB); the CPU case imports its Python only
+    rm -rf "$SITE/flashinfer/data"
     echo "$FLASHINFER" >"$SITE/.complete"
   else
     rm -rf "$SITE"
