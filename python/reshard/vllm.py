@@ -352,7 +352,13 @@ class _Formatted:
         kept = {n: (p, p.data) for n, p in mod.named_parameters(recurse=False)}
         for local in self.buffers:
             kept[local][0].data = self.current(local)
-        mod.quant_method.process_weights_after_loading(mod)
+        try:
+            mod.quant_method.process_weights_after_loading(mod)
+        except BaseException:
+            for n, (p, data) in kept.items():  # the parameters' own memory back in place, whatever it holds
+                mod._parameters[n] = p
+                p.data = data
+            raise
         for n, (p, data) in kept.items():
             now = mod._parameters.get(n)
             if now is None:
@@ -365,7 +371,8 @@ class _Formatted:
                     f"where the engine holds {data.dtype}{list(data.shape)}:{list(data.stride())}; nothing can be "
                     "copied in place")
             if new.data_ptr() != data.data_ptr():
-                lo, hi = data.data_ptr(), data.data_ptr() + data.untyped_storage().nbytes()
+                storage = data.untyped_storage()
+                lo, hi = storage.data_ptr(), storage.data_ptr() + storage.nbytes()
                 if lo <= new.data_ptr() < hi:  # a view into the same memory: read it whole before writing
                     new = new.clone()
                 data.copy_(new)
