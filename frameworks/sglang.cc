@@ -258,7 +258,9 @@ ordered_json MakeSglang(const Arch& a, const std::string& model, Settings& s, No
   const VocabSplit head_vocab = a.tied ? embed_vocab : vocab_over(head_attn ? attn_tp : tp, "lm_head");
   if (se == "tp" && shared && tp > 1)
     notes.push_back(s.option + ": the shared experts cut over the whole TP group (" + S(tp) + " ranks)" +
-                    (attn_dp > 1 ? ", not the attention-TP group" : ""));
+                    (attn_dp > 1 ? ", not the attention-TP group" : "") +
+                    (ep > 1 ? "; under a DeepEP-class all-to-all backend SGLang holds them whole: shared-experts=replicated"
+                            : ""));
   if (se == "replicated")
     notes.push_back(s.option + ": the shared experts whole on every rank (SGLang under DeepEP-class all-to-all "
                     "backends or SGLANG_SHARED_EXPERT_TP1: models/deepseek_v2.py DeepseekV2MoE)");

@@ -92,7 +92,9 @@ TEST(InitSglang, AttentionDpAndExpertParallelInsideTp) {
   EXPECT_EQ(e["mesh"], "expert");
   EXPECT_EQ(e["ep"], json({{"shard", "expert"}}));
   EXPECT_EQ(e["moe_tp"], json({{"shard", 1}}));
-  EXPECT_TRUE(HasNote(r, "--infer: the shared experts cut over the whole TP group (4 ranks), not the attention-TP group"));
+  EXPECT_TRUE(HasNote(r, "--infer: the shared experts cut over the whole TP group (4 ranks), not the attention-TP "
+                        "group; under a DeepEP-class all-to-all backend SGLang holds them whole: "
+                        "shared-experts=replicated"));
   // dp-lm-head: lm_head over the attention-TP group too.
   const json h = File(Gen(Tiny("deepseek_v3"), "hf", "sglang:tp=4,attn-dp=2,dp-lm-head"), "infer.json");
   EXPECT_EQ((*Place(h, "lm_head.weight"))["mesh"], "attn");

@@ -119,8 +119,10 @@ def server_args(ckpt_dir, tp, ep=1, attn_dp=1, port=None, shared_experts=None, d
         kw["dist_init_addr"] = f"127.0.0.1:{port}"
     if shared_experts == "fused":
         kw["enforce_shared_experts_fusion"] = True
-    elif shared_experts is not None:
+    elif shared_experts == "tp":
         kw["disable_shared_experts_fusion"] = True
+    elif shared_experts is not None:
+        raise ValueError(f"shared_experts: expected None, 'fused' or 'tp', got {shared_experts!r}")
     if dense_tp is not None:
         kw["moe_dense_tp_size"] = dense_tp
     if dp_lm_head:
