@@ -266,6 +266,15 @@ ordered_json MakeSglang(const Arch& a, const std::string& model, Settings& s, No
                     "backends or SGLANG_SHARED_EXPERT_TP1: models/deepseek_v2.py DeepseekV2MoE)");
   if (s.dense_tp == 1)
     notes.push_back(s.option + ": dense-tp=1 (--moe-dense-tp-size 1): the dense layers' MLP whole on every rank");
+  // layers/quantization/fp8.py Fp8LinearMethod.process_weights_after_loading:
+  // with DeepGEMM on sm100 / sm120 (layers/deep_gemm_wrapper/configurer.py
+  // DEEPGEMM_SCALE_UE8M0) the block scales are requantized to powers of two
+  // in place (requant_block_scale_ue8m0_for_deepgemm); elsewhere they stay
+  // the checkpoint's.
+  if (q.kind == "fp8-block")
+    notes.push_back(s.option + ": FP8 block scales as the checkpoint holds them (weight_scale_inv, fp32), what SGLang "
+                    "keeps on Hopper; with DeepGEMM on Blackwell (sm100) it requantizes them to powers of two in place "
+                    "(layers/quantization/fp8.py, requant_block_scale_ue8m0_for_deepgemm)");
   if (engines > 1)
     notes.push_back(s.option + ": engines=" + S(engines) + " is " + S(engines) + " independent SGLang engines of TP " +
                     S(tp) + " (--dp-size " + S(engines) + " starts them as data-parallel replicas), each holding the "

@@ -175,6 +175,9 @@ TEST(InitSglang, Fp8Blocks) {
             "model.layers.{layer}.mlp.experts.w13_weight_scale_inv");
   EXPECT_EQ((*Rule(i, "model.layers.{layer}.self_attn.fused_qkv_a_proj_with_mqa.weight"))["quant"]["block"],
             json({16, 16}));
+  EXPECT_TRUE(HasNote(ok, "--infer: FP8 block scales as the checkpoint holds them (weight_scale_inv, fp32), what "
+                         "SGLang keeps on Hopper; with DeepGEMM on Blackwell (sm100) it requantizes them to powers of "
+                         "two in place (layers/quantization/fp8.py, requant_block_scale_ue8m0_for_deepgemm)"));
   CompileAndValidate(ok);
   // 4 heads of 24 q rows over TP4: 24-row slices of 16-row blocks.
   EXPECT_EQ(ErrorOf([&] { Gen(c, "hf", "sglang:tp=4"); }),
