@@ -514,7 +514,7 @@ if _verl is not None:
 
         def __init__(self, bucket_size: int = 0, is_master: bool = False, plan_path: Optional[str] = None,
                      model: Optional[str] = None, store: str = "", timeout_s: float = 120.0,
-                     hostname: Optional[str] = None) -> None:
+                     hostname: Optional[str] = None, transport: str = "auto") -> None:
             from .plan import Plan
 
             if not plan_path:
@@ -526,6 +526,14 @@ if _verl is not None:
                                         f"{len(self.plan.dest_ranks)} inference ranks: it is no refit plan")
             if model:
                 check_model(self.plan, model)
+            if transport not in ("auto", "nccl", "gloo"):
+                raise ValueError(f"{KWARGS_KEY}.transport={transport!r}: expected auto, nccl or gloo")
+            if transport == "auto":
+                import torch
+
+                transport = "nccl" if torch.cuda.is_available() else "gloo"
+            self.transport = transport
+            self.nccl_unique_id_b64 = ""
             self.plan_path = plan_path
             self.is_master = is_master
             self.store = store
@@ -542,12 +550,20 @@ if _verl is not None:
 
         # -- topology: settled once ------------------------------------------------------------------
         def prepare(self) -> Dict[str, Any]:
-            """Trainer rank 0 chooses the rendezvous (once): the configured store, or a TCP address of its own."""
-            if self.is_master and not self.store:
+            """Trainer rank 0 chooses the rendezvous (once): on CUDA an NCCL unique id (``transport="nccl"``,
+            the default where CUDA is available), else Gloo through the configured store or a TCP address of
+            its own."""
+            if self.is_master and self.transport == "nccl" and not self.nccl_unique_id_b64:
+                import base64
+
+                from . import nccl
+
+                self.nccl_unique_id_b64 = base64.b64encode(nccl.unique_id()).decode()
+            elif self.is_master and self.transport == "gloo" and not self.store:
                 host = self.hostname or _node_ip()
                 self.store = f"{host}:{_free_port(host)}"
-            return {"plan_path": self.plan_path, "store": self.store, "master": self.is_master,
-                    "digest": self.plan.content_digest}
+            return {"plan_path": self.plan_path, "store": self.store, "nccl_unique_id_b64": self.nccl_unique_id_b64,
+                    "master": self.is_master, "digest": self.plan.content_digest}
 
         @classmethod
         def build_topology(cls, actor_wg_world_size: int, rollout_world_size: int, metadata: List[Dict[str, Any]]):
@@ -567,15 +583,17 @@ if _verl is not None:
                     f"the plan {plan.path} has {len(plan.source_ranks)} training ranks ('{plan.inputs['source_layout']}')"
                     f" and {len(plan.dest_ranks)} inference ranks ('{plan.inputs['dest_layout']}'); this job has "
                     f"{actor_wg_world_size} trainer ranks and {rollout_world_size} rollout ranks")
-            store = master["store"]
-            actor = {"rank": list(plan.source_ranks), "store": [store] * actor_wg_world_size}
-            rollout = {"rank": list(plan.dest_ranks), "store": [store] * rollout_world_size}
+            store, uid = master["store"], master["nccl_unique_id_b64"]
+            actor = {"rank": list(plan.source_ranks), "store": [store] * actor_wg_world_size,
+                     "nccl_unique_id_b64": [uid] * actor_wg_world_size}
+            rollout = {"rank": list(plan.dest_ranks), "store": [store] * rollout_world_size,
+                       "nccl_unique_id_b64": [uid] * rollout_world_size}
             return actor, rollout
 
-        def init_process_group(self, rank: int, store: str) -> None:
+        def init_process_group(self, rank: int, store: str, nccl_unique_id_b64: str = "") -> None:
             """Records this worker's plan rank and the rendezvous; nothing connects here (the trainer ranks and
             the vLLM workers meet inside the first update). Later calls must find the same topology."""
-            topology = {"rank": int(rank), "store": store}
+            topology = {"rank": int(rank), "store": store, "nccl_unique_id_b64": nccl_unique_id_b64}
             if self.topology is None:
                 self.topology = topology
             elif self.topology != topology:
@@ -666,9 +684,23 @@ if _verl is not None:
             from .session import Session
             from .transport import GlooTransport
 
-            store = self.topology["store"]
-            transport = GlooTransport(self.plan.process_of(rank), len(self.plan.active_ranks), store=store,
-                                      hostname=self.hostname or _node_ip(), timeout_s=self.timeout_s)
+            process, processes = self.plan.process_of(rank), len(self.plan.active_ranks)
+            uid = self.topology["nccl_unique_id_b64"]
+            if uid:  # as reshard.vllm.connect makes the workers' side: one world, one NVLink communicator per domain
+                import base64
+
+                import torch
+
+                from . import nccl
+                from .transport import NcclTransport
+
+                world = nccl.Communicator.init(processes, process, base64.b64decode(uid),
+                                               device=torch.cuda.current_device())
+                transport = NcclTransport(world, world.split(color=self.plan.domains[rank], key=process),
+                                          timeout_s=self.timeout_s)
+            else:
+                transport = GlooTransport(process, processes, store=self.topology["store"],
+                                          hostname=self.hostname or _node_ip(), timeout_s=self.timeout_s)
             session = Session(self.plan, rank, transport)
             if len(modules) == 1 and not modules[0][0]:
                 return TrainerRefit(session, modules[0][1])
@@ -710,6 +742,8 @@ if _verl is not None:
                     check_rollout(self.plan, cfg, len(self.plan.dest_ranks) // world)
                     init = {"plan_path": self.plan_path, "rank_offset": self.plan.dest_ranks[replica * world],
                             "store": self.topology["store"], "timeout_s": self.timeout_s}
+                    if self.topology["nccl_unique_id_b64"]:
+                        init["nccl_unique_id_b64"] = self.topology["nccl_unique_id_b64"]
                     await adapter._execute_method("init_weight_transfer_engine", kwargs={"init_info": init})
                     self._initialized[replica] = init
                 await adapter._execute_method("start_weight_update")

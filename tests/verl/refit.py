@@ -19,8 +19,10 @@ Checks:
    step of the trainer between them: after each, every parameter and buffer
    of both vLLM workers equals a fresh vLLM load of the trainer's weights,
    bit for bit, nothing moved in memory; one session per rank for the whole
-   job (the same session and transport objects, no re-bind); the server's
-   weights version is the step;
+   job (the same session and transport objects, no re-bind); no trainer
+   rank gathered a weight during an update (calls of DTensor.full_tensor and
+   all_gather_into_tensor counted on every rank, the counter shown to see
+   the check's own gather); the server's weights version is the step;
 2. bad input: no plan file, a plan for another model (refused when the
    backend is made); a plan whose training layout is not the trainer's mesh
    (refused on every trainer rank before connecting, naming both); a plan
@@ -268,11 +270,18 @@ def run(j, work):
         if step == 2:
             losses = j.actor_wg.optimizer_step(seed=step)
             check(len(losses) == TRAINER_RANKS, f"a real optimizer step of the trainer (AdamW, loss {losses[0]:.4f})")
+        j.actor_wg.weight_gathers()
         t0 = time.perf_counter()
         metrics = j.manager.update_weights(global_steps=step)
         update_s = time.perf_counter() - t0
+        gathers = j.actor_wg.weight_gathers()
+        check(gathers == [0] * TRAINER_RANKS, f"update {step}: no trainer rank gathered a weight (DTensor.full_tensor, "
+              f"all_gather_into_tensor: {gathers} calls)")
         ckpt = os.path.join(work, f"step{step}")
-        j.actor_wg.dump_bf16(ckpt)
+        n = j.actor_wg.dump_bf16(ckpt)
+        gathers = j.actor_wg.weight_gathers()
+        check(all(g >= n[0] for g in gathers), f"the counter sees a gather: the check's own dump of the trainer's "
+              f"weights (full_tensor of {n[0]} parameters) counted {gathers} calls")
         results = ray.get(server.collective_rpc.remote("reshard_compare", args=(ckpt,)))
         bad = [f"worker {r['rank']}: {d}" for r in results for d in r["differences"]]
         bad += [f"worker {r['rank']}: moved {r['moved']}" for r in results if r["moved"]]

@@ -50,6 +50,27 @@ class ActorWorker(ActorRolloutRefWorker):
         return float(out.loss.detach())
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def weight_gathers(self) -> int:
+        """Calls, on this rank, of what gathers a sharded weight (DTensor.full_tensor, FSDP2's all-gather through
+        torch.distributed.all_gather_into_tensor) since the previous call; the first call starts counting."""
+        import torch.distributed as dist
+        from torch.distributed.tensor import DTensor
+
+        if not hasattr(self, "_gathers"):
+            self._gathers = [0]
+
+            def counted(fn):
+                def wrapper(*a, **k):
+                    self._gathers[0] += 1
+                    return fn(*a, **k)
+                return wrapper
+
+            DTensor.full_tensor = counted(DTensor.full_tensor)
+            dist.all_gather_into_tensor = counted(dist.all_gather_into_tensor)
+        n, self._gathers[0] = self._gathers[0], 0
+        return n
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def parameter_count(self) -> int:
         """The model's parameters (whole tensors), on this rank's count."""
         return sum(p.numel() for p in self.actor.engine.module.parameters()) if torch.distributed.get_rank() == 0 \
@@ -104,11 +125,10 @@ class ActorWorker(ActorRolloutRefWorker):
         return time.perf_counter() - t0
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def verl_stream(self, bucket_size: int) -> float:
+    async def verl_stream(self, bucket_size: int) -> float:
         """verl's own path on this rank, the part a CPU runs: get_per_tensor_param() consumed (FSDP2's
         full_tensor() of every parameter) and packed into buckets by split_weight_chunks, as the nccl backend's
         sender fills its buffer before each broadcast (nccl_checkpoint_engine.py send_weights); seconds."""
-        import asyncio
         import time
 
         from verl.checkpoint_engine.base import split_weight_chunks
@@ -116,7 +136,8 @@ class ActorWorker(ActorRolloutRefWorker):
         async def pack():
             buf = torch.empty(bucket_size, dtype=torch.uint8)
             offset = 0
-            per_tensor_param, _ = self.actor.engine.get_per_tensor_param()
+            # with an argument: verl's own stream (called bare, reshard's backend gets the engine instead)
+            per_tensor_param, _ = self.actor.engine.get_per_tensor_param(layered_summon=False)
             async for meta, chunk in split_weight_chunks(per_tensor_param, bucket_size):
                 if offset + meta.chunk_size > bucket_size:
                     offset = 0  # the broadcast of the full bucket would go here
@@ -124,7 +145,7 @@ class ActorWorker(ActorRolloutRefWorker):
                 offset += meta.chunk_size
 
         t0 = time.perf_counter()
-        asyncio.run(pack())
+        await pack()
         return time.perf_counter() - t0
 
 
