@@ -71,7 +71,8 @@ BufferVector EmitBuffers(flatbuffers::FlatBufferBuilder& b, ShapeCache& shapes, 
       std::vector<uint64_t> shape(d.shape.begin(), d.shape.end());
       it = shapes.emplace(d.shape, b.CreateVector(shape)).first;
     }
-    bufs.push_back(fb::CreateBuffer(b, b.CreateString(d.name), ToFb(d.dtype), it->second, d.held_transposed ? 1 : 0));
+    bufs.push_back(fb::CreateBuffer(b, b.CreateString(d.name), ToFb(d.dtype), it->second, d.held_transposed ? 1 : 0,
+                                    d.offset));
   }
   return b.CreateVector(bufs);
 }
@@ -180,12 +181,17 @@ std::vector<uint8_t> EmitPlan(const CompileInputs& in, const PlanIR& ir) {
   for (const TensorSpec& t : in.model.tensors) estimate += t.name.size() + 128;
   flatbuffers::FlatBufferBuilder b(estimate + estimate / 16);
   std::vector<flatbuffers::Offset<fb::Tensor>> tensors;
+  bool transforms = false;  // a buffer holds values offset from the model's: schema 3
   for (const TensorSpec& t : in.model.tensors) {
     std::vector<std::string> stack;
     for (int d : t.stack) stack.push_back(in.model.dims[d].first);
     std::vector<uint64_t> lo(t.lo.begin(), t.lo.end()), hi(t.hi.begin(), t.hi.end());
+    const size_t k = tensors.size();
+    const float train_offset = in.src.offsets.empty() ? 0.0f : in.src.offsets[k];
+    const float infer_offset = in.dst.offsets.empty() ? 0.0f : in.dst.offsets[k];
+    transforms = transforms || train_offset != 0 || infer_offset != 0;
     tensors.push_back(fb::CreateTensor(b, b.CreateString(t.name), ToFb(t.dtype), b.CreateVectorOfStrings(stack),
-                                       b.CreateVector(lo), b.CreateVector(hi)));
+                                       b.CreateVector(lo), b.CreateVector(hi), -1, 0, 0, train_offset, infer_offset));
   }
   for (const ScaleTensor& s : ir.scales) {
     const TensorSpec& t = in.model.tensors[s.of];
@@ -229,7 +235,7 @@ std::vector<uint8_t> EmitPlan(const CompileInputs& in, const PlanIR& ir) {
                                ir.round_fill.split_share, ir.round_fill.nic_reserve,
                                ir.round_fill.stripe_mib);
   fb::PlanBuilder pb(b);
-  pb.add_schema_version(kSchemaVersion);
+  pb.add_schema_version(transforms ? kSchemaVersion : kPlainSchemaVersion);
   pb.add_compiler_version(version);
   pb.add_digest(digest);
   pb.add_strategy(ir.strategy == "gather" ? fb::Strategy::gather : fb::Strategy::direct);

@@ -800,6 +800,8 @@ void Expander::ExpandRank(const RulePlan& plan, int64_t r, FragmentSink& sink) {
                                     std::to_string(phys.size()) + " dims");
     for (size_t k = base; k < rl.buffers.size(); ++k) rl.buffers[k].held_transposed = true;
   }
+  if (rule.offset != 0)
+    for (size_t k = base; k < rl.buffers.size(); ++k) rl.buffers[k].offset = rule.offset;
   // Per dim, the list of (global lo, global hi, memory position) segments
   // of one part; one fragment per combination of segments.
   const int nd = ns + nshape;

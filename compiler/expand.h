@@ -15,6 +15,7 @@ struct BufferDesc {
   Dtype dtype = Dtype::bf16;
   std::vector<int64_t> shape;
   bool held_transposed = false;  // BufferRule::held_transposed
+  float offset = 0;              // BufferRule::offset: holds the model's values plus this
   int64_t elements() const;
 };
 

@@ -40,9 +40,8 @@ TEST(Init, EveryArchitectureCompilesAndValidates) {
     const json c = Tiny(type);
     const bool moe = fixtures::Moe(type);
     const std::string ep = moe ? ",ep=2,etp=1" : "";
-    // Refused with its reason (Init.Qwen3NextRefusals): Megatron for qwen3_next (zero-centered norms).
-    const bool megatron = type != "qwen3_next";
-    const std::string src = megatron ? "megatron:tp=2,pp=2" + ep : "hf:tp=2";
+    const bool megatron = true;
+    const std::string src = "megatron:tp=2,pp=2" + ep;
     CompileAndValidate(Gen(c, src, "vllm:tp=2,dp=2"));
     CompileAndValidate(Gen(c, megatron ? "megatron:tp=2,pp=2" + ep + ",spec=local" : "hf:tp=2", "hf"));
     if (megatron) CompileAndValidate(Gen(c, "hf:tp=2", "megatron:tp=2,pp=2,vpp=2" + ep + (moe ? ",grouped-gemm" : "")));
@@ -821,16 +820,40 @@ TEST(Init, Qwen3NextLayersAndFusedParts) {
   CompileAndValidate(r);
 }
 
+// Megatron for Qwen3-Next: GatedDeltaNet's in_proj [q; k; v; z; b; a] and
+// conv1d [q; k; v] per rank, gated attention's linear_qkv per query group
+// [queries; gates; k; v], and the zero-centered norms: under TE (what
+// Megatron-Bridge runs, layernorm_zero_centered_gamma) out_norm holds w - 1;
+// under the local spec (torch RMSNorm, x * gamma) the zero-centered norms
+// hold 1 + w and out_norm w. The TE spec fuses the input norm into in_proj
+// or linear_qkv by layer type.
+TEST(Init, Qwen3NextMegatron) {
+  const json c = Tiny("qwen3_next");
+  const Result te = Gen(c, "megatron:tp=2,pp=2,ep=2,etp=1", "vllm:tp=2");
+  const json t = File(te, "train.json");
+  const std::string L = "decoder.layers.{layer.local}.";
+  EXPECT_EQ(RuleOrNull(t, L + "self_attention.out_norm.weight")["transform"], json({{"offset", -1.0}}));
+  for (const char* n : {"self_attention.in_proj.layer_norm_weight", "self_attention.linear_qkv.layer_norm_weight",
+                        "self_attention.q_layernorm.weight", "pre_mlp_layernorm.weight"})
+    EXPECT_TRUE(RuleOrNull(t, L + n).is_object() && !RuleOrNull(t, L + n).contains("transform")) << n;
+  EXPECT_EQ(RuleOrNull(t, L + "self_attention.in_proj.layer_norm_weight")["range"],
+            json({{"layer", json::array({json::array({0, 1}), json::array({2, 3})})}}));
+  EXPECT_EQ(RuleOrNull(t, L + "self_attention.in_proj.weight")["parts"].size(), 6u);
+  EXPECT_EQ(RuleOrNull(t, L + "self_attention.in_proj.weight")["concat"], 0);
+  EXPECT_EQ(RuleOrNull(t, L + "self_attention.linear_qkv.weight")["parts"],
+            json({"model.layers.{layer}.self_attn.q_proj.query.weight", "model.layers.{layer}.self_attn.q_proj.gate.weight",
+                  "model.layers.{layer}.self_attn.k_proj.weight", "model.layers.{layer}.self_attn.v_proj.weight"}));
+  CompileAndValidate(te);
+  const Result local = Gen(c, "megatron:tp=2,pp=2,ep=2,etp=1,spec=local", "vllm:tp=2");
+  const json l = File(local, "train.json");
+  EXPECT_EQ(RuleOrNull(l, L + "input_layernorm.weight")["transform"], json({{"offset", 1.0}}));
+  EXPECT_EQ(RuleOrNull(l, "decoder.final_layernorm.weight")["transform"], json({{"offset", 1.0}}));
+  EXPECT_FALSE(RuleOrNull(l, L + "self_attention.out_norm.weight").contains("transform"));
+  CompileAndValidate(local);
+}
+
 TEST(Init, Qwen3NextRefusals) {
   const json c = Tiny("qwen3_next");
-  const std::string megatron = ErrorOf([&] { Gen(c, "megatron:tp=2", "hf"); });
-  EXPECT_EQ(megatron.rfind("--train 'megatron:tp=2': Megatron-Bridge holds Qwen3-Next's linear-attention out_norm as "
-                           "HF's weight - 1", 0),
-            0u);
-  // The refusal names the training sides that work, and they do.
-  const std::string fix = "; describe the training side as fsdp2:dp_shard=N or hf[:tp=N] instead, which reshard init "
-                          "does for qwen3_next";
-  EXPECT_EQ(megatron.substr(megatron.size() - std::min(megatron.size(), fix.size())), fix);
   CompileAndValidate(Gen(c, "fsdp2:dp_shard=2", "vllm:tp=2"));
   CompileAndValidate(Gen(c, "hf:tp=2", "vllm:tp=2"));
   EXPECT_EQ(ErrorOf([&] { Gen(c, "fsdp2:dp_shard=2,tp=2", "hf"); }),

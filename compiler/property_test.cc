@@ -39,6 +39,35 @@ TEST(Property, RandomLayoutsCompileAndValidate) {
   }
 }
 
+// Buffers holding offset values on either side (MakeRandomTransformSpecs),
+// both strategies: every plan valid, which includes every buffer of a tensor
+// holding it with its side's offset.
+TEST(Property, RandomTransformLayoutsCompileAndValidate) {
+  int failures = 0, offset_plans = 0;
+  for (int seed = 1; seed <= 300 && failures < 5; ++seed) {
+    RandomSpecs s = MakeRandomTransformSpecs(seed);
+    offset_plans += s.train.dump().find("transform") != std::string::npos ||
+                    s.infer.dump().find("transform") != std::string::npos;
+    for (const char* strategy : {"direct", "gather"}) {
+      std::vector<uint8_t> bytes;
+      std::string err = testing::ErrorOf([&] { bytes = CompileJson(s.model, s.train, s.infer, s.cluster, strategy, 2); });
+      if (!err.empty()) {
+        ADD_FAILURE() << "seed " << seed << " " << strategy << ": " << err << "\ntrain " << s.train.dump()
+                      << "\ninfer " << s.infer.dump();
+        ++failures;
+        continue;
+      }
+      ValidateReport rep = ValidateBytes(bytes);
+      if (!rep.ok()) {
+        ADD_FAILURE() << "seed " << seed << " " << strategy << ": " << rep.errors[0] << "\ntrain " << s.train.dump()
+                      << "\ninfer " << s.infer.dump();
+        ++failures;
+      }
+    }
+  }
+  EXPECT_GT(offset_plans, 250);
+}
+
 // FP8 inference layouts (MakeRandomQuantSpecs): blocks that shard edges cut,
 // blocks that several training ranks hold parts of (assembled at the
 // receiver), per-channel, per-tensor, MXFP8; the sender quantizing where it

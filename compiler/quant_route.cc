@@ -77,6 +77,19 @@ QuantRouter::QuantRouter(const ModelSpec& model, const LayoutSpec& src_layout, c
   dst_ = {&dst, &dst_layout, std::vector<int>(nt, -1), nt + static_cast<int>(src.scales.size())};
   for (Side* s : {&src_, &dst_})
     for (size_t k = 0; k < s->e->scales.size(); ++k) s->scale_of[s->e->scales[k].of] = static_cast<int>(k);
+  // A quant op converts between FP8 and the model's values only: a tensor
+  // held with an offset on one side moves unquantized on both.
+  for (int t = 0; t < nt; ++t) {
+    if (!Quantized(t)) continue;
+    for (const Side* s : {&src_, &dst_}) {
+      if (s->layout->offsets.empty() || s->layout->offsets[t] == 0) continue;
+      const Side& q = src_.scale_of[t] >= 0 ? src_ : dst_;
+      throw Error(s->layout->file + ": " + s->layout->offset_paths[t] + ": " + Quote(model.tensors[t].name) +
+                  " is stored quantized by " + q.layout->file +
+                  "; a tensor held with an offset moves unquantized on both sides (no quantize or dequantize step "
+                  "applies an offset)");
+    }
+  }
 }
 
 bool QuantRouter::Quantized(int t) const { return src_.scale_of[t] >= 0 || dst_.scale_of[t] >= 0; }

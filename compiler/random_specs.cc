@@ -331,4 +331,24 @@ RandomSpecs MakeRandomQuantSpecs(uint64_t seed) {
   return r;
 }
 
+RandomSpecs MakeRandomTransformSpecs(uint64_t seed) {
+  RandomSpecs r = MakeRandomSpecs(seed);
+  Rng rng(seed ^ 0x5846524Dull);
+  const std::vector<double> offsets = {-1, 1, 0.5, -2};
+  auto transform = [&](json& layout) {
+    std::map<std::string, bool> ruled;
+    for (json& b : layout["buffers"]) {
+      for (const json& part : b.value("parts", json::array({b.value("tensor", "")}))) ruled[part] = true;
+      if (rng.Chance(50)) b["transform"] = {{"offset", rng.Pick(offsets)}};
+    }
+    for (const json& t : r.model["tensors"])
+      if (!ruled[t["name"]] && rng.Chance(40))
+        layout["buffers"].push_back({{"name", t["name"]}, {"tensor", t["name"]},
+                                     {"transform", {{"offset", rng.Pick(offsets)}}}});
+  };
+  transform(r.train);
+  transform(r.infer);
+  return r;
+}
+
 }  // namespace reshard

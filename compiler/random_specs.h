@@ -23,4 +23,10 @@ RandomSpecs MakeRandomSpecs(uint64_t seed);
 /// (never colocated) FP8 training buffers as well.
 RandomSpecs MakeRandomQuantSpecs(uint64_t seed);
 
+/// MakeRandomSpecs(seed) with buffers that hold offset values (layout
+/// "transform"): on either side, some buffer rules and some tensors of
+/// default buffers (then under a rule of their own) with an offset of
+/// -1, 1, 0.5 or -2, the same for every buffer of a tensor.
+RandomSpecs MakeRandomTransformSpecs(uint64_t seed);
+
 }  // namespace reshard

@@ -83,9 +83,12 @@ void Router::AddPieces(int t, const Cell& cell, const Box& piece, const Fragment
       continue;
     }
     DPiece p{t, x, sf, df, a, b, static_cast<uint64_t>(x.volume()) * esize, true};
-    p.staged = relayed || !(rs.contiguous() && rd.contiguous() &&
-                            src_.ranks[sf.rank].buffers[rs.buffer].dtype == ts.dtype &&
-                            dst_.ranks[df.rank].buffers[rd.buffer - ir_.ranks[b].dst_buffer_base].dtype == ts.dtype);
+    // Straight from buffer to buffer only where neither end converts: same
+    // dtype as the wire, no offset (a staged end applies it).
+    const BufferDesc& bs = src_.ranks[sf.rank].buffers[rs.buffer];
+    const BufferDesc& bd = dst_.ranks[df.rank].buffers[rd.buffer - ir_.ranks[b].dst_buffer_base];
+    p.staged = relayed || !(rs.contiguous() && rd.contiguous() && bs.dtype == ts.dtype && bd.dtype == ts.dtype &&
+                            bs.offset == 0 && bd.offset == 0);
     p.hop_begin = hop_begin;
     p.hop_count = static_cast<uint32_t>(hops.size());
     pieces.push_back(p);

@@ -75,13 +75,15 @@ void Router::Unstage(std::vector<DPiece>& pieces) {
   std::vector<uint8_t> ends;  // per slice: which of its ends are contiguous
   for (const DPiece& p : pieces) {
     // Only plain staged pieces without a tree, their dtype the same on both
-    // ends (a staged end converts, a direct one cannot).
+    // ends and no offset (a staged end converts, a direct one cannot).
     const Dtype dtype = model_.tensors[p.tensor].dtype;
     bool plain = p.staged && p.a != p.b && p.hop_count == 0 && p.quant < 0 && p.assembly < 0;
     if (plain) {
       const StridedRegion rs = SrcRegion(p.s, p.box), rd = DstRegion(p.d, p.box);
-      plain = src_.ranks[p.s.rank].buffers[rs.buffer].dtype == dtype &&
-              dst_.ranks[p.d.rank].buffers[rd.buffer - ir_.ranks[p.b].dst_buffer_base].dtype == dtype;
+      const BufferDesc& bs = src_.ranks[p.s.rank].buffers[rs.buffer];
+      const BufferDesc& bd = dst_.ranks[p.d.rank].buffers[rd.buffer - ir_.ranks[p.b].dst_buffer_base];
+      // (An offset is applied by the pack or unpack of a staged end, too.)
+      plain = bs.dtype == dtype && bd.dtype == dtype && bs.offset == 0 && bd.offset == 0;
     }
     if (!plain) {
       out.push_back(p);

@@ -757,6 +757,43 @@ QuantSpec ParseQuant(const Reader& r, const json& v, const std::string& rule_pat
   return q;
 }
 
+// A number as a message writes it: "-1", "0.5".
+std::string FormatNumber(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", x);
+  return buf;
+}
+
+// A buffer rule's "transform": how the framework's values differ from the
+// model's. Only an additive offset, on values stored in a dtype that carries
+// arithmetic (bf16, fp16, fp32): FP8 values with scales (quant) cannot take a
+// constant without requantizing, which the plan does not do on the way.
+void ParseTransform(const Reader& r, const json& v, const std::string& rule_path, BufferRule& b,
+                    const ModelSpec& model, const std::unordered_map<std::string, size_t>& tensor_index,
+                    const std::optional<Dtype>& layout_dtype) {
+  const std::string path = rule_path + "/transform";
+  r.Object(v, path);
+  r.Keys(v, path, {"offset"});
+  const json& o = r.Get(v, path, "offset");
+  if (!o.is_number()) r.Fail(path + "/offset", "expected a number, got " + o.dump());
+  const double x = o.get<double>();
+  if (!(std::abs(x) <= 65504))
+    r.Fail(path + "/offset", "expected a number between -65504 and 65504 (what fp16 holds), got " + o.dump());
+  b.offset = static_cast<float>(x);
+  if (static_cast<double>(b.offset) != x)
+    r.Fail(path + "/offset", "expected a number fp32 holds exactly, got " + o.dump());
+  b.transform_path = path;
+  if (b.quant)
+    r.Fail(path, "an offset needs values stored as bf16, fp16 or fp32; this rule stores them as " + b.quant->format +
+                     " (" + rule_path + "/quant), which cannot carry one");
+  for (const std::string& part : b.parts) {
+    const Dtype stored = b.dtype ? *b.dtype : layout_dtype ? *layout_dtype : model.tensors[tensor_index.at(part)].dtype;
+    if (stored == Dtype::fp8_e4m3 || stored == Dtype::e8m0)
+      r.Fail(path, std::string("an offset needs values stored as bf16, fp16 or fp32; '") + part + "' is stored as " +
+                       DtypeString(stored) + ", which cannot carry one");
+  }
+}
+
 }  // namespace
 
 LayoutSpec ParseLayout(const json& root, const std::string& file, const ModelSpec& model) {
@@ -860,7 +897,8 @@ LayoutSpec ParseLayout(const json& root, const std::string& file, const ModelSpe
       std::string path = "/buffers/" + std::to_string(i);
       const json& bj = r.Object(bufs[i], path);
       r.Keys(bj, path,
-             {"name", "parts", "tensor", "concat", "interleave", "shape", "dtype", "quant", "shard", "range", "at", "held"});
+             {"name", "parts", "tensor", "concat", "interleave", "shape", "dtype", "quant", "shard", "range", "at", "held",
+              "transform"});
       BufferRule b;
       b.path = path;
       b.name = r.String(r.Get(bj, path, "name"), path + "/name");
@@ -940,6 +978,7 @@ LayoutSpec ParseLayout(const json& root, const std::string& file, const ModelSpe
       if (bj.contains("shape")) b.shape = r.IntList(bj["shape"], path + "/shape", 1);
       if (bj.contains("dtype")) b.dtype = r.ParseDtype(bj["dtype"], path + "/dtype");
       if (bj.contains("quant")) b.quant = ParseQuant(r, bj["quant"], path, b);
+      if (bj.contains("transform")) ParseTransform(r, bj["transform"], path, b, model, tensor_index, l.dtype);
       // A list of intervals on one dim makes one rule per interval.
       int split_dim = -1;
       std::vector<std::pair<int64_t, int64_t>> runs;
@@ -985,6 +1024,45 @@ LayoutSpec ParseLayout(const json& root, const std::string& file, const ModelSpe
         l.buffers.push_back(std::move(piece));
       }
     }
+  }
+  // One offset per tensor: a sender reads, and a checker expects, the same
+  // values from every buffer that holds it. A rule narrowed by "range" or
+  // "at" leaves the rest of the tensor to other rules, or to default buffers
+  // (offset 0). (A family of several intervals is several model tensors of
+  // one name.)
+  struct Held {
+    float offset = 0;
+    std::string path, transform_path;
+    bool whole = false;
+  };
+  std::map<std::string, Held> held;
+  for (const BufferRule& b : l.buffers) {
+    for (const std::string& part : b.parts) {
+      const std::string where = b.transform_path.empty() ? b.path : b.transform_path;
+      auto [it, fresh] = held.try_emplace(part, Held{b.offset, where, b.transform_path, false});
+      Held& h = it->second;
+      h.whole = h.whole || (b.range.empty() && b.at.empty());
+      if (!fresh && b.offset != h.offset) {
+        auto say = [](float x) { return x == 0 ? std::string("none") : "offset " + FormatNumber(x); };
+        r.Fail(where, "'" + part + "' is held with " + say(b.offset) + " here and with " + say(h.offset) + " by " +
+                          h.path + "; every buffer of a tensor holds it with one offset");
+      }
+    }
+  }
+  for (const auto& [name, h] : held) {
+    if (l.default_buffers && h.offset != 0 && !h.whole)
+      r.Fail(h.transform_path, "'" + name +
+                                   "' is held with an offset, but this rule is narrowed by \"range\" or \"at\" and "
+                                   "the rest of the tensor falls to default buffers (no offset); every buffer of a "
+                                   "tensor holds it with one offset");
+  }
+  l.offsets.assign(model.tensors.size(), 0.0f);
+  l.offset_paths.assign(model.tensors.size(), "");
+  for (size_t t = 0; t < model.tensors.size(); ++t) {
+    auto it = held.find(model.tensors[t].name);
+    if (it == held.end()) continue;
+    l.offsets[t] = it->second.offset;
+    l.offset_paths[t] = it->second.transform_path;
   }
   return l;
 }

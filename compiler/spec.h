@@ -139,6 +139,12 @@ struct BufferRule {
   /// FP8 linears after loading: `weight.t()`); bindings of that view bind
   /// the memory in place (Plan Buffer.held).
   bool held_transposed = false;
+  /// `"transform": {"offset": c}`: the framework holds the model's values
+  /// plus c in this rule's buffers (Megatron's zero-centered norm gamma under
+  /// layernorm_zero_centered_gamma holds w - 1: c = -1). The plan subtracts c
+  /// where it reads them and adds it where it writes them (Buffer.offset).
+  float offset = 0;
+  std::string transform_path;    // JSON path of "transform", "" when absent
   std::string path;
 };
 
@@ -155,6 +161,12 @@ struct LayoutSpec {
   /// masters of a bf16 model); unset: the model tensor's dtype. Quantized
   /// buffers and their scales keep theirs.
   std::optional<Dtype> dtype;
+  /// Per model tensor: the offset its buffers hold its values with (every
+  /// rule that names it agrees; 0 where none says), and the JSON path of the
+  /// "transform" that says so ("" for none). Plan Tensor.train_offset /
+  /// infer_offset.
+  std::vector<float> offsets;
+  std::vector<std::string> offset_paths;
 };
 
 struct ClusterSpec {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <deque>
 #include <map>
 #include <unordered_map>
@@ -134,6 +135,13 @@ struct TensorInfo {
   Box box;                              // logical box (in blocks for a scale tensor)
   int scales[2] = {-1, -1};            // of a data tensor: its scale tensor per side
 };
+
+// An offset as messages write it: "-1", "0.5".
+std::string OffsetStr(float x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", static_cast<double>(x));
+  return buf;
+}
 
 std::string BlockStr(const std::array<int64_t, 2>& b) { return std::to_string(b[0]) + "x" + std::to_string(b[1]); }
 using Staging = std::map<uint64_t, Seg>;  // byte offset -> segment
@@ -872,6 +880,12 @@ ValidateReport Validator::Run() {
         a.buffer_dims = f->buffer_dims();
         int id = static_cast<int>(st.frags[role].size());
         st.frags[role].push_back(a);
+        // The offset this side holds the tensor with (a sender subtracts it,
+        // a receiver adds it, in every step that touches the buffer): every
+        // buffer of the tensor must hold it so.
+        const fb::Tensor* ft = f->tensor() < nt ? plan_.tensors()->Get(f->tensor()) : nullptr;
+        const float want = ft == nullptr ? 0.0f : role ? ft->infer_offset() : ft->train_offset();
+        bool offset_said = false;
         // Every buffer index this fragment touches.
         std::array<int64_t, kMaxDims> c{};
         int nd = a.box.ndim;
@@ -880,6 +894,15 @@ ValidateReport Validator::Run() {
           for (int d = 0; d < nd; ++d)
             if (a.buffer_dims >> d & 1) b += c[d] * a.stride[d];
           st.by_buffer[role][static_cast<uint32_t>(b)].push_back(id);
+          const fb::Buffer* buf = st.p->buffers() && static_cast<uint64_t>(b) < st.p->buffers()->size()
+                                      ? st.p->buffers()->Get(static_cast<uint32_t>(b))
+                                      : nullptr;
+          if (buf != nullptr && buf->offset() != want && !offset_said) {
+            offset_said = true;
+            Error("rank " + std::to_string(r) + ": buffer '" + buf->name()->str() + "' holds tensor '" +
+                  TensorName(a.tensor) + "' with offset " + OffsetStr(buf->offset()) + ", the plan's " +
+                  (role ? "inference" : "training") + " side holds it with offset " + OffsetStr(want));
+          }
           int d = nd - 1;
           while (d >= 0 && (!(a.buffer_dims >> d & 1) || ++c[d] == a.box.extent(d))) {
             if (a.buffer_dims >> d & 1) c[d] = 0;

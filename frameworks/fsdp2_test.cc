@@ -257,8 +257,8 @@ TEST(Fsdp2, EveryArchitectureCompilesAndValidates) {
     const bool moe = fixtures::Moe(type);
     const bool mla = type == "deepseek_v3" || type == "kimi_k2";
     CompileAndValidate(Gen(c, "fsdp2:dp_shard=4", moe ? "vllm:tp=2,ep" : "vllm:tp=2"));
-    CompileAndValidate(Gen(c, type == "qwen3_next" ? "hf:tp=2" : "megatron:tp=2,pp=2" + std::string(moe ? ",ep=2,etp=1" : ""),
-                           "fsdp2:dp_replicate=2,dp_shard=3,master=bf16"));  // Megatron: refused for qwen3_next
+    CompileAndValidate(Gen(c, "megatron:tp=2,pp=2" + std::string(moe ? ",ep=2,etp=1" : ""),
+                           "fsdp2:dp_replicate=2,dp_shard=3,master=bf16"));
     if (!mla && type != "qwen3_next") CompileAndValidate(Gen(c, "fsdp2:dp_shard=3,tp=2", "hf:tp=2"));  // no TP plan
   }
 }

@@ -110,11 +110,23 @@ struct MegatronNames {
         return L + (grouped ? "mlp.experts.linear_fc2.bias{expert.local}" : "mlp.experts.local_experts.{expert.local}.linear_fc2.bias");
       case Role::shared_gate: case Role::shared_up: return L + "mlp.shared_experts.linear_fc1.weight";
       case Role::shared_down: return L + "mlp.shared_experts.linear_fc2.weight";
-      // Qwen3-Next's: MakeMegatron refuses qwen3_next (zero-centered norms).
-      case Role::shared_expert_gate: case Role::q_gate: case Role::lin_q: case Role::lin_k: case Role::lin_v:
-      case Role::lin_z: case Role::lin_b: case Role::lin_a: case Role::conv_q: case Role::conv_k: case Role::conv_v:
-      case Role::lin_dt_bias: case Role::lin_a_log: case Role::lin_norm: case Role::lin_out:
-        break;
+      // Qwen3-Next (Megatron-Core 0.19 models/gpt/experimental_attention_variant_module_specs.py,
+      // ssm/gated_delta_net/common.py _GDNBase): gated attention's linear_qkv
+      // holds per query group its queries, their gates, k, v
+      // (attention_output_gate); GatedDeltaNet's in_proj is one
+      // ColumnParallelLinear of [q; k; v; z; b; a] (each TP-cut), conv1d
+      // [q; k; v] channels, dt_bias and A_log per value head, out_norm one
+      // value head; the shared expert's sigmoid gate is
+      // shared_experts.gate_weight (moe_shared_expert_gate).
+      case Role::q_gate: return L + "self_attention.linear_qkv.weight";
+      case Role::lin_q: case Role::lin_k: case Role::lin_v: case Role::lin_z: case Role::lin_b: case Role::lin_a:
+        return L + "self_attention.in_proj.weight";
+      case Role::conv_q: case Role::conv_k: case Role::conv_v: return L + "self_attention.conv1d.weight";
+      case Role::lin_dt_bias: return L + "self_attention.dt_bias";
+      case Role::lin_a_log: return L + "self_attention.A_log";
+      case Role::lin_norm: return L + "self_attention.out_norm.weight";
+      case Role::lin_out: return L + "self_attention.out_proj.weight";
+      case Role::shared_expert_gate: return L + "mlp.shared_experts.gate_weight";
     }
     return "";
   }
@@ -128,23 +140,27 @@ Cut MegatronCut(Role r, bool te) {
   return CutOf(r);
 }
 
+// The offset a Megatron rank holds a norm's gamma with, against the HF
+// checkpoint (layout "transform"). Qwen3-Next's norms are zero-centered in
+// HF and vLLM (Qwen3NextRMSNorm: x * (1 + w)) but for the linear-attention
+// out_norm (Qwen3NextRMSNormGated: x * w).
+// - TE spec: Megatron-Bridge runs Qwen3-Next with
+//   layernorm_zero_centered_gamma (TENorm and the fused layer_norm_weight
+//   compute x * (1 + gamma): extensions/transformer_engine.py passes
+//   zero_centered_gamma=config.layernorm_zero_centered_gamma), so the
+//   zero-centered norms map 1:1 and out_norm holds w - 1 (Megatron-Bridge
+//   qwen3_next_bridge.py, RMSNorm2ZeroCenteredRMSNormMapping): offset -1.
+// - local spec: torch's RMSNorm cannot be zero-centered (WrappedTorchNorm
+//   asserts not layernorm_zero_centered_gamma, transformer/torch_norm.py);
+//   it computes x * gamma, so a rank equal to the HF model holds 1 + w in
+//   every zero-centered norm (offset +1) and out_norm as it is.
+float NormOffset(const Arch& a, Role r, bool te) {
+  if (a.model_type != "qwen3_next" || !IsNorm(r)) return 0;
+  if (te) return r == Role::lin_norm ? -1.0f : 0.0f;
+  return r == Role::lin_norm ? 0.0f : 1.0f;
+}
+
 ordered_json MakeMegatron(const Arch& a, const std::string& model, Settings& s, std::vector<std::string>& notes) {
-  // Qwen3-Next's norms are zero-centered in HF and vLLM (Qwen3NextRMSNorm:
-  // x * (1 + w)); Megatron-Bridge runs Megatron with
-  // layernorm_zero_centered_gamma under Transformer Engine, where the same w
-  // maps 1:1, except the linear-attention out_norm (HF's plain RMSNormGated),
-  // which Megatron holds as w - 1 (Megatron-Bridge qwen3_next_bridge.py,
-  // RMSNorm2ZeroCenteredRMSNormMapping); the local spec has no zero-centered
-  // RMSNorm at all (transformer/torch_norm.py WrappedTorchNorm asserts). A
-  // refit moves bytes and adds no constant: refused rather than written wrong.
-  if (a.model_type == "qwen3_next")
-    Fail(s, "Megatron-Bridge holds Qwen3-Next's linear-attention out_norm as HF's weight - 1 "
-            "(layernorm_zero_centered_gamma under Transformer Engine: qwen3_next_bridge.py "
-            "RMSNorm2ZeroCenteredRMSNormMapping), and the local spec cannot hold zero-centered norms at all "
-            "(transformer/torch_norm.py); a refit moves bytes and adds no constant, so reshard init does not "
-            "describe Megatron for qwen3_next (names seen on real Megatron-Core 0.19.2 ranks: "
-            "tests/data/archs/megatron-qwen3next-tp2-pp2-ep2); describe the training side as fsdp2:dp_shard=N or "
-            "hf[:tp=N] instead, which reshard init does for qwen3_next");
   const int64_t tp = s.tp, pp = s.pp, cp = s.cp, ep = s.ep;
   const bool etp_default = s.etp == 0;
   if (s.etp == 0) s.etp = tp;  // Megatron: expert_tensor_parallel_size defaults to tensor_model_parallel_size
@@ -260,7 +276,8 @@ ordered_json MakeMegatron(const Arch& a, const std::string& model, Settings& s, 
     if (t.role == Role::embed) axes.push_back({"pp", {{"at", tied_copy ? ordered_json{0, -1} : ordered_json(0)}}});
     if (t.role == Role::lm_head || t.role == Role::final_norm) axes.push_back({"pp", {{"at", -1}}});
     const bool qkv = t.role == Role::q || t.role == Role::k || t.role == Role::v || t.role == Role::q_bias ||
-                     t.role == Role::k_bias || t.role == Role::v_bias || t.role == Role::q_odd || t.role == Role::k_odd;
+                     t.role == Role::k_bias || t.role == Role::v_bias || t.role == Role::q_odd || t.role == Role::k_odd ||
+                     t.role == Role::q_gate;
     if (IsExpert(t.role)) {
       axes.push_back({"ep", {{"shard", "expert"}}});
       if (c != Cut::expert_whole) axes.push_back({"etp", Shard(c == Cut::expert_row ? 1 : 0)});
@@ -295,7 +312,17 @@ ordered_json MakeMegatron(const Arch& a, const std::string& model, Settings& s, 
                                                               {{"parts", 2}, {"groups", half}},
                                                               {{"parts", 1}}})}};
       }
+      if (Find(a, Role::q_gate) && !bias)  // Qwen3-Next: per query group [queries; gates; k; v]
+        rule["parts"] = {Find(a, Role::q)->name, Find(a, Role::q_gate)->name, Find(a, Role::k)->name,
+                         Find(a, Role::v)->name};
       if (fused_shard) rule["shard"] = "tp";
+    } else if (t.role == Role::lin_q) {
+      rule["parts"] = {t.name, Find(a, Role::lin_k)->name, Find(a, Role::lin_v)->name, Find(a, Role::lin_z)->name,
+                       Find(a, Role::lin_b)->name, Find(a, Role::lin_a)->name};
+      rule["concat"] = 0;
+    } else if (t.role == Role::conv_q) {
+      rule["parts"] = {t.name, Find(a, Role::conv_k)->name, Find(a, Role::conv_v)->name};
+      rule["concat"] = 0;
     } else if (t.role == Role::gate || t.role == Role::expert_gate || t.role == Role::shared_gate ||
                t.role == Role::expert_gate_bias) {
       rule["parts"] = {t.name, Find(a, UpOf(t.role))->name};
@@ -310,6 +337,7 @@ ordered_json MakeMegatron(const Arch& a, const std::string& model, Settings& s, 
     // fp32-norms says so. The router's expert_bias buffer is float32 either way
     // (router.py registers it so); the model spec's HF dtype covers it.
     if (s.fp32_norms && IsNorm(t.role)) rule["dtype"] = "fp32";
+    if (const float offset = NormOffset(a, t.role, s.te); offset != 0) rule["transform"] = {{"offset", offset}};
     if (t.role == Role::embed && tied_copy) {
       rule["at"] = {{"pp", 0}};
       ordered_json copy = rule;
@@ -318,6 +346,21 @@ ordered_json MakeMegatron(const Arch& a, const std::string& model, Settings& s, 
       b.Buffer(rule);
       b.Buffer(copy);
       continue;
+    }
+    // TE spec, Qwen3-Next: the input norm is fused into the layer's first
+    // linear, GatedDeltaNet's in_proj (TELayerNormColumnParallelLinear,
+    // metainfo fuse_input_layernorm) or gated attention's linear_qkv.
+    if (t.role == Role::input_norm && s.te && !a.linear_layer.empty()) {
+      const auto linear_runs = LayerRuns(a, Layers::linear_attn), full_runs = LayerRuns(a, Layers::full_attn);
+      ordered_json linear = rule;
+      linear["name"] = name.Layer() + "self_attention.in_proj.layer_norm_weight";
+      if (full_runs.empty()) {
+        rule = linear;
+      } else if (!linear_runs.empty()) {
+        linear["range"] = {{"layer", LayerRange(a, linear_runs)}};
+        rule["range"] = {{"layer", LayerRange(a, full_runs)}};
+        b.Buffer(linear);
+      }
     }
     if (t.role == Role::post_norm && s.te && a.experts > 0 && a.first_moe > 0) {
       ordered_json dense = rule;

@@ -92,6 +92,12 @@ QuantArgs Executor::QuantOf(const fb::QuantOp& op, const fb::Step& s, const std:
   return a;
 }
 
+float Executor::OffsetOf(uint32_t region) const {
+  if (region == kNone) return 0;
+  const fb::Region& r = *program_.regions()->Get(region);
+  return r.buffer() == kNone ? 0 : program_.buffers()->Get(r.buffer())->offset();
+}
+
 char* Executor::Direct(uint32_t region, const std::vector<char*>& buffers) const {
   const fb::Region& r = *program_.regions()->Get(region);
   return buffers[r.buffer()] + r.offset() * DtypeSize(program_.buffers()->Get(r.buffer())->dtype());
@@ -153,23 +159,38 @@ RunStats Executor::Run(const std::vector<char*>& buffers, char* staging) {
         throw Error(at + "step " + std::to_string(i) + " (" + StepKindName(s.kind()) + ") of round " +
                     std::to_string(r) + ": " + e.what());
       }
-    } else if (s.kind() == fb::StepKind::pack) {
-      RegionView src = View(s.src(), s.wire(), buffers, staging_base);
-      kernels.Copy(src, ContiguousView(at_staging, 0, ViewElements(src), s.wire()));
-      rs.bytes_local += s.bytes();
-    } else if (s.kind() == fb::StepKind::copy) {
-      RegionView src = View(s.src(), s.wire(), buffers, staging_base);
-      RegionView dst = View(s.dst(), s.wire(), buffers, staging_base);
-      kernels.Copy(src, dst);
-      rs.bytes_local += ViewElements(dst) * DtypeSize(dst.dtype);
-    } else {  // unpack
-      RegionView dst = View(s.dst(), s.wire(), buffers, staging_base);
-      if (s.src() == kNone) {
-        kernels.Copy(ContiguousView(at_staging, 0, ViewElements(dst), s.wire()), dst);
-      } else {
-        kernels.Copy(View(s.src(), s.wire(), buffers, staging_base), dst);
+    } else {
+      // A buffer that holds offset values is read and written through the
+      // model's values (plan_check: one offset across a region's buffers).
+      Offsets o;
+      o.wire = s.wire();
+      if (s.kind() != fb::StepKind::unpack) o.from = OffsetOf(s.src());
+      if (s.kind() != fb::StepKind::pack) o.to = OffsetOf(s.dst());
+      auto copy = [&](const RegionView& src, const RegionView& dst) {
+        if (o.from != 0 || o.to != 0) {
+          kernels.Transform(src, dst, o);
+        } else {
+          kernels.Copy(src, dst);
+        }
+      };
+      if (s.kind() == fb::StepKind::pack) {
+        RegionView src = View(s.src(), s.wire(), buffers, staging_base);
+        copy(src, ContiguousView(at_staging, 0, ViewElements(src), s.wire()));
+        rs.bytes_local += s.bytes();
+      } else if (s.kind() == fb::StepKind::copy) {
+        RegionView src = View(s.src(), s.wire(), buffers, staging_base);
+        RegionView dst = View(s.dst(), s.wire(), buffers, staging_base);
+        copy(src, dst);
+        rs.bytes_local += ViewElements(dst) * DtypeSize(dst.dtype);
+      } else {  // unpack
+        RegionView dst = View(s.dst(), s.wire(), buffers, staging_base);
+        if (s.src() == kNone) {
+          copy(ContiguousView(at_staging, 0, ViewElements(dst), s.wire()), dst);
+        } else {
+          copy(View(s.src(), s.wire(), buffers, staging_base), dst);
+        }
+        rs.bytes_local += ViewElements(dst) * DtypeSize(dst.dtype);
       }
-      rs.bytes_local += ViewElements(dst) * DtypeSize(dst.dtype);
     }
     Wrote(i, remaining);
   };

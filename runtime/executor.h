@@ -74,6 +74,8 @@ class Executor {
   QuantArgs QuantOf(const fb::QuantOp& op, const fb::Step& s, const std::vector<char*>& buffers,
                     char* const* staging) const;
   char* Direct(uint32_t region, const std::vector<char*>& buffers) const;
+  // The offset of the buffer(s) a region addresses (Buffer.offset); 0 for staging.
+  float OffsetOf(uint32_t region) const;
   void Wrote(uint32_t step, std::vector<uint64_t>& remaining) const;
   std::string WrittenReport(const std::vector<uint64_t>& remaining) const;
 

@@ -226,8 +226,45 @@ void CopyRegion(const RegionView& src_in, const RegionView& dst_in) {
   if (stream) StreamFence();
 }
 
+void TransformRegion(const RegionView& src_in, const RegionView& dst_in, const Offsets& o) {
+  const uint64_t total = ViewElements(src_in);
+  if (total != ViewElements(dst_in)) {
+    throw Error("region transform of " + std::to_string(total) + " elements into " +
+                std::to_string(ViewElements(dst_in)) + " elements");
+  }
+  for (fb::Dtype d : {src_in.dtype, dst_in.dtype, o.wire}) {
+    if (!KernelSupports(d)) throw Error(std::string("no CPU kernel adds an offset to ") + DtypeName(d) + " values");
+  }
+  if (total == 0) return;
+  RegionView src = Simplify(src_in), dst = Simplify(dst_in);
+  Cursor s(src), d(dst);
+  const size_t ss = DtypeSize(src.dtype), ds = DtypeSize(dst.dtype);
+  for (uint64_t done = 0; done < total;) {
+    const uint64_t n = std::min(s.remaining(), d.remaining());
+    const char* sp = s.ptr();
+    char* dp = d.ptr();
+    for (uint64_t i = 0; i < n; ++i) {
+      float v = LoadAsFloat(sp + static_cast<int64_t>(i) * s.step * static_cast<int64_t>(ss), src.dtype);
+      if (o.from != 0) {
+        char w[4];
+        StoreFromFloat(w, o.wire, v - o.from);
+        v = LoadAsFloat(w, o.wire);
+      }
+      StoreFromFloat(dp + static_cast<int64_t>(i) * d.step * static_cast<int64_t>(ds), dst.dtype, v + o.to);
+    }
+    done += n;
+    if (done == total) break;
+    s.Advance(n);
+    d.Advance(n);
+  }
+}
+
 void Kernels::Quant(const QuantArgs& args) {
   throw Error("the " + name() + " kernels cannot run quantize or dequantize steps");
+}
+
+void Kernels::Transform(const RegionView& src, const RegionView& dst, const Offsets& o) {
+  throw Error("the " + name() + " kernels cannot apply a buffer's offset (layout \"transform\")");
 }
 
 namespace {
@@ -240,6 +277,9 @@ class HostKernels : public Kernels {
   void Release(char* p) noexcept override { delete[] p; }
   void Copy(const RegionView& src, const RegionView& dst) override { CopyRegion(src, dst); }
   void Quant(const QuantArgs& args) override { QuantRegion(args); }
+  void Transform(const RegionView& src, const RegionView& dst, const Offsets& o) override {
+    TransformRegion(src, dst, o);
+  }
   void Finish() override {}
 };
 

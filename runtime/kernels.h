@@ -44,6 +44,23 @@ uint64_t ViewElements(const RegionView& v);
 /// equal dtype are memcpy'ed.
 void CopyRegion(const RegionView& src, const RegionView& dst);
 
+/// The offsets of a step's ends (Buffer.offset): a buffer that holds the
+/// model's values plus c is read with c subtracted and written with c added.
+/// Staging, and the wire, hold the model's values.
+struct Offsets {
+  float from = 0;  // of the src buffer (0: staging, or none)
+  float to = 0;    // of the dst buffer (0: staging, or none)
+  fb::Dtype wire = fb::Dtype::fp32;  // the step's wire dtype: the model's values are rounded to it
+};
+
+/// CopyRegion through the model's values: element x of src becomes
+/// v = wire(x - from) (x itself where from is 0), and dst receives
+/// dst.dtype(v + to), the arithmetic in fp32. A pack rounds to the wire once,
+/// an unpack adds once, a local copy does both, so each end's rounding is
+/// the one a staged message would have (runtime/synthetic.cc's reference
+/// computes the same). bf16, fp16 and fp32 only.
+void TransformRegion(const RegionView& src, const RegionView& dst, const Offsets& o);
+
 /// A QuantOp resolved against memory (see QuantOp in schema/plan.fbs): views
 /// in quant form (modes outer..., rows, cols), not simplified. `scale.dtype`
 /// is fp32 or e8m0. runtime/quant.h has the rules and the CPU reference.
@@ -77,6 +94,9 @@ class Kernels {
   /// Starts a block-scaled conversion (runtime/quant.h), in order with the
   /// copies. Kernels without one throw reshard::Error.
   virtual void Quant(const QuantArgs& args);
+  /// Starts TransformRegion (a step whose buffer holds offset values), in
+  /// order with the copies. Kernels without one throw reshard::Error.
+  virtual void Transform(const RegionView& src, const RegionView& dst, const Offsets& o);
   /// Waits until every copy started so far is done; throws reshard::Error on
   /// a device fault.
   virtual void Finish() = 0;

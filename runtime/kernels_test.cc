@@ -232,5 +232,48 @@ TEST(KernelsTest, RejectsMismatchedCounts) {
   }
 }
 
+// TransformRegion: with no offsets it is CopyRegion, bit for bit (finite
+// values); a pack
+// that subtracts an offset (wire bf16) and an unpack that adds it back give
+// every value the wire holds exactly what it was; and the offset is applied
+// in fp32 before one rounding per end (Megatron's w - 1 of a gamma near 1).
+TEST(KernelsTest, TransformRegionGoesThroughTheModelsValues) {
+  std::mt19937_64 rng(3);
+  std::vector<uint16_t> src(256), a(256), b(256);
+  for (uint16_t& x : src) {  // finite values: a NaN's payload is not kept through fp32 arithmetic
+    do x = static_cast<uint16_t>(rng());
+    while ((x & 0x7f80) == 0x7f80);
+  }
+  char* sp[1] = {reinterpret_cast<char*>(src.data())};
+  char* ap[1] = {reinterpret_cast<char*>(a.data())};
+  char* bp[1] = {reinterpret_cast<char*>(b.data())};
+  CopyRegion(ContiguousView(sp, 0, 256, D::bf16), ContiguousView(ap, 0, 256, D::bf16));
+  TransformRegion(ContiguousView(sp, 0, 256, D::bf16), ContiguousView(bp, 0, 256, D::bf16), Offsets{0, 0, D::bf16});
+  EXPECT_EQ(a, b);
+  // Values in [-2, 2) in steps of 2^-6: x - 1 and x + 1 are exact in bf16.
+  for (size_t i = 0; i < src.size(); ++i) src[i] = FloatToBf16(static_cast<float>(static_cast<int>(i) - 128) / 64);
+  TransformRegion(ContiguousView(sp, 0, 256, D::bf16), ContiguousView(ap, 0, 256, D::bf16), Offsets{-1, 0, D::bf16});
+  TransformRegion(ContiguousView(ap, 0, 256, D::bf16), ContiguousView(bp, 0, 256, D::bf16), Offsets{0, -1, D::bf16});
+  EXPECT_EQ(b, src);
+  for (size_t i = 0; i < src.size(); ++i) EXPECT_EQ(Bf16ToFloat(a[i]), Bf16ToFloat(src[i]) + 1) << i;
+  // A local copy does both at once: fp32 0.25 held as 0.25 - 1, into an
+  // fp32 buffer held as 0.25 + 2, through a bf16 wire.
+  float x = -0.75f, y = 0;
+  char* xp[1] = {reinterpret_cast<char*>(&x)};
+  char* yp[1] = {reinterpret_cast<char*>(&y)};
+  TransformRegion(ContiguousView(xp, 0, 1, D::fp32), ContiguousView(yp, 0, 1, D::fp32), Offsets{-1, 2, D::bf16});
+  EXPECT_EQ(y, 2.25f);
+  // 1 + 2^-9 (a gamma just above 1) held as 2^-9: the wire (bf16) rounds 1 + 2^-9 to 1.
+  x = 1.0f / 512;
+  TransformRegion(ContiguousView(xp, 0, 1, D::fp32), ContiguousView(yp, 0, 1, D::fp32), Offsets{-1, 0, D::bf16});
+  EXPECT_EQ(y, 1.0f);
+  try {
+    TransformRegion(ContiguousView(xp, 0, 1, D::fp8_e4m3), ContiguousView(yp, 0, 1, D::fp32), Offsets{1, 0, D::bf16});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "no CPU kernel adds an offset to fp8_e4m3 values");
+  }
+}
+
 }  // namespace
 }  // namespace reshard

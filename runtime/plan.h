@@ -13,9 +13,14 @@
 
 namespace reshard {
 
-/// The schema version the compiler writes (Plan.schema_version): 2, whose
-/// programs are packed (Program.packed). This reader also reads version 1.
-constexpr uint32_t kSchemaVersion = 2;
+/// The newest schema version this reader reads (Plan.schema_version): 3,
+/// whose buffers may hold values offset from the model's (Buffer.offset).
+/// The compiler writes 3 only for plans that use it, and
+/// kPlainSchemaVersion (2: programs packed, Program.packed) for the others,
+/// so that a reader older than offsets refuses exactly the plans it would
+/// replay wrong. This reader also reads version 1.
+constexpr uint32_t kSchemaVersion = 3;
+constexpr uint32_t kPlainSchemaVersion = 2;
 constexpr uint32_t kOldestSchemaVersion = 1;
 /// "No region" in Step.src/dst, "staging" in Region.buffer, "no dependency" in Step.dep.
 constexpr uint32_t kNone = 0xFFFFFFFFu;

@@ -1,5 +1,6 @@
 #include "runtime/plan_check.h"
 
+#include <cmath>
 #include <cstdint>
 #include <set>
 #include <string>
@@ -92,6 +93,7 @@ void CheckPlanTables(const fb::Plan& plan, const std::string& file) {
     if (static_cast<unsigned>(t.dtype()) > static_cast<unsigned>(fb::Dtype::MAX)) {
       Fail(tat + "unknown dtype " + DtypeName(t.dtype()));
     }
+    if (!std::isfinite(t.train_offset()) || !std::isfinite(t.infer_offset())) Fail(tat + "a non-finite offset");
     if (t.lo() == nullptr || t.hi() == nullptr) Fail(tat + "has no box (lo and hi)");
     if (!Aligned8(t.lo()) || !Aligned8(t.hi()) || !Aligned8(t.block())) {
       Fail(tat + "a vector of 64-bit values is not 8-byte aligned (the file is damaged)");
@@ -193,6 +195,12 @@ void CheckProgram(const fb::Plan& plan, uint32_t rank, const fb::Program& p, con
       if (n == UINT64_MAX || MulSat(n, DtypeSize(b->dtype())) > kMaxBufferBytes) {
         Fail(at + "buffer " + Quote(name) + " of shape " + Dims(b->shape()) + " and " + DtypeName(b->dtype()) +
              " holds more than 2^62 bytes");
+      }
+      // An offset is arithmetic on the values: finite, and on a dtype that carries it.
+      if (!std::isfinite(b->offset())) Fail(at + "buffer " + Quote(name) + " has a non-finite offset");
+      if (b->offset() != 0 && !KernelSupports(b->dtype())) {
+        Fail(at + "buffer " + Quote(name) + " of " + DtypeName(b->dtype()) +
+             " has an offset; only bf16, fp16 and fp32 values carry one");
       }
       elements.push_back(n);
       names.push_back(std::move(name));
@@ -320,6 +328,10 @@ void CheckProgram(const fb::Plan& plan, uint32_t rank, const fb::Program& p, con
              DtypeName(p.buffers()->Get(r.buffer())->dtype()) + " and " + Quote(names[b]) + " of " +
              DtypeName(p.buffers()->Get(b)->dtype()));
       }
+      if (p.buffers()->Get(b)->offset() != p.buffers()->Get(r.buffer())->offset()) {
+        Fail(sat + role + " region " + FormatRegion(r) + " spans buffers " + Quote(names[r.buffer()]) + " and " +
+             Quote(names[b]) + " of different offsets");
+      }
       if (last >= elements[b]) {
         Fail(sat + role + " region " + FormatRegion(r) + " at offset " + std::to_string(r.offset()) +
              " exceeds buffer " + Quote(names[b]) + " of " + std::to_string(elements[b]) + " elements");
@@ -379,6 +391,12 @@ void CheckProgram(const fb::Plan& plan, uint32_t rank, const fb::Program& p, con
       Fail(sat + role + " region is in buffer " + Quote(names[r.buffer()]) + " of " + DtypeName(bd) +
            ", the wire dtype is " + DtypeName(wire));
     }
+    // The wire holds the model's values; a message straight from or into a
+    // buffer moves its bytes unchanged.
+    if (p.buffers()->Get(r.buffer())->offset() != 0) {
+      Fail(sat + role + " region is in buffer " + Quote(names[r.buffer()]) +
+           ", which holds values offset from the model's; it is sent and received through staging");
+    }
   };
 
   // Quant ops: one per step at most, on local steps only.
@@ -433,6 +451,12 @@ void CheckProgram(const fb::Plan& plan, uint32_t rank, const fb::Program& p, con
     const fb::Region& a = check_region(sat, s.src(), "src", s.wire(), !src_staging, src_staging || copy);
     const fb::Region& b =
         check_region(sat, s.dst(), "dst", from_amax ? op.scale_dtype() : s.wire(), !dst_staging, dst_staging || copy);
+    for (const fb::Region* x : {&a, &b}) {
+      if (x->buffer() != kNone && p.buffers()->Get(x->buffer())->offset() != 0) {
+        Fail(sat + "a " + QuantKindName(op.kind()) + " op on buffer " + Quote(names[x->buffer()]) +
+             ", which holds values offset from the model's (quant ops apply no offset)");
+      }
+    }
     QuantArgs args;
     if (op.scale() != kNone) {
       const fb::Region& c = check_region(sat, op.scale(), "scale", op.scale_dtype(), true, true);

@@ -296,6 +296,41 @@ TEST(PlanCheckTest, RoundBeginIsNeverEmpty) {
             "p.rsplan: rank 0: round_begin is empty, expected at least [0] (the program has 0 steps)");
 }
 
+// A buffer that holds values offset from the model's (Buffer.offset) is read
+// and written only by steps that convert: never by a message straight from
+// or into it, nor by a quant op, and only where its dtype carries arithmetic.
+TEST(PlanCheckTest, OffsetBuffersAreConvertedOnTheWay) {
+  PlanSpec recv = testing::PackAndDirectPlan();
+  recv.programs[1].buffers[1].offset = -1;
+  EXPECT_EQ(Refusal("offset-direct-recv", recv),
+            "p.rsplan: rank 1: step 1 (recv): dst region is in buffer 'w.rows', which holds values offset from the "
+            "model's; it is sent and received through staging");
+  PlanSpec send = testing::PackAndDirectPlan();
+  send.programs[0].buffers[0].offset = 1;
+  EXPECT_EQ(Refusal("offset-direct-send", send),
+            "p.rsplan: rank 0: step 2 (send): src region is in buffer 'w', which holds values offset from the "
+            "model's; it is sent and received through staging");
+  PlanSpec quant = testing::QuantPlan(QuantPath::sender_quantizes);
+  quant.programs[0].buffers[0].offset = -1;
+  EXPECT_EQ(Refusal("offset-quant-op", quant),
+            "p.rsplan: rank 0: step 0 (pack): a quantize op on buffer 'w', which holds values offset from the "
+            "model's (quant ops apply no offset)");
+  PlanSpec fp8 = testing::QuantPlan(QuantPath::requantize);
+  fp8.programs[1].buffers[0].offset = 1;
+  EXPECT_EQ(Refusal("offset-fp8-buffer", fp8),
+            "p.rsplan: rank 1: buffer 'w' of fp8_e4m3 has an offset; only bf16, fp16 and fp32 values carry one");
+  // A region over several buffers (a kept stack dim) reads them all with one offset.
+  PlanSpec span = testing::PackAndDirectPlan();
+  ProgramSpec& p1 = span.programs[1];
+  p1.buffers = {{"w.0", D::fp32, {4, 8}, -1}, {"w.1", D::fp32, {4, 8}, 0}};
+  p1.fragments = {MakeFragment(0, 0, 0, {0, 4}, {4, 12}, {8, 1}, 1), MakeFragment(0, 1, 0, {4, 4}, {8, 12}, {8, 1}, 1)};
+  p1.regions = {MakeRegion(0, 0, {2, 4, 8}, {1, 8, 1}, 1)};
+  p1.steps = {MakeStep(K::recv, 0, kNone, kNone, 0, 128, D::bf16), MakeStep(K::unpack, kNone, kNone, 0, 0, 128, D::bf16)};
+  EXPECT_EQ(Refusal("offset-region-spans-two", span),
+            "p.rsplan: rank 1: step 1 (unpack): dst region (2,4,8):(b1,8,1) spans buffers 'w.0' and 'w.1' of "
+            "different offsets");
+}
+
 // `validate`, `show`, `simulate` and `run --local` refuse a refused plan with
 // the same message and a non-zero exit, before acting on any rank.
 TEST(PlanCheckTest, EveryCommandRefusesARefusedPlan) {

@@ -106,10 +106,10 @@ TEST(PlanTest, RefusesAWrongIdentifier) {
 
 TEST(PlanTest, RefusesAnotherSchemaVersion) {
   PlanSpec spec = TwoRankPlan();
-  spec.schema_version = 3;
-  EXPECT_EQ(OpenError(BuildPlan(spec)), "p.rsplan: schema version 3, this reshard reads versions 1 to 2");
+  spec.schema_version = 4;
+  EXPECT_EQ(OpenError(BuildPlan(spec)), "p.rsplan: schema version 4, this reshard reads versions 1 to 3");
   spec.schema_version = 0;
-  EXPECT_EQ(OpenError(BuildPlan(spec)), "p.rsplan: schema version 0, this reshard reads versions 1 to 2");
+  EXPECT_EQ(OpenError(BuildPlan(spec)), "p.rsplan: schema version 0, this reshard reads versions 1 to 3");
 }
 
 TEST(PlanTest, ReadsVersionOnePlans) {

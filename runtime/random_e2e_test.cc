@@ -177,6 +177,25 @@ TEST(RandomE2eTest, RandomLayoutsRunWithEveryElementRight) {
   RunCases(cases, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
+// Buffers holding offset values (MakeRandomTransformSpecs): `run --local`
+// compares every element with the source's value less its offset plus the
+// destination's, through staged messages, relays, local copies (colocated)
+// and the gather strategy's owners.
+TEST(RandomE2eTest, RandomTransformLayoutsRunWithEveryElementRight) {
+  testing::TempDir dir;
+  std::vector<Case> cases;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int seed = 1; seed <= kSeeds; ++seed) {
+    RandomSpecs s = MakeRandomTransformSpecs(static_cast<uint64_t>(seed));
+    Case c;
+    c.seed = seed;
+    c.strategy = seed % 3 == 0 ? "gather" : "direct";
+    CompileCase(s, CompileOptions{c.strategy, 2}, dir, c);
+    cases.push_back(std::move(c));
+  }
+  RunCases(cases, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
 // FP8 inference layouts (MakeRandomQuantSpecs): `run --local` compares every
 // FP8 value and every scale with the reference quantization of the source,
 // whether the sender quantized, the receiver did, or the receiver assembled

@@ -127,9 +127,13 @@ class Reference {
       BlockOf(it->second, c, b);
       return QuantizeValue(side == 0 ? Raw(tensor, index) : Logical(tensor, index, c), Scale(it->second, b));
     }
-    const float v = side == 0 ? Raw(tensor, index) : Logical(tensor, index, c);
-    if (side == 0 && t.dtype() == dtype) return SyntheticBits(tensor, index, dtype);
-    return FloatToBits(v, dtype);
+    if (side == 0) {
+      if (t.train_offset() == 0 && t.dtype() == dtype) return SyntheticBits(tensor, index, dtype);
+      return FloatToBits(Stored(tensor, index), dtype);
+    }
+    // The receiver adds its buffers' offset to the values as sent (TransformRegion).
+    const float v = Logical(tensor, index, c);
+    return FloatToBits(t.infer_offset() == 0 ? v : v + t.infer_offset(), dtype);
   }
 
  private:
@@ -137,11 +141,25 @@ class Reference {
     const fb::Tensor& t = *plan_.tensors()->Get(tensor);
     return SyntheticValue(tensor, index, t.dtype());
   }
-  // The tensor's value as the training side sends it.
+  // What the training side's buffers hold: the synthetic value plus their
+  // offset, in the tensor's dtype (a wider buffer holds it exactly).
+  float Stored(uint32_t tensor, uint64_t index) const {
+    const fb::Tensor& t = *plan_.tensors()->Get(tensor);
+    const float raw = Raw(tensor, index);
+    if (t.train_offset() == 0) return raw;
+    return BitsToFloat(FloatToBits(raw + t.train_offset(), t.dtype()), t.dtype());
+  }
+  // The tensor's value as the training side sends it: its buffers' values
+  // less their offset, rounded to the tensor's dtype (a pack's
+  // TransformRegion), or its dequantized values.
   float Logical(uint32_t tensor, uint64_t index, const uint64_t* c) {
     auto it = scale_of_.find({tensor, 0});
     const float raw = Raw(tensor, index);
-    if (it == scale_of_.end()) return raw;
+    if (it == scale_of_.end()) {
+      const fb::Tensor& t = *plan_.tensors()->Get(tensor);
+      if (t.train_offset() == 0) return raw;
+      return BitsToFloat(FloatToBits(Stored(tensor, index) - t.train_offset(), t.dtype()), t.dtype());
+    }
     uint64_t b[6];
     BlockOf(it->second, c, b);
     const float s = Scale(it->second, b);

@@ -82,6 +82,7 @@ struct BufferSpec {
   std::string name;
   fb::Dtype dtype = fb::Dtype::fp32;
   std::vector<uint64_t> shape;
+  float offset = 0;  // Buffer.offset
 };
 
 struct TensorSpec {
@@ -91,6 +92,7 @@ struct TensorSpec {
   int scale_of = -1;  // a scale tensor: the scales of tensor scale_of on `side`, over `block`
   uint8_t side = 0;
   std::vector<uint64_t> block = {};
+  float train_offset = 0, infer_offset = 0;  // Tensor.train_offset / infer_offset
 };
 
 /// A QuantOp of step `step`.
@@ -140,7 +142,8 @@ struct PlanSpec {
 
 inline flatbuffers::Offset<fb::Program> BuildProgram(flatbuffers::FlatBufferBuilder& b, const ProgramSpec& p) {
   std::vector<flatbuffers::Offset<fb::Buffer>> buffers;
-  for (const BufferSpec& s : p.buffers) buffers.push_back(fb::CreateBufferDirect(b, s.name.c_str(), s.dtype, &s.shape));
+  for (const BufferSpec& s : p.buffers)
+    buffers.push_back(fb::CreateBufferDirect(b, s.name.c_str(), s.dtype, &s.shape, 0, s.offset));
   std::vector<uint32_t> rb = p.round_begin;
   if (!p.raw_rounds) {
     if (rb.empty()) rb.push_back(0);
@@ -155,7 +158,7 @@ inline std::vector<uint8_t> BuildPlan(const PlanSpec& spec) {
   std::vector<flatbuffers::Offset<fb::Tensor>> tensors;
   for (const TensorSpec& t : spec.tensors) {
     tensors.push_back(fb::CreateTensorDirect(b, t.name.c_str(), t.dtype, nullptr, &t.lo, &t.hi, t.scale_of, t.side,
-                                             t.block.empty() ? nullptr : &t.block));
+                                             t.block.empty() ? nullptr : &t.block, t.train_offset, t.infer_offset));
   }
   std::vector<flatbuffers::Offset<fb::Program>> blobs;
   for (const ProgramSpec& p : spec.programs) blobs.push_back(BuildProgram(b, p));

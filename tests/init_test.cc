@@ -137,6 +137,7 @@ TEST(InitArchs, RealRanksHaveZeroDifferences) {
       {"megatron-gptoss-tp2-pp2-ep2", "--train", "megatron:tp=2,pp=2,ep=2,etp=1,spec=local"},
       {"vllm-qwen3next-tp2", "--infer", "vllm:tp=2"},
       {"vllm-qwen3next-tp2-dp2-ep", "--infer", "vllm:tp=2,dp=2,ep"},
+      {"megatron-qwen3next-tp2-pp2-ep2", "--train", "megatron:tp=2,pp=2,ep=2,etp=1,spec=local"},
       {"megatron-llama4-tp2-pp2-ep2", "--train", "megatron:tp=2,pp=2,ep=2,etp=1,spec=local"},
       {"vllm-llama4-tp2", "--infer", "vllm:tp=2"},
       {"vllm-llama4-tp2-dp2-ep", "--infer", "vllm:tp=2,dp=2,ep"},
@@ -224,6 +225,10 @@ TEST(InitArchs, HybridAndInterleavedMoeRunExact) {
       {"next", "hf:tp=2", "vllm:tp=2,dp=2,ep"},
       {"next", "hf", "vllm:tp=4,dp=2"},  // KV heads replicated, experts' intermediate dim over DP x TP
       {"next", "vllm:tp=2", "hf"},
+      // Megatron's zero-centered norms: out_norm held as w - 1 (TE), the others as 1 + w (local).
+      {"next", "megatron:tp=2,pp=2,ep=2,etp=1", "vllm:tp=2"},
+      {"next", "megatron:tp=2,pp=2,ep=4,etp=1,spec=local", "vllm:tp=2,dp=2,ep"},
+      {"next", "vllm:tp=2", "megatron:tp=2,pp=2,ep=2,etp=1"},
       {"llama4", "megatron:tp=2,pp=2,ep=2,etp=1", "hf"},
       {"llama4", "megatron:tp=2,pp=2,ep=2,etp=1", "vllm:tp=2"},
       {"llama4", "hf", "vllm:tp=4,dp=2,ep"},  // KV heads replicated over TP 4

@@ -199,7 +199,11 @@ void AddShowCommand(CLI::App& app, int& exit_code) {
             if (k) shape += ",";
             shape += std::to_string(buf->shape()->Get(k));
           }
-          std::printf("  buffer %u: %s %s[%s]\n", b, buf->name()->c_str(), DtypeName(buf->dtype()), shape.c_str());
+          // A buffer holding the model's values plus a constant says so (layout "transform").
+          char offset[48] = "";
+          if (buf->offset() != 0) std::snprintf(offset, sizeof offset, " offset %g", static_cast<double>(buf->offset()));
+          std::printf("  buffer %u: %s %s[%s]%s\n", b, buf->name()->c_str(), DtypeName(buf->dtype()), shape.c_str(),
+                      offset);
         }
       for (uint32_t rd = 0; rd + 1 < p.round_begin()->size(); ++rd) {
         std::printf("  round %u\n", rd);

@@ -46,6 +46,12 @@ struct CopyLaunch {
   Elem src_type = Elem::fp32, dst_type = Elem::fp32;
   uint64_t begin = 0, count = 0;
   int32_t vec = 1;
+  /// 1: each element goes through the model's values on the way
+  /// (kernels.h TransformRegion): x -> wire(x - from) where from != 0, then
+  /// dst(that + to). 0: a plain copy.
+  uint32_t transform = 0;
+  Elem wire = Elem::fp32;
+  float from = 0, to = 0;
 };
 
 /// Byte address of element `i` of a side, elements of `esize` bytes. The
@@ -103,6 +109,27 @@ RESHARD_HD inline D ConvertElement(S s) {
   }
 }
 
+/// `f` rounded to a dtype's precision and back (the wire of a transform).
+RESHARD_HD inline float RoundTo(Elem e, float f) {
+  switch (e) {
+    case Elem::bf16: return Bf16ToFloat(FloatToBf16(f));
+    case Elem::fp16: return Fp16ToFloat(FloatToFp16(f));
+    default: return f;
+  }
+}
+
+/// One element through a launch's transform (CopyLaunch::transform).
+template <typename S, typename D>
+RESHARD_HD inline D TransformElement(S s, const CopyLaunch& l) {
+  if constexpr (std::is_same_v<S, uint8_t> || std::is_same_v<D, uint8_t>) {
+    return ConvertElement<S, D>(s);  // never planned: fp8 and e8m0 take no offset (plan_check)
+  } else {
+    float x = ToFloat(s);
+    if (l.from != 0) x = RoundTo(l.wire, x - l.from);
+    return FromFloat<D>(x + l.to);
+  }
+}
+
 /// V elements of T, aligned as one load or store (16 bytes at most).
 template <typename T, int V>
 struct alignas(sizeof(T) * V) Pack {
@@ -127,7 +154,7 @@ RESHARD_HD inline void CopyGroup(const CopyLaunch& l, uint64_t g) {
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
-  for (int k = 0; k < V; ++k) out.v[k] = ConvertElement<S, D>(in.v[k]);
+  for (int k = 0; k < V; ++k) out.v[k] = l.transform ? TransformElement<S, D>(in.v[k], l) : ConvertElement<S, D>(in.v[k]);
 #if defined(__CUDA_ARCH__)
   *reinterpret_cast<Pack<D, V>*>(dp) = out;
 #else

@@ -68,6 +68,16 @@ void DeviceKernels::Copy(const RegionView& src, const RegionView& dst) {
   }
 }
 
+void DeviceKernels::Transform(const RegionView& src, const RegionView& dst, const Offsets& o) {
+  const CopyPlan plan = PlanTransform(src, dst, o);
+  if (plan.kind == CopyKind::kNone) return;
+  DeviceGuard guard(device_);
+  for (const CopyLaunch& l : plan.launches) {
+    const LaunchShape shape = ShapeFor(l.count / l.vec);
+    RESHARD_CUDA_CHECK(LaunchCopy(l, shape.blocks, shape.threads, stream_));
+  }
+}
+
 void DeviceKernels::Quant(const QuantArgs& args) {
   const std::vector<QuantLaunch> launches = PlanQuant(args);
   DeviceGuard guard(device_);

@@ -37,6 +37,7 @@ class DeviceKernels : public Kernels {
   void Copy(const RegionView& src, const RegionView& dst) override;
   /// The quantize or dequantize kernel (quant_launch.h), on the same stream.
   void Quant(const QuantArgs& args) override;
+  void Transform(const RegionView& src, const RegionView& dst, const Offsets& o) override;
   /// cudaStreamSynchronize; reports a kernel's fault with the copy that ran last.
   void Finish() override;
 

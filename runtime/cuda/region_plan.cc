@@ -189,6 +189,32 @@ CopyPlan PlanCopy(const RegionView& src_in, const RegionView& dst_in, bool memcp
   throw Error("no launch plan for a region copy");  // vec 1 always plans
 }
 
+CopyPlan PlanTransform(const RegionView& src_in, const RegionView& dst_in, const Offsets& o) {
+  const uint64_t total = ViewElements(src_in);
+  if (total != ViewElements(dst_in)) {
+    throw Error("region transform of " + std::to_string(total) + " elements into " +
+                std::to_string(ViewElements(dst_in)) + " elements");
+  }
+  for (fb::Dtype t : {src_in.dtype, dst_in.dtype, o.wire}) {
+    if (ElemOf(t) == Elem::byte) throw Error(std::string("no CUDA copy adds an offset to ") + DtypeName(t) + " values");
+  }
+  CopyPlan plan;
+  if (total == 0) return plan;
+  const RegionView s = Simplify(src_in), d = Simplify(dst_in);
+  const int widest = static_cast<int>(std::max(DtypeSize(s.dtype), DtypeSize(d.dtype)));
+  for (int vec = 16 / widest; vec >= 1; vec /= 2) {
+    if (!PlanKernel(s, d, total, vec, &plan)) continue;
+    for (CopyLaunch& l : plan.launches) {
+      l.transform = 1;
+      l.wire = ElemOf(o.wire);
+      l.from = o.from;
+      l.to = o.to;
+    }
+    return plan;
+  }
+  throw Error("no launch plan for a region transform");  // vec 1 always plans
+}
+
 std::vector<QuantLaunch> PlanQuant(const QuantArgs& a) {
   CheckQuantArgs(a);
   QuantLaunch proto;

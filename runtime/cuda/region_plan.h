@@ -40,6 +40,10 @@ struct CopyPlan {
 /// `memcpy2d`: rows of one dtype (both sides) become one cudaMemcpy2DAsync
 /// rather than kernel launches (benchmarks compare the two).
 CopyPlan PlanCopy(const RegionView& src, const RegionView& dst, bool memcpy2d = false);
+/// The plan of TransformRegion(src, dst, o) (kernels.h): kernel launches
+/// that apply the offsets, never a memcpy. Throws reshard::Error as PlanCopy,
+/// and for a dtype that takes no offset (fp8, e8m0).
+CopyPlan PlanTransform(const RegionView& src, const RegionView& dst, const Offsets& o);
 
 /// Blocks and threads per block of a kernel launch of `groups` groups: one
 /// group per thread, at most kMaxBlocks blocks (threads then loop).

@@ -207,6 +207,42 @@ TEST(RegionPlanTest, RandomLayoutsMatchCopyRegion) {
   EXPECT_GT(kinds[static_cast<int>(CopyKind::kKernel)], 0);
 }
 
+// A transform (a buffer's offset, kernels.h TransformRegion) is always a
+// kernel, never a memcpy, and its launches compute what the CPU kernel does,
+// bit for bit, on random regions, dtypes and offsets (values any bits:
+// NaNs, infinities and subnormals included).
+TEST(RegionPlanTest, TransformLaunchesMatchTransformRegion) {
+  std::mt19937_64 rng(11);
+  const D dtypes[] = {D::bf16, D::fp16, D::fp32};
+  const float offsets[] = {0, -1, 1, 0.5f, -3.25f};
+  for (int iter = 0; iter < 200; ++iter) {
+    const uint64_t rows = 1 + rng() % 9, cols = 1 + rng() % 40;
+    const D sd = dtypes[rng() % 3], dd = dtypes[rng() % 3];
+    Offsets o;
+    o.from = offsets[rng() % 5];
+    o.to = offsets[rng() % 5];
+    o.wire = dtypes[rng() % 3];
+    Memory sm(1, rows * cols * DtypeSize(sd)), dm(1, rows * (cols + 3) * DtypeSize(dd));
+    sm.Fill(rng);
+    const RegionView src = View(sm, 0, {rows, cols}, {cols, 1}, sd);
+    // The destination transposed or padded, at random.
+    const RegionView dst = rng() % 2 ? View(dm, 0, {rows, cols}, {1, rows}, dd) : View(dm, 0, {rows, cols}, {cols + 3, 1}, dd);
+    dm.Poison();
+    const std::vector<char> poisoned = dm.Bytes();
+    TransformRegion(src, dst, o);
+    const std::vector<char> want = dm.Bytes();
+    dm.Restore(poisoned);
+    const CopyPlan plan = PlanTransform(src, dst, o);
+    EXPECT_EQ(plan.kind, CopyKind::kKernel);
+    RunOnHost(plan);
+    EXPECT_EQ(dm.Bytes(), want) << "iteration " << iter;
+    if (::testing::Test::HasFailure()) return;
+  }
+  Memory m(1, 64);
+  EXPECT_THROW(PlanTransform(View(m, 0, {8}, {1}, D::fp8_e4m3), View(m, 0, {8}, {1}, D::bf16), Offsets{1, 0, D::bf16}),
+               Error);
+}
+
 // Views of 2^32 elements or more keep 64-bit index math; smaller ones run it
 // in 32 bits. Both must address what the row-major unravel says (addresses
 // only: nothing is read or written, so no memory of that size is needed).

@@ -57,10 +57,13 @@ row "GLM-4.5-Air" $S/glm-4.5-air/config.json $GLM vllm:tp=2,dp=4,ep,engines=4
 OSS=megatron:tp=2,pp=4,ep=8,etp=1,grouped-gemm
 row "gpt-oss-120b BF16" $S/gpt-oss-120b/config.json $OSS vllm:tp=4,engines=8,quant=none
 row "gpt-oss-120b BF16" $S/gpt-oss-120b/config.json $OSS vllm:tp=2,dp=4,ep,engines=4,quant=none
-# Qwen3-Next and Llama 4 (tools/bench/configs: the releases' config fields). Megatron is
-# refused for qwen3_next (reshard init says why): its rows train under hf:tp=8, plain
-# tensor-parallel shards under the checkpoint's names.
+# Qwen3-Next and Llama 4 (tools/bench/configs: the releases' config fields). Qwen3-Next
+# trains under hf:tp=8 (plain tensor-parallel shards under the checkpoint's names) and
+# under Megatron (TE spec: out_norm held as w - 1, converted on the way).
 row "Qwen3-Next-80B-A3B" $C/qwen3-next-80b-a3b.json hf:tp=8 vllm:tp=4,engines=4
 row "Qwen3-Next-80B-A3B" $C/qwen3-next-80b-a3b.json hf:tp=8 vllm:tp=2,dp=4,ep,engines=2
+NEXT=megatron:tp=2,pp=4,ep=8,etp=1,grouped-gemm
+row "Qwen3-Next-80B-A3B" $C/qwen3-next-80b-a3b.json $NEXT vllm:tp=4,engines=4
+row "Qwen3-Next-80B-A3B" $C/qwen3-next-80b-a3b.json $NEXT vllm:tp=2,dp=4,ep,engines=2
 row "Llama-4-Scout" $C/llama-4-scout.json megatron:tp=4,pp=2,ep=8,etp=1,grouped-gemm vllm:tp=4,engines=8
 row "Llama-4-Maverick" $C/llama-4-maverick.json megatron:tp=4,pp=4,ep=16,etp=1,grouped-gemm vllm:tp=8,dp=2,ep,engines=2
