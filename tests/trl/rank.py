@@ -116,23 +116,34 @@ def generation_for(trainer, llm):
 def fsdp2_on_cpu():
     """accelerate 1.16 turns FSDP on for GPU-like devices only (``state.py``
     ``AcceleratorState.__init__``: the FSDP branch is under MULTI_GPU, MULTI_NPU, ...;
-    MULTI_CPU gets DDP). The Trainer's Accelerator (``Trainer.create_accelerator_and_postprocess``)
-    is given FSDP back on CPU: distributed type FSDP and the Trainer's own plugin, so that
-    ``Accelerator.prepare`` shards the model with FSDP2's ``fully_shard`` over the Gloo world,
-    and TRL's DistributedBackend reads ``fsdp_version`` 2 from it. Returns what it changed."""
-    import transformers.trainer as hf_trainer
-    from accelerate import Accelerator
+    a MULTI_CPU state gets DDP), and every ``AcceleratorState()`` call copies
+    the process state's distributed type back in. Here each one ends with FSDP
+    and the plugin the Trainer gave its Accelerator
+    (``Trainer.create_accelerator_and_postprocess``), so that ``Accelerator.prepare``
+    shards the model with FSDP2's ``fully_shard`` over the Gloo world and TRL's
+    DistributedBackend reads ``fsdp_version`` 2. Returns what it changed."""
+    from accelerate.state import AcceleratorState
     from accelerate.utils import DistributedType
 
-    class CpuFsdpAccelerator(Accelerator):
-        def __init__(self, *args, fsdp_plugin=None, **kwargs):
-            super().__init__(*args, fsdp_plugin=fsdp_plugin, **kwargs)
-            if fsdp_plugin is not None and self.state.distributed_type == DistributedType.MULTI_CPU:
-                self.state.distributed_type = DistributedType.FSDP
-                self.state.fsdp_plugin = fsdp_plugin
+    plugin = []
+    original = AcceleratorState.__init__
 
-    hf_trainer.Accelerator = CpuFsdpAccelerator
-    return "transformers.trainer.Accelerator: FSDP on a MULTI_CPU state"
+    def init(self, *args, fsdp_plugin=None, **kwargs):
+        original(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
+        if fsdp_plugin is not None:
+            plugin[:] = [fsdp_plugin]
+        if plugin and self.distributed_type == DistributedType.MULTI_CPU:
+            self.distributed_type = DistributedType.FSDP
+            self.fsdp_plugin = plugin[0]
+
+    AcceleratorState.__init__ = init
+    return "accelerate.state.AcceleratorState.__init__: FSDP on a MULTI_CPU state"
+
+
+def keep_fsdp2(trainer):
+    """What the trainer's accelerator says right before train() prepares the model."""
+    return (f"accelerate state {trainer.accelerator.state.distributed_type}, FSDP2 {trainer.accelerator.is_fsdp2}, "
+            f"Trainer.is_fsdp_enabled {trainer.is_fsdp_enabled}")
 
 
 def trainer_for(a, rank, steps):
@@ -150,7 +161,7 @@ def trainer_for(a, rank, steps):
 
     args = GRPOConfig(
         output_dir=os.path.join(a["work"], f"out{rank}"), use_cpu=True, per_device_train_batch_size=2,
-        num_generations=2, max_completion_length=6, max_steps=steps, learning_rate=5e-3, beta=0.0,
+        num_generations=4, max_completion_length=6, max_steps=steps, learning_rate=5e-3, beta=0.0,
         logging_steps=1, save_strategy="no", report_to="none", seed=0, bf16=False, use_vllm=False,
         fsdp="full_shard", fsdp_config={"version": 2, "reshard_after_forward": True},
         dataloader_num_workers=0)
@@ -295,6 +306,7 @@ def checks(a, c, out):
                    f"ms), {changed} of {len(after)} vLLM tensors changed")
 
     trainer.add_callback(SyncEachStep())
+    c.note(keep_fsdp2(trainer))
     t = time.time()
     trainer.train()
     out["train_s"] = time.time() - t
@@ -378,4 +390,12 @@ def bench(c, trainer, a):
 
 
 if __name__ == "__main__":
-    main()
+    ok = False
+    try:
+        main()
+        ok = True
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # No teardown of vLLM's and torch's groups at exit: the record is written, the launcher reads the status.
+        os._exit(0 if ok else 1)
