@@ -99,7 +99,9 @@ def main(argv=None):
         args = {"work": work, "model": model_dir, "plans": plans, "steps": a.steps, "bench": a.bench}
         t1 = time.time()
         try:
-            outs = launch.run(WORLD, [os.path.join(HERE, "rank.py"), json.dumps(args)], timeout_s=900, label="trl")
+            # Each rank's output to a file: a pipe read only at the end fills up and blocks the rank.
+            outs = launch.run(WORLD, [os.path.join(HERE, "rank.py"), json.dumps(args)], timeout_s=900, label="trl",
+                              log_dir=work)
             crashed = None
         except RuntimeError as e:  # a rank failed: its own record says what it checked first
             outs, crashed = [], e

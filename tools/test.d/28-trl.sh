@@ -9,6 +9,8 @@
 # tensor equals a fresh vLLM load of the trainer's weights, bit for bit;
 # TRL's own sync_weights gives the same engine; the refusals at setup and a
 # sync failing on one rank are checked on both ranks (tests/trl/run.py).
+# It then times 10 syncs of each path on both ranks and prints them (for the
+# record only: tools/bench/trl_bench.py is the benchmark).
 # Skips (exit 0, with a message) only when the Python package registry cannot
 # be reached.
 set -uo pipefail
@@ -20,5 +22,5 @@ set -e
 echo "28-trl: venv ready in $(( $(date +%s) - start )) s"
 tools/python_install.sh "$VPY"
 t=$(date +%s)
-"$VPY" tests/trl/run.py --build build
+"$VPY" tests/trl/run.py --build build --bench 10
 echo "28-trl: GRPO steps refit through reshard.trl in $(( $(date +%s) - t )) s; stage $(( $(date +%s) - start )) s"
