@@ -2,8 +2,8 @@
 """Qwen3-Next's norms refit out of real Megatron-Core 0.19.2 ranks (CPU, Gloo,
 local modules: tests/archs/record_megatron.py builds them, TP2 PP2 EP2 ETP1)
 through the layout `reshard init --train megatron:...,spec=local` writes,
-into one unsharded Hugging Face rank, and what each norm computes on both
-sides.
+into one rank holding every tensor of the model spec whole, and what each
+norm computes on both sides.
 
 The local spec's norm (WrappedTorchNorm, torch.nn.RMSNorm) computes
 x * gamma and cannot be zero-centered (transformer/torch_norm.py), while the
@@ -100,7 +100,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     import ranks
     import record_megatron as rm
-    from refit import hf_tensors, run_ranks
+    from refit import hf_layout, hf_tensors, run_ranks
     from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRMSNorm, Qwen3NextRMSNormGated
 
     case = rm.CASES[CASE]
@@ -111,13 +111,16 @@ def main(argv=None):
         specs = os.path.join(tmp, "specs")
         subprocess.run([reshard, "init", "-q", "--hf-config", os.path.join(DATA, "config.json"), "--train",
                         "megatron:tp=2,pp=2,ep=2,etp=1,spec=local", "--infer", "hf", "-o", specs], check=True)
-        plan = os.path.join(tmp, "p.rsplan")
-        subprocess.run([reshard, "compile", "-q", "--model", os.path.join(specs, "model.json"), "--from",
-                        os.path.join(specs, "train.json"), "--to", os.path.join(specs, "infer.json"), "--cluster",
-                        "dgx-h100", "-o", plan], check=True)
-        subprocess.run([reshard, "validate", plan], check=True, stdout=subprocess.DEVNULL)
         with open(os.path.join(specs, "model.json")) as f:
             model = json.load(f)
+        hf_path = os.path.join(tmp, "hf.json")  # one rank, every tensor of the model spec whole
+        with open(hf_path, "w") as f:
+            json.dump(hf_layout(model), f)
+        plan = os.path.join(tmp, "p.rsplan")
+        subprocess.run([reshard, "compile", "-q", "--model", os.path.join(specs, "model.json"), "--from",
+                        os.path.join(specs, "train.json"), "--to", hf_path, "--cluster", "dgx-h100", "-o", plan],
+                       check=True)
+        subprocess.run([reshard, "validate", plan], check=True, stdout=subprocess.DEVNULL)
         with open(os.path.join(specs, "train.json")) as f:
             offset_of = offsets(json.load(f))
         store = os.path.join(tmp, "store")
