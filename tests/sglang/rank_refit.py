@@ -10,10 +10,6 @@ fresh SGLang load of that round's checkpoint (written by refit_live.py).
 Then timed refits: the transfer against SGLang's post-processing. Writes
 WORK/sglang-rank{R}.json.
 
-With "refuse" in the arguments the rank instead checks that the first
-request is refused before any byte moves, through the call's (False,
-message), and writes the message.
-
     RANK=.. WORLD_SIZE=.. MASTER_ADDR=.. MASTER_PORT=.. python rank_refit.py ARGS_JSON
 """
 import json
@@ -100,7 +96,7 @@ def main():
 
     rs.WorkerRefit.finish = finish_after_snapshot
 
-    def refit(step, payload=None):
+    def refit(step):
         """One refit through the session; (update reply, seconds of each call)."""
         t = [time.perf_counter()]
         out = manager.begin_weight_update(BeginWeightUpdateReqInput(selector="target"))
@@ -108,7 +104,7 @@ def main():
         t.append(time.perf_counter())
         req = rs.RefitRequest(**dict(vars(request), step=step))
         reply = manager.update_weights_from_tensor(UpdateWeightsFromTensorReqInput(
-            serialized_named_tensors=payload or rs.refit_payload(req, s["tp"]), load_format=rs.LOADER,
+            serialized_named_tensors=rs.refit_payload(req, s["tp"]), load_format=rs.LOADER,
             flush_cache=False, selector="target", weight_version=str(step)))
         t.append(time.perf_counter())
         out = manager.end_weight_update(EndWeightUpdateReqInput())
@@ -117,16 +113,6 @@ def main():
         return reply, [t[i + 1] - t[i] for i in range(3)]
 
     result = {"rank": rank, "global_rank": a["first"] + rank}
-    if a.get("refuse"):
-        before = snapshot(model)
-        reply, _ = refit(0)
-        after = snapshot(model)
-        written = [n for n in before if not torch.equal(bits(before[n][0]), bits(after[n][0]))]
-        result.update(success=reply.success, message=reply.message, written=written)
-        with open(os.path.join(a["work"], f"sglang-rank{rank}.json"), "w") as f:
-            json.dump(result, f)
-        return
-
     at_start = where(model)
     before = snapshot(model)
     result["rounds"] = []

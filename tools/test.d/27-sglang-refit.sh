@@ -9,8 +9,7 @@
 # equals a fresh SGLang load of the same checkpoint, bit for bit, and no
 # parameter or buffer moved in memory. Cases: dense TP4 (replicated KV
 # heads), Qwen3-MoE TP2 EP2 with attention DP 2, DeepSeek-style MLA FP8 with
-# a shared expert held apart, and an engine fusing the shared expert,
-# refused before any byte moves. Installs the Python package into both
+# a shared expert held apart. Installs the Python package into both
 # venvs (tools/python_install.sh). Skips (exit 0, with a message) only when
 # the Python package registry cannot be reached.
 set -uo pipefail
