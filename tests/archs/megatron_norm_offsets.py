@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
@@ -71,11 +72,14 @@ def _rank(rank, plan, store, tmp, lib):
                                  expert_model_parallel_size=case["ep"], expert_tensor_parallel_size=case["etp"])
     model = rm.build(case)
     params = {n[len("module."):] if n.startswith("module.") else n: p.data for n, p in model.named_parameters()}
-    g = torch.Generator().manual_seed(100 + rank)
-    with torch.no_grad():
-        for n, p in params.items():  # norms near 1, as trained gammas held as 1 + w are
-            p.copy_(torch.randn(p.shape, generator=g) * 0.25 + (1.0 if "norm" in n else 0.0))
     pp = ps.get_pipeline_model_parallel_rank()
+    with torch.no_grad():
+        # By name and stage: the replicas of a tensor on other TP, EP or DP ranks hold the same
+        # values, as a trained model's do. Norms near 1, as trained gammas held as 1 + w are.
+        for n, p in params.items():
+            gp = torch.Generator().manual_seed(zlib.crc32(f"{pp}:{n}".encode()))
+            p.copy_(torch.randn(p.shape, generator=gp) * 0.25 + (1.0 if "norm" in n else 0.0))
+    g = torch.Generator().manual_seed(100 + rank)
     norms = {}
     with torch.no_grad():
         for name, m in model.named_modules():
